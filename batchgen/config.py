@@ -1,0 +1,81 @@
+"""Frozen configuration: engine options and per-request sampling parameters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one prompt is sampled. ``temperature == 0`` (or ``top_k == 1``) means greedy."""
+
+    max_new_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = no top-k cut
+    seed: int = 0
+    n: int = 1
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    logprobs: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if self.n < 1:
+            raise ValueError(f"n must be >= 1, got {self.n}")
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        else:
+            object.__setattr__(self, "stop", tuple(self.stop))
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise ValueError("stop strings must be non-empty strings")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+    def with_overrides(self, **overrides) -> SamplingParams:
+        """A copy with the non-None overrides applied (per-row overrides from the input)."""
+        return replace(self, **{k: v for k, v in overrides.items() if v is not None})
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Engine options. ``None`` means "derive from the model / device"."""
+
+    model: str | None = None  # hub id or local dir; None = the embedded default model
+    dtype: str | None = None  # "float32" | "bfloat16" | "float16"; None = bf16 on CUDA, fp32 on CPU
+    device: str | None = None  # "cuda" | "cpu" | "cuda:1"; None = cuda if present
+    max_num_seqs: int = 256
+    max_batch_tokens: int = 8192
+    max_model_len: int | None = None  # None = the model's max_position_embeddings
+    gpu_memory_utilization: float = 0.9
+    kv_cache_bytes: int | None = None  # explicit KV budget (CPU default: 2 GiB, capped by need)
+    block_size: int = 16
+    async_mode: bool | None = None  # None = async on CUDA, sync on CPU
+    cuda_graphs: bool | None = None  # None = on on CUDA
+    prefix_caching: bool = True
+    attention_backend: str | None = None  # "torch" | "triton"; None = triton on CUDA when available
+    trust_remote_code: bool = False
+    extra: dict = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_batch_tokens < 1:
+            raise ValueError(f"max_batch_tokens must be >= 1, got {self.max_batch_tokens}")
+        if self.block_size < 1 or self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a power of two, got {self.block_size}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.dtype not in (None, "float32", "bfloat16", "float16", "fp32", "bf16", "fp16"):
+            raise ValueError(f"unknown dtype {self.dtype!r}")
+        if self.attention_backend not in (None, "torch", "triton"):
+            raise ValueError(f"unknown attention backend {self.attention_backend!r}")

@@ -1,0 +1,201 @@
+"""The engine loop: requests in -> scheduler -> batch builder -> runner -> postprocess -> outputs out.
+
+In asynchronous mode the loop keeps one step in flight: it schedules and launches step N+1 before it
+postprocesses step N, so the host's work overlaps the device's. Postprocessing therefore runs one step
+late: a request that finished in step N may sit in step N+1 too; that extra token is discarded and the
+request's blocks are released only once step N+1 is done with them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import defaultdict, deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+from batchgen.engine.batch import build_step
+from batchgen.engine.block_manager import BlockManager
+from batchgen.engine.outputs import CompletionOutput, GenerationRequest
+from batchgen.engine.request import Request, Status
+from batchgen.engine.runner import EagerRunner, StepResult
+from batchgen.engine.sampler import rng_key
+from batchgen.engine.scheduler import ScheduledStep, Scheduler
+from batchgen.engine.stops import StopChecker
+
+
+@dataclass
+class EngineStats:
+    steps: int = 0
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    finished: int = 0
+    errors: int = 0
+    preemptions: int = 0
+    prefix_hit_rate: float = 0.0
+    schedule_s: float = 0.0  # host time: scheduling + batch building
+    postprocess_s: float = 0.0
+    finish_reasons: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+
+
+class Engine:
+    def __init__(
+        self,
+        runner: EagerRunner,
+        blocks: BlockManager,
+        scheduler: Scheduler,
+        stops: StopChecker,
+        max_model_len: int,
+        async_mode: bool,
+    ) -> None:
+        self.runner = runner
+        self.blocks = blocks
+        self.scheduler = scheduler
+        self.stops = stops
+        self.max_model_len = max_model_len
+        self.lag = 1 if async_mode else 0
+        self.stats = EngineStats()
+        self._ids = itertools.count()
+        self._deferred: dict[int, list[Request]] = defaultdict(list)  # step id -> blocks to release after it
+        self._done: list[CompletionOutput] = []
+        self._detokenize = True
+
+    # --- public -----------------------------------------------------------------------------------
+
+    def stream(self, requests: Iterable[GenerationRequest], detokenize: bool = True) -> Iterator[CompletionOutput]:
+        """Yield each (row, sample) as it finishes; pull rows lazily, only when there is room."""
+        self._detokenize = detokenize
+        source = iter(requests)
+        inflight: deque = deque()
+        exhausted = False
+        while True:
+            exhausted = exhausted or self._pull(source)
+            yield from self._drain_done()
+            if not self.scheduler.has_work() and not inflight:
+                if exhausted:
+                    return
+                continue
+            launched = self._launch_next(inflight)
+            if inflight and (len(inflight) > self.lag or not launched):
+                self._postprocess(*inflight.popleft())
+            elif not launched and not inflight:
+                raise RuntimeError("scheduler made no progress: a request cannot fit in the KV cache")
+            yield from self._drain_done()
+
+    # --- admission --------------------------------------------------------------------------------
+
+    def _pull(self, source: Iterator[GenerationRequest]) -> bool:
+        """Queue rows until enough wait; True once the source is exhausted."""
+        want = 2 * self.scheduler.max_num_seqs
+        while len(self.scheduler.waiting) < want:
+            try:
+                self._add(next(source))
+            except StopIteration:
+                return True
+        return False
+
+    def _add(self, row: GenerationRequest) -> None:
+        samples = row.samples if row.samples is not None else tuple(range(row.params.n))
+        error = self._validate(row)
+        parent = None
+        for sample in samples:
+            if error:
+                self._emit_error(row, sample, error)
+                continue
+            req = self._make_request(row, sample, parent)
+            parent = parent or req
+            self.scheduler.add(req)
+
+    def _validate(self, row: GenerationRequest) -> str | None:
+        n = len(row.prompt_ids)
+        if n == 0:
+            return "empty prompt"
+        if n >= self.max_model_len:
+            return f"prompt has {n} tokens; the model allows at most {self.max_model_len - 1}"
+        need = self.blocks.blocks_for(min(n + row.params.max_new_tokens, self.max_model_len))
+        if need > self.blocks.num_blocks:
+            return (
+                f"prompt + max_new_tokens need {need} KV blocks, the cache holds {self.blocks.num_blocks}: "
+                "lower max_new_tokens or give the KV cache more memory"
+            )
+        return None
+
+    def _make_request(self, row: GenerationRequest, sample: int, parent: Request | None) -> Request:
+        n = len(row.prompt_ids)
+        self.stats.prompt_tokens += n
+        return Request(
+            request_id=next(self._ids),
+            index=row.index,
+            sample=sample,
+            key=row.key,
+            params=row.params,
+            tokens=list(row.prompt_ids),
+            num_prompt=n,
+            max_tokens=min(row.params.max_new_tokens, self.max_model_len - n),
+            rng_key=rng_key(row.params.seed, row.index, sample),
+            parent=parent,
+            logprobs=[] if row.params.logprobs else None,
+        )
+
+    def _emit_error(self, row: GenerationRequest, sample: int, error: str) -> None:
+        self.stats.errors += 1
+        self.stats.finish_reasons["error"] += 1
+        self._done.append(
+            CompletionOutput(row.index, sample, row.key, [], "", "error", len(row.prompt_ids), None, error)
+        )
+
+    # --- stepping ---------------------------------------------------------------------------------
+
+    def _launch_next(self, inflight: deque) -> bool:
+        t0 = time.perf_counter()
+        step = self.scheduler.schedule()
+        if not step.items:
+            return False
+        inputs = build_step(step, self.blocks.block_size)
+        self.stats.schedule_s += time.perf_counter() - t0
+        inflight.append((step, self.runner.launch(inputs)))
+        self.stats.steps += 1
+        return True
+
+    def _postprocess(self, step: ScheduledStep, handle) -> None:
+        result: StepResult = self.runner.fetch(handle)
+        t0 = time.perf_counter()
+        sampled = (item.request for item in step.items if item.samples)
+        for row, req in enumerate(sampled):
+            req.num_pending -= 1
+            if req.finished:
+                continue  # finished one step earlier: this token is past its end
+            req.tokens.append(result.tokens[row])
+            if req.logprobs is not None:
+                req.logprobs.append(result.logprobs[row])
+            reason = self.stops.check(req)
+            if reason:
+                self._finish(req, reason, step.step_id)
+        for req in self._deferred.pop(step.step_id, ()):
+            self.blocks.release(req)
+        self.stats.preemptions = self.scheduler.num_preemptions
+        self.stats.prefix_hit_rate = self.blocks.hit_rate
+        self.stats.postprocess_s += time.perf_counter() - t0
+
+    def _finish(self, req: Request, reason: str, step_id: int) -> None:
+        was_running = req.status is Status.RUNNING
+        self.scheduler.finish(req)
+        if was_running and req.last_step > step_id:
+            self._deferred[req.last_step].append(req)  # a later in-flight step still reads its blocks
+        elif was_running:
+            self.blocks.release(req)
+        self.stats.finished += 1
+        self.stats.output_tokens += req.num_output
+        self.stats.finish_reasons[reason] += 1
+        text = req.text
+        if text is None and self._detokenize:
+            text = self.stops.decode(req.output_ids)
+        self._done.append(
+            CompletionOutput(
+                req.index, req.sample, req.key, req.output_ids, text, reason, req.num_prompt, req.logprobs
+            )
+        )
+
+    def _drain_done(self) -> Iterator[CompletionOutput]:
+        while self._done:
+            yield self._done.pop(0)

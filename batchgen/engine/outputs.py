@@ -1,0 +1,41 @@
+"""What goes into the engine and what comes out of it: the engine's public value types."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from batchgen.config import SamplingParams
+
+
+class GenerationRequest(NamedTuple):
+    """One input row, already tokenized.
+
+    ``index`` is the row's 0-based position in the whole input: together with the seed and the sample
+    number it fixes the random stream, so outputs do not depend on batching, sharding or resume.
+    ``samples`` lists the sample numbers still to generate (default: all of 0..n-1); a resumed run
+    passes only the missing ones.
+    """
+
+    index: int
+    prompt_ids: list[int]
+    params: SamplingParams
+    key: Any = None  # opaque to the engine (the CLI passes the row's id and kept columns)
+    samples: tuple[int, ...] | None = None
+
+
+class CompletionOutput(NamedTuple):
+    """One finished (row, sample)."""
+
+    index: int
+    sample: int
+    key: Any
+    token_ids: list[int]
+    text: str | None  # None when the caller asked the engine not to detokenize
+    finish_reason: str  # "stop" | "length" | "error"
+    prompt_tokens: int
+    logprobs: list[float] | None = None
+    error: str | None = None
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.token_ids)

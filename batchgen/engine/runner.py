@@ -1,0 +1,94 @@
+"""Model execution: host step inputs -> device tensors -> forward + sampling -> sampled tokens.
+
+``EagerRunner`` runs each step eagerly on the current device; the engine drives it one step ahead of
+postprocessing in asynchronous mode, so a decode's input token may be the previous step's sampled
+token: it is patched in on the device from the previous step's output (carry-over), never via the host.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from batchgen.engine.batch import StepInputs
+from batchgen.engine.sampler import SamplingTensors, sample
+from batchgen.model.attention import AttentionBackend, PagedContext
+
+
+class StepOutput(NamedTuple):
+    step_id: int
+    tokens: torch.Tensor  # [S] int64, on the device
+    logprobs: torch.Tensor | None  # [S] float32
+
+
+class StepResult(NamedTuple):
+    step_id: int
+    tokens: list[int]
+    logprobs: list[float] | None
+
+
+def apply_carry_over(input_ids: torch.Tensor, carry_rows: torch.Tensor, prev_tokens: torch.Tensor | None):
+    """input_ids[i] = prev_tokens[carry_rows[i]] where carry_rows[i] >= 0 (a few tensor ops, no sync)."""
+    if prev_tokens is None or prev_tokens.numel() == 0:
+        return input_ids
+    rows = carry_rows.clamp(min=0, max=prev_tokens.numel() - 1)
+    return torch.where(carry_rows >= 0, prev_tokens[rows], input_ids)
+
+
+class EagerRunner:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        backend: AttentionBackend,
+        device: torch.device,
+    ) -> None:
+        self.model = model
+        self.kv_caches = kv_caches
+        self.backend = backend
+        self.device = device
+        self._prev: StepOutput | None = None
+
+    def _tensor(self, array: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(array).to(self.device, non_blocking=True)
+
+    def _context(self, inputs: StepInputs) -> PagedContext:
+        return PagedContext(
+            self.kv_caches,
+            self._tensor(inputs.slot_mapping),
+            self._tensor(inputs.cu_seqlens_q),
+            self._tensor(inputs.seq_lens),
+            self._tensor(inputs.block_tables),
+            inputs.max_q_len,
+            inputs.max_seq_len,
+            self.backend,
+        )
+
+    def _sampling(self, inputs: StepInputs) -> SamplingTensors:
+        return SamplingTensors(*(self._tensor(a) for a in (
+            inputs.temperature, inputs.top_p, inputs.top_k, inputs.rng_keys, inputs.rng_steps
+        )))  # fmt: skip
+
+    @torch.inference_mode()
+    def launch(self, inputs: StepInputs) -> StepOutput:
+        prev_tokens = self._prev.tokens if self._prev is not None else None
+        if (inputs.carry_rows >= 0).any() and (self._prev is None or self._prev.step_id != inputs.step_id - 1):
+            raise RuntimeError("carry-over needs the previous step's output")
+        input_ids = apply_carry_over(self._tensor(inputs.input_ids), self._tensor(inputs.carry_rows), prev_tokens)
+        out = self.model(
+            input_ids=input_ids.unsqueeze(0),
+            position_ids=self._tensor(inputs.positions).unsqueeze(0),
+            logits_to_keep=self._tensor(inputs.logits_indices),
+            use_cache=False,
+            batchgen=self._context(inputs),
+        )
+        logits = out.logits[0].float()  # [S, V]
+        tokens, logprobs = sample(logits, self._sampling(inputs), inputs.any_sampling, inputs.want_logprobs)
+        self._prev = StepOutput(inputs.step_id, tokens, logprobs)
+        return self._prev
+
+    def fetch(self, out: StepOutput) -> StepResult:
+        logprobs = out.logprobs.tolist() if out.logprobs is not None else None
+        return StepResult(out.step_id, out.tokens.tolist(), logprobs)

@@ -1,0 +1,85 @@
+"""Batched sampling with per-row parameters and counter-based randomness (no host syncs).
+
+Noise is a pure function of (row key, output step, token id): a hash, not a generator state. So a
+row's samples do not depend on which other rows shared its batches, and CPU and CUDA draw the same
+noise. Sampling is Gumbel-max over the temperature-scaled, top-k/top-p-truncated logits.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+_MASK32 = 0xFFFFFFFF
+
+
+class SamplingTensors(NamedTuple):
+    temperature: torch.Tensor  # [S] float32, 0 = greedy
+    top_p: torch.Tensor  # [S] float32
+    top_k: torch.Tensor  # [S] int64, 0 = off
+    rng_keys: torch.Tensor  # [S] int64
+    rng_steps: torch.Tensor  # [S] int64
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer finaliser (lowbias32) in int64 arithmetic: products stay below 2**63."""
+    x = x & _MASK32
+    x = x ^ (x >> 16)
+    x = (x * 0x21F0AAAD) & _MASK32
+    x = x ^ (x >> 15)
+    x = (x * 0x735A2D97) & _MASK32
+    return x ^ (x >> 15)
+
+
+def gumbel_noise(keys: torch.Tensor, steps: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[S, vocab] float32 Gumbel(0, 1) noise from (key, step, token id)."""
+    row = _mix32(keys * 0x5BD1E995 + _mix32(steps + 0x9E3779B9))  # [S]
+    token = torch.arange(vocab, device=keys.device, dtype=torch.int64)  # [V]
+    bits = _mix32(row.unsqueeze(1) ^ _mix32(token * 0x27D4EB2F + 0x165667B1).unsqueeze(0))  # [S, V]
+    uniform = ((bits >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))  # in (0, 1)
+    return -torch.log(-torch.log(uniform))
+
+
+def rng_key(seed: int, index: int, sample: int) -> int:
+    """Per-(row, sample) 31-bit key; two rows with the same prompt get different keys."""
+    h = (seed * 0x9E3779B1 + 0x7F4A7C15) & _MASK32
+    for value in (index & _MASK32, index >> 32, sample):
+        h = ((h ^ value) * 0x85EBCA6B + 0xC2B2AE35) & _MASK32
+        h ^= h >> 13
+    return h & 0x7FFFFFFF
+
+
+def _truncate(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Set logits outside each row's top-k / top-p set to -inf. scaled: [S, V]."""
+    sorted_logits, order = torch.sort(scaled, dim=-1, descending=True, stable=True)
+    vocab = scaled.shape[-1]
+    ranks = torch.arange(vocab, device=scaled.device).unsqueeze(0)  # [1, V]
+    k = torch.where(top_k > 0, top_k, torch.full_like(top_k, vocab)).unsqueeze(1)  # [S, 1]
+    cut = ranks >= k
+    probs = torch.softmax(sorted_logits.masked_fill(cut, float("-inf")), dim=-1)
+    mass_before = torch.cumsum(probs, dim=-1) - probs  # probability of strictly better tokens
+    cut |= mass_before >= top_p.unsqueeze(1)
+    cut[:, 0] = False  # the best token always survives
+    sorted_logits = sorted_logits.masked_fill(cut, float("-inf"))
+    return torch.empty_like(scaled).scatter_(1, order, sorted_logits)
+
+
+def sample(
+    logits: torch.Tensor,  # [S, V] float32
+    params: SamplingTensors,
+    any_sampling: bool,
+    want_logprobs: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Sampled token ids [S] and, when asked, their log-probabilities under the model [S]."""
+    greedy = torch.argmax(logits, dim=-1)
+    tokens = greedy
+    if any_sampling:
+        temperature = torch.where(params.temperature > 0, params.temperature, torch.ones_like(params.temperature))
+        scaled = _truncate(logits / temperature.unsqueeze(1), params.top_k, params.top_p)
+        noisy = scaled + gumbel_noise(params.rng_keys, params.rng_steps, logits.shape[-1])
+        tokens = torch.where(params.temperature > 0, torch.argmax(noisy, dim=-1), greedy)
+    logprobs = None
+    if want_logprobs:
+        logprobs = torch.log_softmax(logits, dim=-1).gather(1, tokens.unsqueeze(1)).squeeze(1)
+    return tokens, logprobs

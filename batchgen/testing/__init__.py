@@ -1,0 +1,1 @@
+"""Helpers for tests and benchmarks: tiny random models built from real configs (no download)."""
