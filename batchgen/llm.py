@@ -17,33 +17,63 @@ from batchgen.engine.runner import EagerRunner
 from batchgen.engine.scheduler import Scheduler
 from batchgen.engine.stops import StopChecker
 from batchgen.model import attention
-from batchgen.model.loader import load_model
+from batchgen.model.loader import LoadedModel, load_model
 from batchgen.model.tokenize import encode_prompt
 
 _ACTIVATION_RESERVE = 2 << 30  # CUDA: room for activations and logits beside the KV pool
+
+
+def _engine_config(model: str | None, options: dict[str, Any]) -> EngineConfig:
+    unknown = set(options) - {f.name for f in fields(EngineConfig)}
+    if unknown:
+        raise TypeError(f"unknown engine options: {', '.join(sorted(unknown))}")
+    return EngineConfig(model=model, **options)
 
 
 class LLM:
     """Offline generation engine. Options are ``EngineConfig`` fields (``model`` first)."""
 
     def __init__(self, model: str | None = None, **options: Any) -> None:
-        known = {f.name for f in fields(EngineConfig)}
-        unknown = set(options) - known
-        if unknown:
-            raise TypeError(f"unknown engine options: {', '.join(sorted(unknown))}")
-        self.config = EngineConfig(model=model, **options)
+        config = _engine_config(model, options)
+        attention.register()
         loaded = load_model(
             model,
-            device=self.config.device,
-            dtype=self.config.dtype,
-            attn_implementation=attention.register(),
-            trust_remote_code=self.config.trust_remote_code,
+            device=config.device,
+            dtype=config.dtype,
+            attn_implementation=attention.ATTN_IMPLEMENTATION,
+            trust_remote_code=config.trust_remote_code,
         )
-        self.model, self.tokenizer, self.device, self.dtype = loaded.model, loaded.tokenizer, loaded.device, loaded.dtype
+        self._setup(config, loaded)
+
+    @classmethod
+    def from_model(cls, model: torch.nn.Module, tokenizer, **options: Any) -> LLM:
+        """Wrap an already-built transformers model (benchmarks build random 8B models in place)."""
+        config = _engine_config(options.pop("name", None), options)
+        name = attention.register()
+        try:
+            model.set_attn_implementation(name)
+        except (AttributeError, ValueError):  # older transformers: set the config field directly
+            model.config._attn_implementation = name
+        device = next(model.parameters()).device
+        loaded = LoadedModel(
+            model.eval(), tokenizer, device, next(model.parameters()).dtype, config.model or "custom"
+        )
+        llm = cls.__new__(cls)
+        llm._setup(config, loaded)
+        return llm
+
+    def _setup(self, config: EngineConfig, loaded: LoadedModel) -> None:
+        self.config = config
+        self.model, self.tokenizer, self.device, self.dtype = (
+            loaded.model,
+            loaded.tokenizer,
+            loaded.device,
+            loaded.dtype,
+        )
         self.model_name = loaded.name
         self.max_model_len = self._max_model_len()
         self.default_sampling = self._default_sampling()
-        self.async_mode = self.config.async_mode if self.config.async_mode is not None else self.device.type == "cuda"
+        self.async_mode = config.async_mode if config.async_mode is not None else self.device.type == "cuda"
         self._engine = self._build_engine()
 
     # --- construction -----------------------------------------------------------------------------
@@ -88,9 +118,27 @@ class LLM:
         caches = kv_cache.allocate(shape, num_blocks, cfg.block_size, self.dtype, self.device)
         blocks = BlockManager(num_blocks, cfg.block_size, cfg.prefix_caching)
         scheduler = Scheduler(blocks, cfg.max_num_seqs, cfg.max_batch_tokens)
-        runner = EagerRunner(self.model, caches, attention.TorchBackend(), self.device)
+        runner = self._runner(caches)
         stops = StopChecker(self.tokenizer, self._eos_ids())
         return Engine(runner, blocks, scheduler, stops, self.max_model_len, self.async_mode)
+
+    def _runner(self, caches):
+        cfg = self.config
+        if self.device.type != "cuda":
+            return EagerRunner(self.model, caches, attention.TorchBackend(), self.device)
+        from batchgen.engine.cuda_runner import CudaRunner
+
+        triton = cfg.attention_backend != "torch"
+        backend = attention.TritonBackend() if triton else attention.TorchBackend()
+        runner = CudaRunner(
+            self.model, caches, backend, self.device,
+            max_num_seqs=cfg.max_num_seqs, max_batch_tokens=cfg.max_batch_tokens,
+            max_model_len=self.max_model_len, block_size=cfg.block_size,
+            num_slots=2 if self.async_mode else 1,
+            cuda_graphs=cfg.cuda_graphs is not False and triton,  # the torch reference syncs: not capturable
+        )  # fmt: skip
+        runner.capture_all(progress=cfg.extra.get("progress", True))
+        return runner
 
     # --- use --------------------------------------------------------------------------------------
 

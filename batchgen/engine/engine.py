@@ -18,7 +18,7 @@ from batchgen.engine.batch import build_step
 from batchgen.engine.block_manager import BlockManager
 from batchgen.engine.outputs import CompletionOutput, GenerationRequest
 from batchgen.engine.request import Request, Status
-from batchgen.engine.runner import EagerRunner, StepResult
+from batchgen.engine.runner import StepResult
 from batchgen.engine.sampler import rng_key
 from batchgen.engine.scheduler import ScheduledStep, Scheduler
 from batchgen.engine.stops import StopChecker
@@ -34,14 +34,17 @@ class EngineStats:
     preemptions: int = 0
     prefix_hit_rate: float = 0.0
     schedule_s: float = 0.0  # host time: scheduling + batch building
+    prep_s: float = 0.0  # host time: filling step buffers and launching (CUDA runner)
     postprocess_s: float = 0.0
+    gpu_busy_s: float = 0.0  # compute-stream busy time, from CUDA events (0 on the CPU)
+    wall_s: float = 0.0  # time inside stream() with work in the engine
     finish_reasons: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
 
 class Engine:
     def __init__(
         self,
-        runner: EagerRunner,
+        runner,  # EagerRunner or CudaRunner: launch(inputs) -> handle, fetch(handle) -> StepResult
         blocks: BlockManager,
         scheduler: Scheduler,
         stops: StopChecker,
@@ -62,10 +65,20 @@ class Engine:
 
     # --- public -----------------------------------------------------------------------------------
 
-    def stream(self, requests: Iterable[GenerationRequest], detokenize: bool = True) -> Iterator[CompletionOutput]:
+    def stream(
+        self, requests: Iterable[GenerationRequest], detokenize: bool = True
+    ) -> Iterator[CompletionOutput]:
         """Yield each (row, sample) as it finishes; pull rows lazily, only when there is room."""
         self._detokenize = detokenize
-        source = iter(requests)
+        started = time.perf_counter()
+        try:
+            yield from self._loop(iter(requests))
+        finally:
+            self.stats.wall_s += time.perf_counter() - started
+            self.stats.gpu_busy_s = getattr(self.runner, "gpu_busy_s", 0.0)
+            self.stats.prep_s = getattr(self.runner, "prep_s", 0.0)
+
+    def _loop(self, source: Iterator[GenerationRequest]) -> Iterator[CompletionOutput]:
         inflight: deque = deque()
         exhausted = False
         while True:

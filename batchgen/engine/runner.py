@@ -74,9 +74,13 @@ class EagerRunner:
     @torch.inference_mode()
     def launch(self, inputs: StepInputs) -> StepOutput:
         prev_tokens = self._prev.tokens if self._prev is not None else None
-        if (inputs.carry_rows >= 0).any() and (self._prev is None or self._prev.step_id != inputs.step_id - 1):
+        if (inputs.carry_rows >= 0).any() and (
+            self._prev is None or self._prev.step_id != inputs.step_id - 1
+        ):
             raise RuntimeError("carry-over needs the previous step's output")
-        input_ids = apply_carry_over(self._tensor(inputs.input_ids), self._tensor(inputs.carry_rows), prev_tokens)
+        input_ids = apply_carry_over(
+            self._tensor(inputs.input_ids), self._tensor(inputs.carry_rows), prev_tokens
+        )
         out = self.model(
             input_ids=input_ids.unsqueeze(0),
             position_ids=self._tensor(inputs.positions).unsqueeze(0),

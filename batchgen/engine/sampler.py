@@ -75,7 +75,9 @@ def sample(
     greedy = torch.argmax(logits, dim=-1)
     tokens = greedy
     if any_sampling:
-        temperature = torch.where(params.temperature > 0, params.temperature, torch.ones_like(params.temperature))
+        temperature = torch.where(
+            params.temperature > 0, params.temperature, torch.ones_like(params.temperature)
+        )
         scaled = _truncate(logits / temperature.unsqueeze(1), params.top_k, params.top_p)
         noisy = scaled + gumbel_noise(params.rng_keys, params.rng_steps, logits.shape[-1])
         tokens = torch.where(params.temperature > 0, torch.argmax(noisy, dim=-1), greedy)

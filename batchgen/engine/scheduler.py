@@ -57,7 +57,6 @@ class Scheduler:
 
     def schedule(self) -> ScheduledStep:
         step = ScheduledStep(self._next_step, [])
-        self._next_step += 1
         budget = self.max_batch_tokens
         scheduled: set[int] = set()
         # Decodes first (one token each), then chunks of prefills already under way.
@@ -71,6 +70,8 @@ class Scheduler:
                     budget -= self._append(step, req, budget)
                     scheduled.add(req.request_id)
         self._admit(step, budget)
+        if step.items:  # ids of launched steps are consecutive: carry-over refers to "the step before"
+            self._next_step += 1
         return step
 
     def _wants_step(self, req: Request) -> bool:

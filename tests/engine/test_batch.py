@@ -1,0 +1,60 @@
+"""The batch builder on a hand-worked step: positions, slots, block tables, cumulative lengths."""
+
+import numpy as np
+
+from batchgen.config import SamplingParams
+from batchgen.engine.batch import build_step
+from batchgen.engine.request import Request
+from batchgen.engine.scheduler import ScheduledItem, ScheduledStep
+
+
+def _req(rid: int, tokens: list[int], num_prompt: int, blocks: list[int], **kw) -> Request:
+    return Request(
+        rid, rid, 0, None, SamplingParams(**kw), tokens, num_prompt, 16, 1234 + rid, block_table=blocks
+    )
+
+
+def test_hand_worked_mixed_step():
+    block_size = 4
+    # A: decoding, 6 tokens known, computes position 5 (its last known token) -> samples output #1.
+    a = _req(0, [11, 12, 13, 14, 15, 16], num_prompt=5, blocks=[7, 2])
+    a.num_pending = 1  # the scheduler counted this step's token
+    # B: second prefill chunk of a 9-token prompt: positions 4..8, samples its first token.
+    b = _req(1, list(range(100, 109)), num_prompt=9, blocks=[3, 0, 5], temperature=0.7, top_k=5)
+    b.num_pending = 1
+    # C: first chunk of a long prompt: positions 0..2, no sampling.
+    c = _req(2, list(range(200, 210)), num_prompt=10, blocks=[9])
+    step = ScheduledStep(
+        4, [ScheduledItem(a, 5, 1, True), ScheduledItem(b, 4, 5, True), ScheduledItem(c, 0, 3, False)]
+    )
+
+    inputs = build_step(step, block_size)
+
+    np.testing.assert_array_equal(inputs.input_ids, [16, 104, 105, 106, 107, 108, 200, 201, 202])
+    np.testing.assert_array_equal(inputs.positions, [5, 4, 5, 6, 7, 8, 0, 1, 2])
+    # slot = block_table[pos // 4] * 4 + pos % 4
+    np.testing.assert_array_equal(inputs.slot_mapping, [2 * 4 + 1, 0, 1, 2, 3, 5 * 4 + 0, 36, 37, 38])
+    np.testing.assert_array_equal(inputs.cu_seqlens_q, [0, 1, 6, 9])
+    np.testing.assert_array_equal(inputs.seq_lens, [6, 9, 3])
+    np.testing.assert_array_equal(inputs.block_tables, [[7, 2, 0], [3, 0, 5], [9, 0, 0]])
+    np.testing.assert_array_equal(inputs.logits_indices, [0, 5])
+    np.testing.assert_array_equal(inputs.carry_rows, [-1] * 9)
+    np.testing.assert_array_equal(inputs.rng_steps, [1, 0])
+    np.testing.assert_array_equal(inputs.temperature, np.array([0.0, 0.7], np.float32))
+    np.testing.assert_array_equal(inputs.top_k, [0, 5])
+    assert inputs.any_sampling and not inputs.decode_only
+    assert (inputs.max_q_len, inputs.max_seq_len) == (5, 9)
+    assert (a.carry_step, a.carry_row, b.carry_step, b.carry_row) == (4, 0, 4, 1)
+
+
+def test_carry_over_row_points_at_previous_step_output():
+    a = _req(0, [1, 2, 3], num_prompt=3, blocks=[0])
+    b = _req(1, [4, 5, 6, 7], num_prompt=4, blocks=[1, 6])
+    a.num_pending = b.num_pending = 1
+    build_step(ScheduledStep(0, [ScheduledItem(b, 0, 4, True), ScheduledItem(a, 0, 3, True)]), 4)
+    # Step 1 is built before step 0's tokens are known: both inputs come from step 0's output.
+    a.num_pending = b.num_pending = 2
+    inputs = build_step(ScheduledStep(1, [ScheduledItem(a, 3, 1, True), ScheduledItem(b, 4, 1, True)]), 4)
+    np.testing.assert_array_equal(inputs.carry_rows, [1, 0])
+    np.testing.assert_array_equal(inputs.positions, [3, 4])
+    np.testing.assert_array_equal(inputs.slot_mapping, [3, 6 * 4 + 0])  # b's position 4: its second block

@@ -1,0 +1,100 @@
+"""Seeded sampling depends only on (model, row index, prompt, options, sample, seed)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from batchgen import LLM, GenerationRequest, SamplingParams
+from batchgen.engine.sampler import SamplingTensors, rng_key, sample
+
+SAMPLED = SamplingParams(max_new_tokens=10, temperature=0.9, top_p=0.95, top_k=40, seed=7, ignore_eos=True)
+PROMPTS = ["alpha beta", "the river runs", "one two three four five six", "question:", "a", "hello world"]
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_llama):
+    return LLM(tiny_llama, max_num_seqs=4)
+
+
+def _requests(llm, order, params=SAMPLED):
+    return [GenerationRequest(i, llm.encode(PROMPTS[i], chat=False), params) for i in order]
+
+
+def _by_index(outputs):
+    return {(o.index, o.sample): o.token_ids for o in outputs}
+
+
+def test_same_outputs_together_one_by_one_and_reordered(llm, tiny_llama):
+    together = _by_index(llm.stream(_requests(llm, range(len(PROMPTS)))))
+    one_by_one = {}
+    for i in range(len(PROMPTS)):
+        one_by_one.update(_by_index(llm.stream(_requests(llm, [i]))))
+    reordered = _by_index(
+        LLM(tiny_llama, max_num_seqs=2, async_mode=True).stream(_requests(llm, [5, 3, 1, 0, 2, 4]))
+    )
+    assert together == one_by_one == reordered
+    assert len(set(map(tuple, together.values()))) > 1
+
+
+def test_same_prompt_different_rows_differ(llm):
+    ids = llm.encode("the same prompt", chat=False)
+    outs = _by_index(llm.stream([GenerationRequest(i, ids, SAMPLED) for i in range(4)]))
+    assert len({tuple(v) for v in outs.values()}) == 4
+
+
+def test_n_samples_differ_and_share_the_prompt(tiny_llama):
+    llm = LLM(tiny_llama, prefix_caching=False, block_size=4)
+    ids = llm.encode(" ".join(["word"] * 40), chat=False)
+    outs = list(llm.stream([GenerationRequest(0, ids, SamplingParams(**{**SAMPLED.__dict__, "n": 4}))]))
+    assert sorted(o.sample for o in outs) == [0, 1, 2, 3]
+    assert len({tuple(o.token_ids) for o in outs}) == 4
+    assert llm.stats.prefix_hit_rate > 0.5  # samples 1..3 reuse sample 0's prompt blocks
+
+
+def test_resumed_samples_equal_fresh_ones(llm):
+    ids = llm.encode("resume me", chat=False)
+    params = SamplingParams(**{**SAMPLED.__dict__, "n": 3})
+    full = _by_index(llm.stream([GenerationRequest(9, ids, params)]))
+    partial = _by_index(llm.stream([GenerationRequest(9, ids, params, samples=(2,))]))
+    assert partial == {(9, 2): full[(9, 2)]}
+
+
+def test_seed_changes_samples(llm):
+    a = _by_index(llm.stream(_requests(llm, [0, 1, 2])))
+    b = _by_index(llm.stream(_requests(llm, [0, 1, 2], SamplingParams(**{**SAMPLED.__dict__, "seed": 8}))))
+    assert a != b
+
+
+def _tensors(n, temperature, top_p=1.0, top_k=0, key=1):
+    return SamplingTensors(
+        torch.full((n,), temperature),
+        torch.full((n,), top_p),
+        torch.full((n,), top_k, dtype=torch.int64),
+        torch.full((n,), key, dtype=torch.int64),
+        torch.arange(n, dtype=torch.int64),
+    )
+
+
+def test_sampler_matches_the_distribution():
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    logits = probs.log().repeat(4000, 1)
+    tokens, _ = sample(logits, _tensors(4000, 1.0), any_sampling=True, want_logprobs=False)
+    freq = torch.bincount(tokens, minlength=4).float() / 4000
+    assert torch.allclose(freq, probs, atol=0.03), freq
+
+
+def test_top_k_and_top_p_truncate():
+    logits = torch.tensor([[2.0, 1.9, 1.8, 0.0]]).repeat(2000, 1)
+    top2, _ = sample(logits, _tensors(2000, 1.0, top_k=2), True, False)
+    assert set(top2.tolist()) == {0, 1}
+    nucleus, _ = sample(logits, _tensors(2000, 1.0, top_p=0.3), True, False)
+    assert set(nucleus.tolist()) == {0}
+    greedy_rows, logprobs = sample(logits[:3], _tensors(3, 0.0), False, True)
+    assert greedy_rows.tolist() == [0, 0, 0]
+    assert torch.allclose(logprobs, torch.log_softmax(logits[0], -1)[0].expand(3))
+
+
+def test_rng_key_separates_rows_samples_and_seeds():
+    keys = {rng_key(s, i, k) for s in range(3) for i in range(50) for k in range(3)}
+    assert len(keys) == 450
