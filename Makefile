@@ -43,4 +43,4 @@ gpu-check:
 	bash scripts/gpu_check.sh "$(OUT)"
 
 clean:
-	rm -rf $(VENV) .pytest_cache demo-out.jsonl
+	rm -rf $(VENV) .pytest_cache demo-out.jsonl demo-out.jsonl.batchgen

@@ -150,6 +150,10 @@ class LLM:
     def num_kv_blocks(self) -> int:
         return self._engine.blocks.num_blocks
 
+    def drain(self) -> None:
+        """Stop admitting rows: queued rows that have not started are dropped, started ones finish."""
+        self._engine.drain()
+
     def encode(self, prompt: str | list[dict], chat: bool | None = None, system_prompt: str | None = None):
         return encode_prompt(self.tokenizer, prompt, chat=chat, system_prompt=system_prompt)
 

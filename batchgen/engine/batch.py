@@ -7,6 +7,7 @@ the runner patches it in on the device from the previous step's output.
 
 from __future__ import annotations
 
+import itertools
 from typing import NamedTuple
 
 import numpy as np
@@ -72,44 +73,62 @@ def build_step(step: ScheduledStep, block_size: int) -> StepInputs:
 
 
 def _block_tables(step: ScheduledStep) -> np.ndarray:
-    width = max(len(it.request.block_table) for it in step.items)
-    tables = np.zeros((len(step.items), width), np.int32)
-    for i, it in enumerate(step.items):
-        table = it.request.block_table
-        tables[i, : len(table)] = table
-    return tables
+    tables = [it.request.block_table for it in step.items]
+    lengths = np.fromiter(map(len, tables), np.int64, len(tables))
+    flat = np.fromiter(itertools.chain.from_iterable(tables), np.int32, int(lengths.sum()))
+    out = np.zeros((len(tables), int(lengths.max())), np.int32)
+    rows = np.repeat(np.arange(len(tables)), lengths)
+    starts = np.cumsum(lengths) - lengths
+    out[rows, np.arange(len(flat)) - starts[rows]] = flat  # scatter each ragged table into its row
+    return out
 
 
 def _input_tokens(step: ScheduledStep, total: int) -> tuple[np.ndarray, np.ndarray]:
-    input_ids = np.zeros(total, np.int64)
-    carry_rows = np.full(total, -1, np.int64)
-    row = 0
+    ids: list[int] = []
+    carry: list[tuple[int, int]] = []  # (packed row, row of the previous step's output)
     for it in step.items:
-        req = it.request
-        known = min(it.num_tokens, max(len(req.tokens) - it.start, 0))
-        input_ids[row : row + known] = req.tokens[it.start : it.start + known]
-        if known < it.num_tokens:  # the one token the previous step is sampling right now
-            if it.num_tokens - known != 1 or req.carry_step != step.step_id - 1:
-                raise RuntimeError(f"request {req.request_id}: input token not produced by the last step")
-            carry_rows[row + known] = req.carry_row
-        row += it.num_tokens
+        req, start, n = it.request, it.start, it.num_tokens
+        known = len(req.tokens) - start
+        if known >= n:
+            ids.extend(req.tokens[start : start + n])
+            continue
+        # The one token the previous step is sampling right now: carried over on the device.
+        if n - max(known, 0) != 1 or req.carry_step != step.step_id - 1:
+            raise RuntimeError(f"request {req.request_id}: input token not produced by the last step")
+        ids.extend(req.tokens[start:])
+        carry.append((len(ids), req.carry_row))
+        ids.append(0)
+    input_ids = np.array(ids, np.int64)
+    carry_rows = np.full(total, -1, np.int64)
+    if carry:
+        rows, sources = zip(*carry, strict=True)
+        carry_rows[list(rows)] = sources
     return input_ids, carry_rows
 
 
 def _sampling_rows(step: ScheduledStep, cu: np.ndarray) -> tuple:
-    sampled = [(i, it.request) for i, it in enumerate(step.items) if it.samples]
-    logits_indices = np.fromiter((cu[i + 1] - 1 for i, _ in sampled), np.int64, len(sampled))
-    for row, (_, req) in enumerate(sampled):
-        req.carry_step, req.carry_row = step.step_id, row
-    params = [req.params for _, req in sampled]
-    temperature = np.fromiter((0.0 if p.greedy else p.temperature for p in params), np.float32, len(params))
+    rows, temps, top_p, top_k, keys, steps = [], [], [], [], [], []
+    logprobs = False
+    for i, it in enumerate(step.items):
+        if not it.samples:
+            continue
+        req, p = it.request, it.request.params
+        req.carry_step, req.carry_row = step.step_id, len(rows)
+        rows.append(cu[i + 1] - 1)
+        temps.append(0.0 if p.greedy else p.temperature)
+        top_p.append(p.top_p)
+        top_k.append(p.top_k)
+        keys.append(req.rng_key)
+        steps.append(req.num_output + req.num_pending - 1)  # index of the output token being sampled
+        logprobs |= p.logprobs
+    temperature = np.array(temps, np.float32)
     return (
-        logits_indices,
+        np.array(rows, np.int64),
         temperature,
-        np.fromiter((p.top_p for p in params), np.float32, len(params)),
-        np.fromiter((p.top_k for p in params), np.int64, len(params)),
-        np.fromiter((req.rng_key for _, req in sampled), np.int64, len(sampled)),
-        np.fromiter((req.sampled_scheduled - 1 for _, req in sampled), np.int64, len(sampled)),
+        np.array(top_p, np.float32),
+        np.array(top_k, np.int64),
+        np.array(keys, np.int64),
+        np.array(steps, np.int64),
         bool((temperature > 0).any()),
-        any(p.logprobs for p in params),
+        logprobs,
     )

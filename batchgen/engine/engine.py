@@ -62,6 +62,14 @@ class Engine:
         self._deferred: dict[int, list[Request]] = defaultdict(list)  # step id -> blocks to release after it
         self._done: list[CompletionOutput] = []
         self._detokenize = True
+        self._draining = False
+
+    def drain(self) -> None:
+        """Stop admitting: rows not yet started are dropped (never yielded), started ones finish.
+
+        Safe to call from a signal handler: it only sets a flag the loop reads between steps.
+        """
+        self._draining = True
 
     # --- public -----------------------------------------------------------------------------------
 
@@ -82,6 +90,9 @@ class Engine:
         inflight: deque = deque()
         exhausted = False
         while True:
+            if self._draining:
+                self._drop_unstarted()
+                exhausted = True
             exhausted = exhausted or self._pull(source)
             yield from self._drain_done()
             if not self.scheduler.has_work() and not inflight:
@@ -106,6 +117,12 @@ class Engine:
             except StopIteration:
                 return True
         return False
+
+    def _drop_unstarted(self) -> None:
+        waiting = self.scheduler.waiting
+        keep = [r for r in waiting if r.num_output or r.num_pending]  # preempted mid-generation
+        waiting.clear()
+        waiting.extend(keep)
 
     def _add(self, row: GenerationRequest) -> None:
         samples = row.samples if row.samples is not None else tuple(range(row.params.n))

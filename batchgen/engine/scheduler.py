@@ -60,27 +60,26 @@ class Scheduler:
         budget = self.max_batch_tokens
         scheduled: set[int] = set()
         # Decodes first (one token each), then chunks of prefills already under way.
-        for decode_pass in (True, False):
-            for req in list(self.running):
-                if req.status is not Status.RUNNING or (req.remaining == 1) != decode_pass:
-                    continue
-                if budget == 0 or len(step.items) >= self.max_num_seqs:
-                    break
-                if self._wants_step(req) and self._reserve(req, budget, scheduled):
-                    budget -= self._append(step, req, budget)
-                    scheduled.add(req.request_id)
+        decodes, prefills = [], []
+        for req in self.running:
+            if req.sampled_scheduled < req.max_tokens:  # else its last token is already in flight
+                (decodes if req.length - req.num_computed == 1 else prefills).append(req)
+        for req in decodes + prefills:
+            if budget == 0 or len(step.items) >= self.max_num_seqs:
+                break
+            if req.status is Status.RUNNING and self._reserve(req, budget, scheduled):
+                budget -= self._append(step, req, budget)
+                scheduled.add(req.request_id)
         self._admit(step, budget)
         if step.items:  # ids of launched steps are consecutive: carry-over refers to "the step before"
             self._next_step += 1
         return step
 
-    def _wants_step(self, req: Request) -> bool:
-        # A request whose last allowed token is already in flight needs no more steps.
-        return req.sampled_scheduled < req.max_tokens
-
     def _reserve(self, req: Request, budget: int, scheduled: set[int]) -> bool:
         """Make room for ``req``'s next chunk, preempting the newest unscheduled requests if needed."""
         need = req.num_computed + min(req.remaining, budget)
+        if need <= len(req.block_table) * self.blocks.block_size:
+            return True  # the common decode case: the current block has room
         while not self.blocks.can_grow(req, need):
             victim = next((r for r in reversed(self.running) if r.request_id not in scheduled), None)
             if victim is None:
@@ -92,14 +91,16 @@ class Scheduler:
         return True
 
     def _append(self, step: ScheduledStep, req: Request, budget: int) -> int:
-        n = min(req.remaining, budget)
-        samples = n == req.remaining
+        remaining = req.remaining
+        n = min(remaining, budget)
+        samples = n == remaining
         step.items.append(ScheduledItem(req, req.num_computed, n, samples))
         req.num_computed += n
         req.last_step = step.step_id
         if samples:
             req.num_pending += 1
-        self.blocks.register_full_blocks(req, req.num_computed)
+        if req.num_computed >= (req.num_cached_blocks + 1) * self.blocks.block_size:
+            self.blocks.register_full_blocks(req, req.num_computed)
         return n
 
     def _preempt(self, req: Request) -> None:

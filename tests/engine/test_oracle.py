@@ -13,7 +13,7 @@ GREEDY = SamplingParams(max_new_tokens=NEW_TOKENS)  # EOS stops both sides alike
 # name -> engine options; "tiny_kv" is sized per model below so that preemption must happen.
 REGIMES = {
     "queueing": dict(max_num_seqs=3),
-    "chunked_prefill": dict(max_batch_tokens=48, max_num_seqs=8),
+    "chunked_prefill": dict(max_batch_tokens=64, max_num_seqs=8),
     "tiny_kv": dict(max_num_seqs=16),
     "async": dict(max_num_seqs=6, max_batch_tokens=96, async_mode=True),
 }

@@ -1,0 +1,83 @@
+"""Everything ``batchgen run`` was asked to do, as one frozen value, and the fingerprint a resume checks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from batchgen.io.rows import RowSpec
+
+ON_ERROR = ("record", "skip", "fail")
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    input: str
+    output: str
+    spec: RowSpec = field(default_factory=RowSpec)
+    limit: int | None = None
+    row_start: int = 0  # first row (global index) this run covers: sharding sets it
+    # prompts
+    chat: bool | None = None  # None = auto
+    system_prompt: str | None = None
+    # sampling; None = the model's generation config
+    max_new_tokens: int = 256
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int = 0
+    n: int = 1
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    logprobs: bool = False
+    return_tokens: bool = False
+    # engine: EngineConfig fields (model, dtype, device, max_num_seqs, ...)
+    engine: dict[str, Any] = field(default_factory=dict)
+    # run control
+    overwrite: bool = False
+    on_error: str = "record"
+    flush_every: float = 10.0
+    log_every: float = 30.0
+    drain_timeout: float = 30.0
+    stats_file: str | None = None
+    progress_bar: bool | None = None  # None = a bar when stderr is a terminal
+
+    def __post_init__(self) -> None:
+        if self.on_error not in ON_ERROR:
+            raise ValueError(f"on_error must be one of {ON_ERROR}")
+
+    @property
+    def row_stop(self) -> int | None:
+        return None if self.limit is None else self.row_start + self.limit
+
+    def fingerprint(self, model_name: str, input_fingerprint: dict[str, Any]) -> dict[str, Any]:
+        """What an output depends on. Not in it: --limit (a longer re-run extends a shorter one), the
+        input's path and mtime (a copy staged elsewhere is the same input), and throughput options."""
+        spec = self.spec
+        return {
+            "model": model_name,
+            "dtype": self.engine.get("dtype"),
+            "max_model_len": self.engine.get("max_model_len"),
+            "sampling": {
+                "max_new_tokens": self.max_new_tokens,
+                "temperature": self.temperature,
+                "top_p": self.top_p,
+                "top_k": self.top_k,
+                "seed": self.seed,
+                "n": self.n,
+                "stop": list(self.stop),
+                "ignore_eos": self.ignore_eos,
+                "logprobs": self.logprobs,
+            },
+            "prompts": {
+                "prompt_column": spec.prompt_column,
+                "template": spec.template,
+                "id_column": spec.id_column,
+                "keep_columns": list(spec.keep_columns),
+                "chat": self.chat,
+                "system_prompt": self.system_prompt,
+                "return_tokens": self.return_tokens,
+            },
+            "input": input_fingerprint,
+            "row_start": self.row_start,
+        }

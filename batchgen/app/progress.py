@@ -1,0 +1,182 @@
+"""Counters, the progress display (a tqdm bar on a terminal, log lines otherwise) and the final summary."""
+
+from __future__ import annotations
+
+import logging
+import resource
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger("batchgen")
+
+
+@dataclass
+class Counters:
+    rows_done: int = 0  # rows with every sample written
+    records: int = 0
+    errors: int = 0
+    skipped: int = 0  # bad rows dropped by --on-error skip
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    finish_reasons: Counter = field(default_factory=Counter)
+
+    def add_record(self, finish_reason: str, prompt_tokens: int, completion_tokens: int) -> None:
+        self.records += 1
+        self.errors += finish_reason == "error"
+        self.prompt_tokens += prompt_tokens or 0
+        self.completion_tokens += completion_tokens or 0
+        self.finish_reasons[finish_reason] += 1
+
+
+def format_duration(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+class Progress:
+    """This run's counters (``run``) next to the output's totals (``total``), shown as the run goes.
+
+    Only the writer thread calls ``record``/``tick``; the main thread reads the counters at the end.
+    """
+
+    def __init__(
+        self,
+        total: Counters,
+        total_rows: int | None,
+        log_every: float,
+        bar: bool | None = None,
+    ) -> None:
+        self.total = total
+        self.run = Counters()
+        self.total_rows = total_rows
+        self.log_every = log_every
+        self.start = time.monotonic()
+        self._last_log = self.start
+        self._interval = (self.start, 0)  # (time, run tokens) at the start of the rate interval
+        self.last_rate = 0.0
+        use_bar = sys.stderr.isatty() if bar is None else bar
+        self._bar = self._make_bar() if use_bar else None
+
+    def _make_bar(self):
+        from tqdm import tqdm
+
+        return tqdm(
+            total=self.total_rows,
+            initial=self.total.rows_done,
+            unit="row",
+            desc="batchgen",
+            file=sys.stderr,
+            dynamic_ncols=True,
+            smoothing=0.05,
+        )
+
+    @property
+    def has_bar(self) -> bool:
+        return self._bar is not None
+
+    def set_total_rows(self, rows: int) -> None:
+        self.total_rows = rows
+        if self._bar is not None:
+            self._bar.total = rows
+            self._bar.refresh()
+
+    def record(self, finish_reason: str, prompt_tokens: int, completion_tokens: int, row_done: bool) -> None:
+        for c in (self.run, self.total):
+            c.add_record(finish_reason, prompt_tokens, completion_tokens)
+            c.rows_done += row_done
+        if self._bar is not None and row_done:
+            self._bar.update(1)
+            self._bar.set_postfix_str(f"{self.tok_per_s():.1f} tok/s, {self.total.errors} err", refresh=False)
+
+    def skipped(self) -> None:
+        self.run.skipped += 1
+
+    def tok_per_s(self) -> float:
+        return self.run.completion_tokens / max(time.monotonic() - self.start, 1e-9)
+
+    def rate(self) -> float:
+        """Output tokens/s since the last call (the "last rate" that ``status`` shows)."""
+        now, tokens = time.monotonic(), self.run.completion_tokens
+        t0, k0 = self._interval
+        if now - t0 >= 1.0 or not self.last_rate:
+            self.last_rate = (tokens - k0) / max(now - t0, 1e-9)
+            self._interval = (now, tokens)
+        return self.last_rate
+
+    def tick(self) -> None:
+        """A plain log line every ``log_every`` seconds when there is no bar (Slurm logs)."""
+        now = time.monotonic()
+        if self._bar is None and now - self._last_log >= self.log_every:
+            self._last_log = now
+            log.info(self.line())
+
+    def line(self) -> str:
+        done, total = self.total.rows_done, self.total_rows
+        elapsed = time.monotonic() - self.start
+        rows = f"{done}/{total} rows ({100 * done / total:.1f}%)" if total else f"{done} rows"
+        eta = ""
+        if total and self.run.rows_done:
+            eta = f", ETA {format_duration((total - done) * elapsed / self.run.rows_done)}"
+        return (
+            f"{rows}, {self.total.errors} errors, {self.run.completion_tokens} tokens out, "
+            f"{self.tok_per_s():.1f} tok/s{eta}"
+        )
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+    def summary(self, status: str, engine_stats: Any = None) -> dict[str, Any]:
+        wall = time.monotonic() - self.start
+        return {
+            "status": status,
+            "rows": self.run.rows_done,
+            "records": self.run.records,
+            "errors": self.run.errors,
+            "skipped": self.run.skipped,
+            "prompt_tokens": self.run.prompt_tokens,
+            "completion_tokens": self.run.completion_tokens,
+            "wall_s": round(wall, 3),
+            "tokens_per_s": round(self.run.completion_tokens / max(wall, 1e-9), 2),
+            "finish_reasons": dict(self.run.finish_reasons),
+            "rows_done_total": self.total.rows_done,
+            "total_rows": self.total_rows,
+            "peak_rss_mb": round(peak_rss_mb(), 1),
+            "engine": _plain(engine_stats),
+        }
+
+
+def summary_text(s: dict[str, Any]) -> str:
+    reasons = ", ".join(f"{k} {v}" for k, v in sorted(s["finish_reasons"].items())) or "none"
+    total = f" (output now {s['rows_done_total']}/{s['total_rows']} rows)" if s["total_rows"] else ""
+    skipped = f", {s['skipped']} skipped" if s["skipped"] else ""
+    return (
+        f"{s['status']}: {s['rows']} rows, {s['records']} records, {s['errors']} errors{skipped}{total}; "
+        f"tokens {s['prompt_tokens']} in / {s['completion_tokens']} out; wall {s['wall_s']:.1f} s, "
+        f"{s['tokens_per_s']:.1f} tok/s; finish reasons: {reasons}"
+    )
+
+
+def _plain(stats: Any) -> Any:
+    """Engine stats as JSON-able data, whatever shape the engine gives them."""
+    if stats is None or isinstance(stats, (int, float, str, bool)):
+        return stats
+    if isinstance(stats, dict):
+        return {str(k): _plain(v) for k, v in stats.items()}
+    if isinstance(stats, (list, tuple)):
+        return [_plain(v) for v in stats]
+    if hasattr(stats, "_asdict"):
+        return _plain(stats._asdict())
+    if hasattr(stats, "__dataclass_fields__"):
+        return _plain({k: getattr(stats, k) for k in stats.__dataclass_fields__})
+    if hasattr(stats, "__dict__"):
+        return _plain({k: v for k, v in vars(stats).items() if not k.startswith("_")})
+    return str(stats)

@@ -1,0 +1,336 @@
+"""``batchgen run``: input -> prompt thread -> engine -> writer thread, resumable, interruptible.
+
+Threads: the main thread runs the engine (``llm.stream``) and owns the signal handlers; a preparer
+thread reads and tokenizes rows into a bounded queue the engine pulls from; a writer thread decodes,
+writes, checkpoints and shows progress. Stopping admission is just the request feed ending: the engine
+then finishes what it holds.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import queue
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+from batchgen.app.errors import FatalError
+from batchgen.app.options import RunOptions
+from batchgen.app.prepare import END, Preparer, PromptSettings
+from batchgen.app.progress import Counters, Progress, summary_text
+from batchgen.app.signals import Interrupt, SignalControl
+from batchgen.app.sink import RecordOptions, Sink
+from batchgen.config import SamplingParams
+from batchgen.engine.outputs import GenerationRequest
+from batchgen.io.checkpoint import DoneSet, OutputLock, RunState, diff_fingerprints, load_state, save_state
+from batchgen.io.faults import Faults
+from batchgen.io.readers import BadLine, Reader, open_input
+from batchgen.io.rows import ParsedRow, SchemaError
+from batchgen.io.writers import Writer, has_records, open_output, output_format, remove_output
+from batchgen.model.loader import DEFAULT_MODEL_NAME
+
+log = logging.getLogger("batchgen")
+
+EXIT_OK, EXIT_FATAL, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 75
+_SCHEMA_ROWS = 100  # rows looked at before the model loads, to fail fast on an unusable input
+
+
+def run(opts: RunOptions) -> int:
+    """Run (or resume) one job; the exit code. Raises InputError/OutputError (usage) or FatalError."""
+    reader = open_input(opts.input)
+    output_format(opts.output)
+    check_input(reader, opts)
+    model_name = opts.engine.get("model") or DEFAULT_MODEL_NAME
+    fingerprint = opts.fingerprint(model_name, reader.fingerprint())
+    Path(opts.output).absolute().parent.mkdir(parents=True, exist_ok=True)
+    lock = OutputLock(opts.output)
+    try:
+        lock.acquire()
+    except RuntimeError as exc:
+        raise FatalError(str(exc)) from None
+    try:
+        with SignalControl(opts.drain_timeout) as signals:
+            return _Job(opts, reader, fingerprint, signals, Faults.from_env()).execute()
+    finally:
+        lock.release()
+
+
+def check_input(reader: Reader, opts: RunOptions) -> None:
+    """Fail before loading the model when the input is empty or no prompt can come out of it."""
+    columns = reader.schema_columns()
+    if columns is not None:
+        if reader.count_rows() <= opts.row_start:
+            raise FatalError(f"input {opts.input!r} has no rows")
+        opts.spec.check_columns(columns, "the Parquet schema")
+        return
+    rows = list(islice(reader.iter_rows(opts.row_start, opts.row_stop), _SCHEMA_ROWS))
+    if not rows:
+        raise FatalError(f"input {opts.input!r} has no rows")
+    objects = [(i, r) for i, r in rows if isinstance(r, dict)]
+    if not objects:
+        first = rows[0][1]
+        why = first.error if isinstance(first, BadLine) else f"a JSON {type(first).__name__}"
+        raise SchemaError(f"none of the first {len(rows)} rows is a JSON object (row 0: {why})")
+    parsed = [opts.spec.parse(i, r) for i, r in objects]
+    if any(isinstance(p, ParsedRow) for p in parsed):
+        return
+    seen = list(dict.fromkeys(k for _, r in objects for k in r))
+    opts.spec.check_columns(seen, f"the first {len(rows)} rows")
+    raise SchemaError(
+        f"none of the first {len(rows)} rows has a usable prompt (row {parsed[0].index}: {parsed[0].error})"
+    )
+
+
+class _Job:
+    def __init__(
+        self, opts: RunOptions, reader: Reader, fingerprint: dict, signals: SignalControl, faults: Faults
+    ) -> None:
+        self.opts, self.reader, self.fingerprint = opts, reader, fingerprint
+        self.signals, self.faults = signals, faults
+        self.stop = threading.Event()  # stop admitting rows: a drain or a failure
+
+    def execute(self) -> int:
+        self.signals.loading = True  # until the engine runs, a signal stops at once
+        try:
+            resumed = self._open_output()
+            if resumed is None:
+                return EXIT_OK
+            writer, done, totals, state = resumed
+            llm = self._load_engine()
+        except Interrupt:
+            self.signals.log_notices()
+            log.info("interrupted before generation started; nothing lost, re-run to start")
+            return EXIT_INTERRUPTED
+        finally:
+            self.signals.loading = False
+        return self._generate(llm, writer, done, totals, state)
+
+    # -- resume ----------------------------------------------------------------------------------------
+    def _open_output(self) -> tuple[Writer, DoneSet, Counters, RunState] | None:
+        opts, out = self.opts, self.opts.output
+        old = load_state(out)
+        if opts.overwrite:
+            remove_output(out)
+            old = None
+        elif has_records(out):
+            self._check_resumable(old)
+            if old.covers(opts.limit):
+                log.info(
+                    "%s is already complete (%d rows, %d records, %d errors): nothing to do",
+                    out,
+                    old.rows_done,
+                    old.records,
+                    old.errors,
+                )
+                self._write_stats({"status": "already complete", "rows_done_total": old.rows_done})
+                return None
+        else:
+            old = None
+        writer = open_output(out, self.faults)
+        done, totals = DoneSet(opts.n), Counters()
+        for rec in writer.recover():
+            if done.add(rec["index"], rec["sample"]):
+                totals.add_record(rec["finish_reason"], rec["prompt_tokens"], rec["completion_tokens"])
+        totals.rows_done = done.rows_done()
+        if done.count:
+            log.info("resuming %s: %d records already there", out, done.count)
+        dropped = getattr(writer, "dropped_bytes", 0)
+        if dropped:
+            log.info("cut off a torn last record (%d bytes); it is redone", dropped)
+        state = RunState(self.fingerprint, n=opts.n)
+        if old is not None:
+            state.started = old.started
+        save_state(out, state)  # before the first record: an output with records always has a state
+        return writer, done, totals, state
+
+    def _check_resumable(self, old: RunState | None) -> None:
+        out = self.opts.output
+        if old is None:
+            raise FatalError(
+                f"{out} exists but was not written by batchgen run (no state in {out}.batchgen/); "
+                "pass --overwrite to replace it"
+            )
+        diffs = diff_fingerprints(old.fingerprint, self.fingerprint)
+        if diffs:
+            raise FatalError(
+                f"{out} was written with different settings ({'; '.join(diffs)}): "
+                "re-run with the same options to resume, --overwrite to start afresh, or another OUTPUT"
+            )
+
+    def _load_engine(self) -> Any:
+        from batchgen import LLM
+
+        if not (sys.stderr.isatty() if self.opts.progress_bar is None else self.opts.progress_bar):
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.disable_progress_bar()  # carriage-return bars garble log files
+        try:
+            return LLM(**self.opts.engine)
+        except Interrupt:
+            raise
+        except Exception as exc:
+            raise FatalError(f"cannot load model {self.fingerprint['model']!r}: {_one_line(exc)}") from exc
+
+    # -- generation ------------------------------------------------------------------------------------
+    def _generate(self, llm: Any, writer: Writer, done: DoneSet, totals: Counters, state: RunState) -> int:
+        progress = Progress(totals, self._total_rows(), self.opts.log_every, self.opts.progress_bar)
+        sink, preparer = self._start_threads(llm, writer, done, state, progress)
+        feed = _Feed(preparer, self.signals, self.stop, self.faults, lambda: preparer.error or sink.error)
+        failure: BaseException | None = None
+        try:
+            self._drive(llm, feed, sink)
+        except Exception as exc:
+            failure = exc
+        self.stop.set()
+        preparer.join(timeout=10)  # a daemon: never let a stuck reader hold the exit
+        failure = failure or preparer.error or sink.error
+        complete = failure is None and feed.ended and preparer.reached_end and not self.signals.abandon
+        if complete:
+            state.exhausted = self.reader.at_eof
+            progress.set_total_rows(self.reader.end_index - self.opts.row_start)
+        sink.close(complete)
+        progress.close()
+        return self._report(progress, llm, complete, failure or sink.error)
+
+    def _start_threads(
+        self, llm: Any, writer: Writer, done: DoneSet, state: RunState, progress: Progress
+    ) -> tuple[Sink, Preparer]:
+        """The writer and the preparer, each with its own tokenizer copy (fast tokenizers are not
+        safe to share across threads)."""
+        opts = self.opts
+        record_opts = RecordOptions(opts.return_tokens, opts.logprobs, opts.on_error)
+        sink = Sink(writer, opts.output, done, state, progress, copy.deepcopy(llm.tokenizer), record_opts,
+                    opts.flush_every, self.stop, self.faults, self.signals.log_notices)  # fmt: skip
+        columns = self.reader.schema_columns()
+        rows = self.reader.iter_rows(
+            opts.row_start,
+            opts.row_stop,
+            skip=done if done.count else None,
+            columns=opts.spec.needed_columns(columns) if columns is not None else None,
+        )
+        queue_size = max(64, 2 * opts.engine.get("max_num_seqs", 256))
+        preparer = Preparer(rows, self._prompt_settings(llm), copy.deepcopy(llm.tokenizer), done, sink.put,
+                            self.stop, queue_size)  # fmt: skip
+        sink.start()
+        preparer.start()
+        return sink, preparer
+
+    def _drive(self, llm: Any, feed: _Feed, sink: Sink) -> None:
+        """The engine loop. Interrupt (second SIGINT, drain timeout) abandons in-flight rows."""
+        stream = llm.stream(feed, detokenize=False)
+        signals = self.signals
+        signals.on_drain = llm.drain  # queued rows that have not started are left for the resume
+        if signals.draining.is_set():
+            llm.drain()
+        try:
+            while not signals.abandon:
+                signals.interruptible = True
+                try:
+                    out = next(stream)
+                except StopIteration:
+                    return
+                finally:
+                    signals.interruptible = False
+                self.faults.hit("output")
+                sink.put(out)
+                if sink.error is not None:  # e.g. --on-error fail: abandon, do not drain
+                    return
+        except Interrupt:
+            signals.abandon = True
+        finally:
+            stream.close()
+
+    def _prompt_settings(self, llm: Any) -> PromptSettings:
+        opts, default = self.opts, llm.default_sampling
+        base = SamplingParams(
+            max_new_tokens=opts.max_new_tokens,
+            temperature=default.temperature if opts.temperature is None else opts.temperature,
+            top_p=default.top_p if opts.top_p is None else opts.top_p,
+            top_k=default.top_k if opts.top_k is None else opts.top_k,
+            seed=opts.seed,
+            n=opts.n,
+            stop=opts.stop,
+            ignore_eos=opts.ignore_eos,
+            logprobs=opts.logprobs,
+        )
+        return PromptSettings(
+            opts.spec, base, opts.chat, opts.system_prompt, int(llm.max_model_len), opts.on_error == "fail"
+        )
+
+    def _total_rows(self) -> int | None:
+        """Rows this run covers, when cheap to know (corrected once the input is read to its end)."""
+        is_parquet = self.reader.schema_columns() is not None
+        if self.opts.limit is not None and not is_parquet:
+            return self.opts.limit  # no need to count a huge JSONL file to run its first rows
+        count = self.reader.count_rows()
+        total = None if count is None else max(0, count - self.opts.row_start)
+        if self.opts.limit is not None:
+            total = self.opts.limit if total is None else min(total, self.opts.limit)
+        return total
+
+    # -- the end ---------------------------------------------------------------------------------------
+    def _report(self, progress: Progress, llm: Any, complete: bool, failure: BaseException | None) -> int:
+        self.signals.log_notices()
+        status = "failed" if failure else "complete" if complete else "interrupted"
+        summary = progress.summary(status, getattr(llm, "stats", None))
+        log.info(summary_text(summary))
+        self._write_stats(summary)
+        if failure is not None:
+            if isinstance(failure, FatalError | SchemaError):
+                raise failure
+            raise FatalError(_one_line(failure)) from failure
+        if not complete:
+            log.info("saved; re-run the same command to resume (exit 75)")
+            return EXIT_INTERRUPTED
+        return EXIT_OK
+
+    def _write_stats(self, summary: dict[str, Any]) -> None:
+        if self.opts.stats_file:
+            Path(self.opts.stats_file).write_text(json.dumps(summary, indent=2) + "\n")
+
+
+class _Feed:
+    """The engine's request iterator: the preparer's queue, until it ends, a drain, or a failure."""
+
+    def __init__(
+        self,
+        preparer: Preparer,
+        signals: SignalControl,
+        stop: threading.Event,
+        faults: Faults,
+        failure: Callable[[], BaseException | None],
+    ) -> None:
+        self.preparer, self.signals, self.stop, self.faults = preparer, signals, stop, faults
+        self.failure = failure
+        self.ended = False
+
+    def __iter__(self) -> Iterator[GenerationRequest]:
+        return self
+
+    def __next__(self) -> GenerationRequest:
+        while True:
+            if (exc := self.failure()) is not None:
+                raise exc  # out through the engine: in-flight rows are abandoned
+            if self.signals.draining.is_set() or self.stop.is_set():
+                raise StopIteration
+            try:
+                item = self.preparer.queue.get(timeout=0.05)
+            except queue.Empty:
+                continue
+            if item is END:
+                if (exc := self.failure()) is not None:
+                    raise exc
+                self.ended = True
+                raise StopIteration
+            self.faults.hit("submit")
+            return item
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

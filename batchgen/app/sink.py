@@ -1,0 +1,193 @@
+"""The writer thread: finished outputs -> records -> output file, done set, progress, periodic checkpoints.
+
+Detokenization happens here, off the engine's critical path. Every ``flush_every`` seconds the output is
+made durable first and the state file second, so the state never claims more than the file holds.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from batchgen.app.errors import RowFailed
+from batchgen.app.prepare import RowFailure
+from batchgen.app.progress import Progress
+from batchgen.engine.outputs import CompletionOutput
+from batchgen.io.checkpoint import DoneSet, RunState, save_state
+from batchgen.io.faults import Faults
+from batchgen.io.records import make_record
+from batchgen.io.writers import Writer
+
+log = logging.getLogger("batchgen")
+
+
+class RecordOptions(NamedTuple):
+    return_tokens: bool
+    logprobs: bool
+    on_error: str  # record | skip | fail
+
+
+class _Close(NamedTuple):
+    complete: bool
+
+
+class Sink(threading.Thread):
+    def __init__(
+        self,
+        writer: Writer,
+        output: str,
+        done: DoneSet,
+        state: RunState,
+        progress: Progress,
+        tokenizer: Any,
+        options: RecordOptions,
+        flush_every: float,
+        stop: threading.Event,
+        faults: Faults,
+        on_tick: Callable[[], None] = lambda: None,
+    ) -> None:
+        super().__init__(name="batchgen-writer", daemon=True)
+        self.writer, self.output, self.done, self.state = writer, output, done, state
+        self.progress, self.tokenizer, self.options = progress, tokenizer, options
+        self.flush_every, self.stop, self.faults, self.on_tick = flush_every, stop, faults, on_tick
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.error: BaseException | None = None
+        self._last_flush = time.monotonic()
+
+    def put(self, item: CompletionOutput | RowFailure) -> None:
+        self.queue.put(item)
+
+    def close(self, complete: bool) -> None:
+        """Write what is queued, flush, save the state (and build the final file when complete)."""
+        self.queue.put(_Close(complete))
+        self.join()
+
+    def run(self) -> None:
+        try:
+            while True:
+                try:
+                    item = self.queue.get(timeout=0.25)
+                except queue.Empty:
+                    item = None
+                if isinstance(item, _Close):
+                    return self._finalize(item.complete)
+                if isinstance(item, RowFailure):
+                    self._failure(item)
+                elif item is not None:
+                    self._output(item)
+                if time.monotonic() - self._last_flush >= self.flush_every:
+                    self.flush()
+                self.on_tick()
+                self.progress.tick()
+        except BaseException as exc:  # the main thread stops the run and reports it
+            self.error = exc
+            self.stop.set()
+            self._save_quietly()
+
+    # -- records ---------------------------------------------------------------------------------------
+    def _output(self, out: CompletionOutput) -> None:
+        if out.finish_reason == "error" and self._drop_error(out.index, out.key.id, out.error):
+            return
+        if out.finish_reason == "error":
+            text = ""
+        else:
+            text = (
+                out.text
+                if out.text is not None
+                else self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+            )
+        record = make_record(
+            row_id=out.key.id,
+            index=out.index,
+            sample=out.sample,
+            completion=text,
+            finish_reason=out.finish_reason,
+            prompt_tokens=out.prompt_tokens,
+            completion_tokens=len(out.token_ids),
+            error=(out.error or "engine error") if out.finish_reason == "error" else None,
+            kept=out.key.kept,
+            token_ids=list(out.token_ids) if self.options.return_tokens else None,
+            logprobs=list(out.logprobs or []) if self.options.logprobs else None,
+        )
+        self._write(record)
+
+    def _failure(self, failure: RowFailure) -> None:
+        if self._drop_error(failure.index, failure.key.id, failure.error):
+            return
+        for sample in failure.samples:
+            record = make_record(
+                row_id=failure.key.id,
+                index=failure.index,
+                sample=sample,
+                completion="",
+                finish_reason="error",
+                prompt_tokens=failure.prompt_tokens,
+                completion_tokens=0,
+                error=failure.error,
+                kept=failure.key.kept,
+                token_ids=[] if self.options.return_tokens else None,
+                logprobs=[] if self.options.logprobs else None,
+            )
+            self._write(record)
+
+    def _drop_error(self, index: int, row_id: Any, error: str | None) -> bool:
+        """--on-error: True when the error writes no record."""
+        if self.options.on_error == "fail":
+            raise RowFailed(f"row {index} (id {row_id!r}): {error}")
+        if self.options.on_error == "skip":
+            self.progress.skipped()
+            return True
+        return False
+
+    def _write(self, record: dict[str, Any]) -> None:
+        index, sample = record["index"], record["sample"]
+        if not self.done.add(index, sample):
+            log.warning("dropped a duplicate record for row %d sample %d", index, sample)
+            return
+        self.writer.write(record)
+        self.progress.record(
+            record["finish_reason"],
+            record["prompt_tokens"],
+            record["completion_tokens"],
+            row_done=self.done.row_done(index),
+        )
+
+    # -- durability ------------------------------------------------------------------------------------
+    def flush(self) -> None:
+        self.writer.flush()
+        self.faults.hit("state")
+        self._update_state()
+        save_state(self.output, self.state)
+        self._last_flush = time.monotonic()
+
+    def _update_state(self) -> None:
+        t = self.progress.total
+        self.state.rows_done, self.state.records, self.state.errors = t.rows_done, t.records, t.errors
+        self.state.prompt_tokens, self.state.completion_tokens = t.prompt_tokens, t.completion_tokens
+        self.state.finish_reasons = dict(t.finish_reasons)
+        self.state.total_rows = self.progress.total_rows
+        self.state.rate_tok_s = round(self.progress.rate(), 2)
+
+    def _finalize(self, complete: bool) -> None:
+        self.flush()
+        if complete:
+            self.writer.finish()
+            self.state.complete = True
+            self._update_state()
+            save_state(self.output, self.state)
+        self.writer.close()
+
+    def _save_quietly(self) -> None:
+        """After a failure, keep what was written durable; never mask the first error."""
+        try:
+            self.writer.flush()
+            self._update_state()
+            save_state(self.output, self.state)
+        except Exception as exc:
+            log.debug("could not save after the failure: %s", exc)
+        finally:
+            self.writer.close()

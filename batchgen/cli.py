@@ -1,0 +1,293 @@
+"""The ``batchgen`` command line: option parsing and exit codes only; the work lives in batchgen.app."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+import traceback
+from typing import Any
+
+import click
+
+from batchgen import __version__
+
+EXIT_FATAL, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 75
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+_DTYPES = ("auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16")
+_SIZE_UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+class _LogHandler(logging.Handler):
+    """stderr, resolved at each record (test runners swap it), and through tqdm so a bar stays intact."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        from tqdm import tqdm
+
+        try:
+            tqdm.write(self.format(record), file=sys.stderr)
+        except Exception:  # a closed stream at exit must not raise
+            self.handleError(record)
+
+
+def _setup_logging(verbose: bool) -> None:
+    logger = logging.getLogger("batchgen")
+    if not any(isinstance(h, _LogHandler) for h in logger.handlers):
+        handler = _LogHandler()
+        handler.setFormatter(logging.Formatter("batchgen: %(message)s"))
+        logger.addHandler(handler)
+        logger.propagate = False
+    logger.setLevel(logging.DEBUG if verbose else logging.INFO)
+
+
+def _fail(exc: BaseException, verbose: bool, expected: bool = True) -> None:
+    """A fatal error: one line (the traceback too with -v), exit 1."""
+    if verbose:
+        traceback.print_exception(exc, file=sys.stderr)
+    message = " ".join(str(exc).split())
+    if not expected or not message:  # an unexpected exception: its type says what happened
+        message = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+    click.echo(f"batchgen: error: {message}", err=True)
+    sys.exit(EXIT_FATAL)
+
+
+def _byte_size(value: str | None) -> int | None:
+    """``--kv-cache-bytes 2G`` -> 2147483648."""
+    if value is None:
+        return None
+    text = value.strip().lower().removesuffix("ib").removesuffix("b")
+    scale = _SIZE_UNITS.get(text[-1:], 1)
+    try:
+        return int(float(text[:-1] if scale > 1 else text) * scale)
+    except ValueError:
+        raise click.BadParameter(
+            f"{value!r} is not a size like 2G or 536870912", param_hint="--kv-cache-bytes"
+        ) from None
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.version_option(__version__, "--version", prog_name="batchgen")
+def cli() -> None:
+    """Offline batch generation for LLMs: a JSONL/Parquet file of prompts in, completions out, resumable."""
+
+
+@cli.command("run")
+@click.argument("input_path", metavar="INPUT")
+@click.argument("output", metavar="OUTPUT")
+# input
+@click.option("--prompt-column", help="Column holding the prompt (a string or a list of chat messages).")
+@click.option("--template", help=r'Build the prompt from columns: "Q: {question}\nA:" (\n, \t understood).')
+@click.option("--id-column", help="Column holding the row id [default: 'id' when present, else the index].")
+@click.option("--keep-columns", multiple=True, help="Input columns to copy into each record: a,b.")
+@click.option("--limit", type=click.IntRange(min=1), help="Only the first N rows.")
+@click.option(
+    "--chat",
+    "chat_mode",
+    type=click.Choice(["auto", "on", "off"]),
+    default="auto",
+    show_default=True,
+    help="Chat template for plain 'prompt' rows (messages rows always get it).",
+)
+@click.option("--no-chat", is_flag=True, help="Same as --chat off: send plain prompts raw.")
+@click.option("--system-prompt", help="A system message added to every chat prompt.")
+# generation
+@click.option("--model", help="Hub id or local directory [default: the embedded SmolLM2-135M-Instruct].")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=256, show_default=True)
+@click.option("--temperature", type=click.FloatRange(min=0), help="[default: the model's generation config]")
+@click.option("--top-p", type=click.FloatRange(min=0, max=1, min_open=True), help="[default: the model's]")
+@click.option("--top-k", type=click.IntRange(min=0), help="0 = off [default: the model's]")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--n", type=click.IntRange(min=1), default=1, show_default=True, help="Samples per row.")
+@click.option("--stop", multiple=True, help="Stop string (repeatable); excluded from the completion.")
+@click.option("--ignore-eos", is_flag=True, help="Generate max-new-tokens whatever the model says.")
+@click.option("--logprobs", is_flag=True, help="Add the sampled tokens' log-probabilities to each record.")
+@click.option("--return-tokens", is_flag=True, help="Add the completion's token_ids to each record.")
+@click.option(
+    "--dtype",
+    type=click.Choice(_DTYPES),
+    default="auto",
+    show_default=True,
+    help="auto = bf16 on CUDA, fp32 on CPU.",
+)
+@click.option("--device", help="cuda, cuda:1, cpu [default: cuda if present].")
+@click.option("--trust-remote-code", is_flag=True)
+# engine
+@click.option("--max-num-seqs", type=click.IntRange(min=1), default=256, show_default=True)
+@click.option("--max-batch-tokens", type=click.IntRange(min=1), default=8192, show_default=True)
+@click.option("--max-model-len", type=click.IntRange(min=2), help="[default: the model's context length]")
+@click.option(
+    "--gpu-memory-utilization", type=click.FloatRange(0, 1, min_open=True), default=0.9, show_default=True
+)
+@click.option("--block-size", type=click.IntRange(min=1), default=16, show_default=True)
+@click.option("--async/--sync", "async_mode", default=None, help="[default: async on CUDA]")
+@click.option("--cuda-graphs/--no-cuda-graphs", default=None, help="[default: on on CUDA]")
+@click.option("--prefix-caching/--no-prefix-caching", default=True, show_default=True)
+@click.option("--kv-cache-bytes", hidden=True, help="Explicit KV cache budget, e.g. 2G.")
+@click.option("--attention-backend", type=click.Choice(["torch", "triton"]), hidden=True)
+# run control
+@click.option("--overwrite", is_flag=True, help="Start afresh instead of resuming an existing OUTPUT.")
+@click.option(
+    "--on-error",
+    type=click.Choice(["record", "skip", "fail"]),
+    default="record",
+    show_default=True,
+    help="A bad row: an error record, nothing, or stop with exit 1.",
+)
+@click.option(
+    "--flush-every",
+    type=click.FloatRange(min=0),
+    default=10.0,
+    show_default=True,
+    help="Seconds between durable flushes (a crash loses at most this much).",
+)
+@click.option(
+    "--log-every",
+    type=click.FloatRange(min=0),
+    default=30.0,
+    show_default=True,
+    help="Seconds between progress lines when stderr is not a terminal.",
+)
+@click.option(
+    "--drain-timeout",
+    type=click.FloatRange(min=0),
+    default=30.0,
+    show_default=True,
+    help="On SIGTERM/SIGINT/SIGUSR1: seconds to finish in-flight rows before exit 75.",
+)
+@click.option("--stats-file", type=click.Path(dir_okay=False), help="Write the final summary here as JSON.")
+@click.option(
+    "--progress/--no-progress",
+    "progress_bar",
+    default=None,
+    hidden=True,
+    help="Force the tqdm bar on or off [default: on a terminal].",
+)
+@click.option("-v", "--verbose", is_flag=True, help="Debug logs; tracebacks with errors.")
+def run_command(input_path: str, output: str, verbose: bool, **kw: Any) -> None:
+    """Generate a completion for every row of INPUT into OUTPUT (.jsonl or .parquet).
+
+    Re-running the same command resumes; SIGTERM/SIGINT/SIGUSR1 save and exit 75.
+    """
+    _setup_logging(verbose)
+    saved = {s: signal.signal(s, _exit_interrupted) for s in _STOP_SIGNALS}  # until the run's own handlers
+    try:
+        code = _run(input_path, output, verbose, kw)
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+    sys.exit(code)
+
+
+def _exit_interrupted(signum: int, frame: Any) -> None:
+    """A stop signal while still importing: nothing started, nothing to save."""
+    sys.exit(EXIT_INTERRUPTED)
+
+
+def _run(input_path: str, output: str, verbose: bool, kw: dict[str, Any]) -> int:
+    from batchgen.app.errors import FatalError
+    from batchgen.app.run import run
+    from batchgen.io.readers import InputError
+    from batchgen.io.rows import SchemaError
+    from batchgen.io.writers import OutputError
+
+    opts = _run_options(input_path, output, kw)
+    try:
+        return run(opts)
+    except InputError as exc:
+        raise click.BadParameter(str(exc), param_hint="'INPUT'") from None
+    except OutputError as exc:
+        raise click.BadParameter(str(exc), param_hint="'OUTPUT'") from None
+    except (FatalError, SchemaError) as exc:
+        _fail(exc, verbose)
+    except Exception as exc:  # unexpected: still one line, -v for the traceback
+        _fail(exc, verbose, expected=False)
+    return EXIT_FATAL
+
+
+def _run_options(input_path: str, output: str, kw: dict[str, Any]):
+    """Click values -> RunOptions; invalid combinations are usage errors (exit 2)."""
+    from batchgen.app.options import RunOptions
+    from batchgen.config import EngineConfig
+    from batchgen.io.rows import RowSpec, unescape_template
+
+    keep = tuple(c.strip() for item in kw["keep_columns"] for c in item.split(",") if c.strip())
+    chat = {"auto": None, "on": True, "off": False}[kw["chat_mode"]]
+    if kw["no_chat"]:
+        chat = False
+    engine = dict(
+        model=kw["model"],
+        dtype=None if kw["dtype"] == "auto" else kw["dtype"],
+        device=kw["device"],
+        max_num_seqs=kw["max_num_seqs"],
+        max_batch_tokens=kw["max_batch_tokens"],
+        max_model_len=kw["max_model_len"],
+        gpu_memory_utilization=kw["gpu_memory_utilization"],
+        kv_cache_bytes=_byte_size(kw["kv_cache_bytes"]),
+        block_size=kw["block_size"],
+        async_mode=kw["async_mode"],
+        cuda_graphs=kw["cuda_graphs"],
+        prefix_caching=kw["prefix_caching"],
+        attention_backend=kw["attention_backend"],
+        trust_remote_code=kw["trust_remote_code"],
+    )
+    try:
+        EngineConfig(**engine)
+        spec = RowSpec(
+            prompt_column=kw["prompt_column"],
+            template=None if kw["template"] is None else unescape_template(kw["template"]),
+            id_column=kw["id_column"],
+            keep_columns=keep,
+        )
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    return RunOptions(
+        input=input_path,
+        output=output,
+        spec=spec,
+        limit=kw["limit"],
+        chat=chat,
+        system_prompt=kw["system_prompt"],
+        max_new_tokens=kw["max_new_tokens"],
+        temperature=kw["temperature"],
+        top_p=kw["top_p"],
+        top_k=kw["top_k"],
+        seed=kw["seed"],
+        n=kw["n"],
+        stop=tuple(kw["stop"]),
+        ignore_eos=kw["ignore_eos"],
+        logprobs=kw["logprobs"],
+        return_tokens=kw["return_tokens"],
+        engine=engine,
+        overwrite=kw["overwrite"],
+        on_error=kw["on_error"],
+        flush_every=kw["flush_every"],
+        log_every=kw["log_every"],
+        drain_timeout=kw["drain_timeout"],
+        stats_file=kw["stats_file"],
+        progress_bar=kw["progress_bar"],
+    )
+
+
+@cli.command("status")
+@click.argument("output", metavar="OUTPUT")
+@click.option("--json", "as_json", is_flag=True, help="Print the state as JSON.")
+@click.option("-v", "--verbose", is_flag=True)
+def status_command(output: str, as_json: bool, verbose: bool) -> None:
+    """Rows done / total, errors, tokens and last rate of a run on OUTPUT (or of its shards)."""
+    from batchgen.app.errors import FatalError
+    from batchgen.app.status import status_data, status_text
+
+    try:
+        data = status_data(output)
+    except (FatalError, RuntimeError) as exc:
+        _fail(exc, verbose)
+    click.echo(json.dumps(data, indent=2) if as_json else status_text(data))
+
+
+def main(argv: list[str] | None = None) -> None:
+    cli.main(args=argv, prog_name="batchgen")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,251 @@
+"""Streaming input readers: JSONL (plain, .gz, .zst) and Parquet (a file, a directory or a glob).
+
+Readers yield ``(index, row)`` one at a time, so memory stays flat whatever the input's size. ``row`` is a
+dict, or a ``BadLine`` for a line that is not JSON. ``iter_rows(start, stop)`` starts at a row offset and
+stops at a row count (Parquet skips whole row groups through the footer metadata), which is what
+sharding builds on; ``skip`` lets a resumed run pass over finished rows without decoding them.
+"""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import hashlib
+import io
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, NamedTuple, Protocol
+
+import orjson
+
+JSONL_SUFFIXES = (".jsonl", ".ndjson", ".jsonl.gz", ".ndjson.gz", ".jsonl.zst", ".ndjson.zst")
+PARQUET_SUFFIX = ".parquet"
+_HEAD_BYTES = 1 << 20  # fingerprint: hash this much of the input's head
+_COUNT_LIMIT = 4 << 30  # count newlines of plain JSONL up to this size (about a second a GiB)
+_BATCH_ROWS = 1024
+
+
+class InputError(ValueError):
+    """The INPUT argument is unusable (missing, unknown format): a usage error."""
+
+
+class BadLine(NamedTuple):
+    error: str
+
+
+class RowSkip(Protocol):
+    """Which rows a resumed run can pass over without decoding them."""
+
+    def row_done(self, index: int) -> bool: ...
+
+    def range_done(self, start: int, stop: int) -> bool: ...
+
+
+class Reader(Protocol):
+    """``end_index`` and ``at_eof`` describe the last ``iter_rows`` that ran to its end: the global index
+    after the last row it passed (skipped ones included), and whether that was the input's end."""
+
+    path: str
+    end_index: int
+    at_eof: bool
+
+    def count_rows(self) -> int | None: ...
+
+    def schema_columns(self) -> list[str] | None: ...
+
+    def fingerprint(self) -> dict[str, Any]: ...
+
+    def iter_rows(
+        self,
+        start: int = 0,
+        stop: int | None = None,
+        skip: RowSkip | None = None,
+        columns: list[str] | None = None,
+    ) -> Iterator[tuple[int, Any]]: ...
+
+
+def open_input(path: str) -> Reader:
+    """A reader for ``path``; raises InputError naming what is wrong."""
+    if any(ch in path for ch in "*?[") and not os.path.exists(path):
+        files = sorted(glob.glob(path))
+        if not files:
+            raise InputError(f"no files match {path!r}")
+        return _parquet_files(path, files)
+    if not os.path.exists(path):
+        raise InputError(f"input {path!r} does not exist")
+    if os.path.isdir(path):
+        files = sorted(str(p) for p in Path(path).rglob(f"*{PARQUET_SUFFIX}") if p.is_file())
+        if not files:
+            raise InputError(f"directory {path!r} holds no .parquet files")
+        return ParquetReader(path, files)
+    lower = path.lower()
+    if lower.endswith(PARQUET_SUFFIX):
+        return ParquetReader(path, [path])
+    if lower.endswith(JSONL_SUFFIXES):
+        return JsonlReader(path)
+    raise InputError(
+        f"unknown input format {path!r}: expected .jsonl (.gz, .zst), .parquet, "
+        "or a directory or glob of .parquet files"
+    )
+
+
+def _parquet_files(pattern: str, files: list[str]) -> Reader:
+    bad = [f for f in files if not f.lower().endswith(PARQUET_SUFFIX)]
+    if bad:
+        raise InputError(f"a glob input must match only .parquet files; {bad[0]!r} is not one")
+    return ParquetReader(pattern, files)
+
+
+def _head_hash(paths: list[str]) -> str:
+    digest = hashlib.sha256()
+    for p in paths[:1]:
+        with open(p, "rb") as f:
+            digest.update(f.read(_HEAD_BYTES))
+    return digest.hexdigest()[:16]
+
+
+# -- JSONL -----------------------------------------------------------------------------------------------
+class JsonlReader:
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.compression = "gzip" if path.endswith(".gz") else "zstd" if path.endswith(".zst") else None
+        self.end_index, self.at_eof = 0, False
+
+    def _open(self) -> io.BufferedIOBase:
+        if self.compression == "gzip":
+            return gzip.open(self.path, "rb")
+        if self.compression == "zstd":
+            try:
+                import zstandard
+            except ImportError:  # an optional dependency
+                raise InputError(
+                    "reading .zst input needs the zstandard package: pip install zstandard"
+                ) from None
+            raw = open(self.path, "rb")  # noqa: SIM115 - closed with the wrapper
+            return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, closefd=True))
+        return open(self.path, "rb")
+
+    def count_rows(self) -> int | None:
+        """Newline count when cheap (plain files up to a few GiB); None otherwise."""
+        size = os.path.getsize(self.path)
+        if self.compression or size > _COUNT_LIMIT:
+            return None
+        count, last = 0, b"\n"
+        with open(self.path, "rb") as f:
+            while chunk := f.read(1 << 22):
+                count += chunk.count(b"\n")
+                last = chunk[-1:]
+        return count + (last != b"\n")
+
+    def schema_columns(self) -> list[str] | None:
+        return None  # JSONL has no schema: the first rows are checked instead
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {"format": "jsonl", "size": os.path.getsize(self.path), "head": _head_hash([self.path])}
+
+    def iter_rows(
+        self,
+        start: int = 0,
+        stop: int | None = None,
+        skip: RowSkip | None = None,
+        columns: list[str] | None = None,
+    ) -> Iterator[tuple[int, Any]]:
+        index = 0
+        self.end_index, self.at_eof = 0, False
+        with self._open() as f:
+            for line in f:
+                if not line.strip():
+                    continue  # blank lines are not rows
+                if stop is not None and index >= stop:
+                    self.end_index = index
+                    return
+                if index >= start and not (skip and skip.row_done(index)):
+                    yield index, _parse_line(line)
+                index += 1
+        self.end_index, self.at_eof = index, True
+
+
+def _parse_line(line: bytes) -> Any:
+    try:
+        return orjson.loads(line)
+    except orjson.JSONDecodeError as exc:
+        return BadLine(f"malformed JSON: {exc}")
+
+
+# -- Parquet ---------------------------------------------------------------------------------------------
+class ParquetReader:
+    def __init__(self, path: str, files: list[str]) -> None:
+        self.path = path
+        self.files = files
+        self._meta: list[Any] | None = None
+        self.end_index, self.at_eof = 0, False
+
+    def _metadata(self) -> list[Any]:
+        import pyarrow.parquet as pq
+
+        if self._meta is None:
+            try:
+                self._meta = [pq.read_metadata(f) for f in self.files]
+            except Exception as exc:  # pyarrow raises several types for a non-Parquet file
+                raise InputError(f"cannot read Parquet input {self.path!r}: {exc}") from None
+        return self._meta
+
+    def count_rows(self) -> int:
+        return sum(m.num_rows for m in self._metadata())
+
+    def schema_columns(self) -> list[str]:
+        return list(self._metadata()[0].schema.to_arrow_schema().names)
+
+    def fingerprint(self) -> dict[str, Any]:
+        sizes = [os.path.getsize(f) for f in self.files]
+        names = [
+            os.path.relpath(f, self.path) if os.path.isdir(self.path) else Path(f).name for f in self.files
+        ]
+        return {"format": "parquet", "files": names, "size": sum(sizes), "head": _head_hash(self.files)}
+
+    def iter_rows(
+        self,
+        start: int = 0,
+        stop: int | None = None,
+        skip: RowSkip | None = None,
+        columns: list[str] | None = None,
+    ) -> Iterator[tuple[int, Any]]:
+        import pyarrow.parquet as pq
+
+        total = self.count_rows()
+        self.end_index = min(total, stop) if stop is not None else total
+        self.at_eof = stop is None or stop >= total
+        offset = 0  # global index of the current row group's first row
+        for path, meta in zip(self.files, self._metadata(), strict=True):
+            if stop is not None and offset >= stop:
+                return
+            with pq.ParquetFile(path) as pf:
+                names = pf.schema_arrow.names
+                cols = [c for c in columns if c in names] if columns is not None else None
+                for group in range(meta.num_row_groups):
+                    n = meta.row_group(group).num_rows
+                    lo, hi = max(start, offset), min(offset + n, stop if stop is not None else offset + n)
+                    if lo < hi and not (skip and skip.range_done(lo, hi)):
+                        yield from _group_rows(pf, group, cols, offset, lo, hi, skip)
+                    offset += n
+                    if stop is not None and offset >= stop:
+                        return
+
+
+def _group_rows(pf, group: int, cols, offset: int, lo: int, hi: int, skip: RowSkip | None):
+    """Rows lo..hi (global indices) of one row group, a batch at a time."""
+    index = offset
+    for batch in pf.iter_batches(batch_size=_BATCH_ROWS, row_groups=[group], columns=cols):
+        first, end = index, index + batch.num_rows
+        index = end
+        if end <= lo:
+            continue
+        if first >= hi:
+            return
+        a, b = max(lo, first), min(hi, end)
+        if skip and skip.range_done(a, b):
+            continue
+        for i, row in enumerate(batch.slice(a - first, b - a).to_pylist(), start=a):
+            if not (skip and skip.row_done(i)):
+                yield i, row

@@ -1,0 +1,234 @@
+"""One input row -> its prompt, id, per-row sampling overrides and kept columns (or the reason it is bad)."""
+
+from __future__ import annotations
+
+import math
+import string
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+# Output fields a kept column must not shadow.
+OUTPUT_FIELDS = (
+    "id",
+    "index",
+    "sample",
+    "completion",
+    "finish_reason",
+    "prompt_tokens",
+    "completion_tokens",
+    "error",
+    "token_ids",
+    "logprobs",
+)
+OVERRIDE_FIELDS = ("max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop")
+_INT_FIELDS = ("max_new_tokens", "top_k", "seed")
+_FLOAT_FIELDS = ("temperature", "top_p")
+
+
+class ParsedRow(NamedTuple):
+    index: int
+    id: Any
+    prompt: str | list[dict[str, Any]]
+    overrides: dict[str, Any]
+    kept: dict[str, Any]
+
+
+class RowError(NamedTuple):
+    """A row that cannot be generated; it becomes an ``error`` record (or is skipped, or fails the run)."""
+
+    index: int
+    id: Any
+    error: str
+    kept: dict[str, Any]
+
+
+class SchemaError(ValueError):
+    """The input as a whole has no usable prompt: fail before loading the model."""
+
+
+def unescape_template(text: str) -> str:
+    r"""Shells pass ``"Q: {q}\nA:"`` with a literal backslash-n; users mean a newline."""
+    out, i = [], 0
+    while i < len(text):
+        if text[i] == "\\" and i + 1 < len(text) and text[i + 1] in "nt\\":
+            out.append({"n": "\n", "t": "\t", "\\": "\\"}[text[i + 1]])
+            i += 2
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out)
+
+
+def template_fields(template: str) -> list[str]:
+    """Top-level column names a format template reads (``{a.b}`` and ``{a[0]}`` read column ``a``)."""
+    names = []
+    for _, field, _, _ in string.Formatter().parse(template):
+        if field is None:
+            continue
+        root = field.split(".", 1)[0].split("[", 1)[0]
+        if not root or root.isdigit():
+            raise ValueError(f"template field {{{field}}} must name a column")
+        if root not in names:
+            names.append(root)
+    return names
+
+
+class _StrictRow(Mapping):
+    """format_map view that reports missing and null columns instead of formatting them as 'None'."""
+
+    def __init__(self, row: Mapping[str, Any]) -> None:
+        self._row = row
+
+    def __getitem__(self, key: str) -> Any:
+        value = self._row[key]
+        if value is None:
+            raise KeyError(key)
+        return value
+
+    def __iter__(self):
+        return iter(self._row)
+
+    def __len__(self) -> int:
+        return len(self._row)
+
+
+@dataclass(frozen=True)
+class RowSpec:
+    """How rows become prompts, from the command-line options."""
+
+    prompt_column: str | None = None
+    template: str | None = None
+    id_column: str | None = None  # None = "id" when present, else the index
+    keep_columns: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.prompt_column and self.template:
+            raise ValueError("--prompt-column and --template exclude each other")
+        clash = sorted(set(self.keep_columns) & set(OUTPUT_FIELDS))
+        if clash:
+            raise ValueError(f"--keep-columns {', '.join(clash)}: would overwrite output fields")
+        if self.template is not None:
+            template_fields(self.template)  # raises on a malformed template
+
+    def needed_columns(self, available: Iterable[str]) -> list[str]:
+        """The columns worth reading (Parquet projection): everything else is never decoded."""
+        available = list(available)
+        wanted = set(OVERRIDE_FIELDS) | set(self.keep_columns) | {self.id_column or "id"}
+        if self.prompt_column:
+            wanted.add(self.prompt_column)
+        elif self.template is not None:
+            wanted.update(template_fields(self.template))
+        else:
+            wanted.update(("messages", "prompt"))
+        return [c for c in available if c in wanted]
+
+    # -- per-row parsing -------------------------------------------------------------------------------
+    def parse(self, index: int, row: Any) -> ParsedRow | RowError:
+        if not isinstance(row, dict):
+            return RowError(index, index, f"row is a JSON {type(row).__name__}, not an object", {})
+        kept = {c: row.get(c) for c in self.keep_columns}
+        row_id = self._row_id(index, row)
+        if isinstance(row_id, RowError):
+            return row_id._replace(kept=kept)
+        try:
+            prompt = self._prompt(row)
+            overrides = parse_overrides(row)
+        except ValueError as exc:
+            return RowError(index, row_id, str(exc), kept)
+        return ParsedRow(index, row_id, prompt, overrides, kept)
+
+    def _row_id(self, index: int, row: dict) -> Any:
+        name = self.id_column or "id"
+        value = row.get(name)
+        if value is None:
+            if self.id_column:
+                return RowError(index, index, f"id column {name!r} is missing or null", {})
+            return index
+        if isinstance(value, float) and value.is_integer():
+            return int(value)  # Parquet int columns with nulls come back as float
+        return value
+
+    def _prompt(self, row: dict) -> str | list[dict[str, Any]]:
+        if self.template is not None:
+            try:
+                return self.template.format_map(_StrictRow(row))
+            except KeyError as exc:
+                raise ValueError(f"template field {exc.args[0]!r} is missing or null") from None
+            except (IndexError, AttributeError, TypeError, ValueError) as exc:
+                raise ValueError(f"template failed on this row: {exc}") from None
+        if self.prompt_column:
+            if row.get(self.prompt_column) is None:
+                raise ValueError(f"prompt column {self.prompt_column!r} is missing or null")
+            return check_prompt(self.prompt_column, row[self.prompt_column])
+        for name in ("messages", "prompt"):
+            if row.get(name) is not None:
+                return check_prompt(name, row[name])
+        found = ", ".join(sorted(row)) or "none"
+        raise ValueError(f"no prompt: the row has no 'messages' or 'prompt' column (found: {found})")
+
+    # -- whole-input check -----------------------------------------------------------------------------
+    def check_columns(self, columns: Iterable[str], where: str) -> None:
+        """Fail at once when ``columns`` (a schema, or the union of the first rows' keys) cannot prompt."""
+        columns = list(columns)
+        found = ", ".join(columns) if columns else "none"
+        if self.template is not None:
+            missing = [f for f in template_fields(self.template) if f not in columns]
+            if missing:
+                raise SchemaError(f"--template needs column(s) {', '.join(missing)}, {where} has: {found}")
+        elif self.prompt_column:
+            if self.prompt_column not in columns:
+                raise SchemaError(f"--prompt-column {self.prompt_column!r} not found, {where} has: {found}")
+        elif "messages" not in columns and "prompt" not in columns:
+            raise SchemaError(
+                f"no usable prompt column: {where} has {found}; expected 'messages' or 'prompt' "
+                "(or pass --prompt-column or --template)"
+            )
+        if self.id_column and self.id_column not in columns:
+            raise SchemaError(f"--id-column {self.id_column!r} not found, {where} has: {found}")
+
+
+def check_prompt(name: str, value: Any) -> str | list[dict[str, Any]]:
+    """A prompt is a string, or an OpenAI-style list of {role, content} messages."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and value:
+        for msg in value:
+            if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
+                raise ValueError(f"column {name!r}: each message must be an object with a string 'role'")
+            if not isinstance(msg.get("content"), (str, list)):
+                raise ValueError(f"column {name!r}: message content must be a string")
+        return [{k: v for k, v in m.items() if v is not None} for m in value]
+    if isinstance(value, list):
+        raise ValueError(f"column {name!r} is an empty message list")
+    raise ValueError(f"column {name!r} must be a string or a list of messages, not {type(value).__name__}")
+
+
+def parse_overrides(row: dict) -> dict[str, Any]:
+    """Per-row sampling overrides present in the row (nulls and NaNs mean "not set")."""
+    out: dict[str, Any] = {}
+    for name in OVERRIDE_FIELDS:
+        value = row.get(name)
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            continue
+        out[name] = _override_value(name, value)
+    return out
+
+
+def _override_value(name: str, value: Any) -> Any:
+    if name in _INT_FIELDS:
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{name} must be an integer, not {value!r}")
+        return value
+    if name in _FLOAT_FIELDS:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{name} must be a number, not {value!r}")
+        return float(value)
+    # stop: a string or a list of strings
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, list) and all(isinstance(s, str) and s for s in value):
+        return tuple(value)
+    raise ValueError(f"stop must be a string or a list of non-empty strings, not {value!r}")

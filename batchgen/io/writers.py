@@ -1,0 +1,314 @@
+"""Incremental, crash-safe output writers.
+
+JSONL: records are appended; ``flush`` makes them durable (fsync). A crash can leave a torn last line,
+which ``recover`` cuts off. Parquet: each ``flush`` writes the buffered records as one durable part file
+under ``OUTPUT.batchgen/parts/`` (tmp + fsync + rename); ``finish`` joins the parts into one readable
+``OUTPUT`` at the end. Both ``recover`` what a previous run left: the records already there.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Protocol
+
+import orjson
+
+from batchgen.io.checkpoint import fsync_dir, sidecar_dir
+from batchgen.io.faults import Faults
+from batchgen.io.records import dumps_line
+
+OUTPUT_SUFFIXES = (".jsonl", ".parquet")
+# What recovery reads back of each existing record.
+SCAN_FIELDS = ("index", "sample", "finish_reason", "prompt_tokens", "completion_tokens")
+
+
+class OutputError(ValueError):
+    """The OUTPUT argument is unusable: a usage error."""
+
+
+class Writer(Protocol):
+    path: str
+
+    def recover(self) -> Iterator[dict[str, Any]]: ...
+
+    def write(self, record: dict[str, Any]) -> None: ...
+
+    def flush(self) -> None: ...
+
+    def finish(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def output_format(path: str) -> str:
+    for suffix in OUTPUT_SUFFIXES:
+        if path.lower().endswith(suffix):
+            return suffix[1:]
+    raise OutputError(f"unknown output format {path!r}: expected .jsonl or .parquet")
+
+
+def open_output(path: str, faults: Faults | None = None) -> Writer:
+    fmt = output_format(path)
+    return JsonlWriter(path, faults) if fmt == "jsonl" else ParquetWriter(path, faults)
+
+
+def has_records(path: str) -> bool:
+    """Whether a previous run left anything (the output, or Parquet parts)."""
+    parts = sidecar_dir(path) / "parts"
+    return os.path.exists(path) or (parts.is_dir() and any(parts.glob("part-*.parquet")))
+
+
+def remove_output(path: str) -> None:
+    """--overwrite: the output and everything in its sidecar except the lock we hold."""
+    if os.path.exists(path):
+        os.remove(path)
+    side = sidecar_dir(path)
+    if side.is_dir():
+        for entry in side.iterdir():
+            if entry.name != "lock":
+                shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+
+
+# -- JSONL -----------------------------------------------------------------------------------------------
+class JsonlWriter:
+    def __init__(self, path: str, faults: Faults | None = None) -> None:
+        self.path = path
+        self.faults = faults or Faults()
+        self._f = None
+        self.dropped_bytes = 0  # torn tail cut off by recover()
+
+    def recover(self) -> Iterator[dict[str, Any]]:
+        """Yield the existing records' scan fields; cut the file after the last whole record."""
+        if not os.path.exists(self.path):
+            return
+        good_end = 0
+        with open(self.path, "r+b") as f:
+            for line in f:
+                record = _whole_record(line)
+                if record is None:
+                    break
+                good_end += len(line)
+                yield {k: record.get(k) for k in SCAN_FIELDS}
+            size = f.seek(0, os.SEEK_END)
+            if size > good_end:
+                self.dropped_bytes = size - good_end
+                f.truncate(good_end)
+                f.flush()
+                os.fsync(f.fileno())
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self._f is None:
+            self._f = open(self.path, "ab", buffering=1 << 20)  # noqa: SIM115 - lives until close()
+        line = dumps_line(record)
+        if self.faults.due("torn"):
+            self._f.write(line[: len(line) // 2])
+            self._f.flush()
+            self.faults.kill()
+        self._f.write(line)
+
+    def flush(self) -> None:
+        if self._f is not None:
+            self._f.flush()
+            self.faults.hit("flush")
+            os.fsync(self._f.fileno())
+
+    def finish(self) -> None:
+        self.flush()
+        if not os.path.exists(self.path):  # a run with nothing to write still leaves a (valid) file
+            Path(self.path).touch()
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+            self._f = None
+
+
+def _whole_record(line: bytes) -> dict[str, Any] | None:
+    """A complete, parseable record line, else None (torn or garbage: the tail from here is dropped)."""
+    if not line.endswith(b"\n"):
+        return None
+    try:
+        record = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(record, dict) or not isinstance(record.get("index"), int):
+        return None
+    return record
+
+
+# -- Parquet ---------------------------------------------------------------------------------------------
+class ParquetWriter:
+    def __init__(self, path: str, faults: Faults | None = None) -> None:
+        self.path = path
+        self.faults = faults or Faults()
+        self.parts = sidecar_dir(path) / "parts"
+        self._buffer: list[dict[str, Any]] = []
+        self._next = 0
+
+    def _part_files(self) -> list[Path]:
+        return sorted(self.parts.glob("part-*.parquet")) if self.parts.is_dir() else []
+
+    def recover(self) -> Iterator[dict[str, Any]]:
+        self._settle_final()
+        for tmp in self.parts.glob("*.tmp"):
+            tmp.unlink()  # a part whose write was cut short: its records are redone
+        files = self._part_files()
+        self._next = int(files[-1].stem.split("-")[1]) + 1 if files else 0
+        for part in files:
+            yield from _scan_parquet(part)
+
+    def _settle_final(self) -> None:
+        """Make the parts directory the single place records live while a run goes on."""
+        final = Path(self.path)
+        if final.exists() and self.parts.is_dir():
+            shutil.rmtree(self.parts)  # finish() renamed the final file in but died before this cleanup
+        self.parts.mkdir(parents=True, exist_ok=True)
+        if final.exists():  # a finished run asked for more rows: its file becomes the first part
+            os.replace(final, self.parts / "part-000000.parquet")
+            fsync_dir(self.parts)
+            fsync_dir(final.parent)
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._buffer.append(record)
+
+    def flush(self) -> None:
+        if not self._buffer:
+            return
+        import pyarrow.parquet as pq
+
+        self.parts.mkdir(parents=True, exist_ok=True)
+        table = records_to_table(self._buffer)
+        part = self.parts / f"part-{self._next:06d}.parquet"
+        tmp = part.with_name(part.name + ".tmp")
+        with open(tmp, "wb") as f:
+            pq.write_table(table, f)
+            f.flush()
+            os.fsync(f.fileno())
+        self.faults.hit("part")
+        os.replace(tmp, part)
+        fsync_dir(self.parts)
+        self._next += 1
+        self._buffer.clear()
+
+    def finish(self) -> None:
+        """Join the parts, in completion order, into OUTPUT (tmp + rename), then drop the parts."""
+        self.flush()
+        tmp = Path(self.path + ".tmp")
+        join_parquet(self._part_files(), tmp)
+        os.replace(tmp, self.path)
+        fsync_dir(Path(self.path).absolute().parent)
+        self.faults.hit("finalize")
+        shutil.rmtree(self.parts, ignore_errors=True)
+
+    def close(self) -> None:
+        self._buffer.clear()
+
+
+def _scan_parquet(path: Path) -> Iterator[dict[str, Any]]:
+    import pyarrow.parquet as pq
+
+    with pq.ParquetFile(path) as pf:
+        for batch in pf.iter_batches(columns=list(SCAN_FIELDS)):
+            yield from batch.to_pylist()
+
+
+# Standard fields get fixed types so that every part agrees; ids and kept columns are inferred.
+def _fixed_types() -> dict[str, Any]:
+    import pyarrow as pa
+
+    return {
+        "index": pa.int64(),
+        "sample": pa.int64(),
+        "completion": pa.string(),
+        "finish_reason": pa.string(),
+        "prompt_tokens": pa.int64(),
+        "completion_tokens": pa.int64(),
+        "error": pa.string(),
+        "token_ids": pa.list_(pa.int64()),
+        "logprobs": pa.list_(pa.float64()),
+    }
+
+
+def records_to_table(records: list[dict[str, Any]]):
+    import pyarrow as pa
+
+    # ``error`` is always a column (null when fine): a Parquet schema should not depend on luck
+    names = dict.fromkeys(("id", "index", "sample", "completion", "finish_reason", "prompt_tokens"))
+    names.update(dict.fromkeys(("completion_tokens", "error")))
+    for r in records:
+        names.update(dict.fromkeys(r))
+    fixed = _fixed_types()
+    arrays = []
+    for name in names:
+        values = [r.get(name) for r in records]
+        try:
+            arrays.append(pa.array(values, type=fixed.get(name)))
+        except (pa.ArrowInvalid, pa.ArrowTypeError):  # mixed types in one column: keep them as text
+            arrays.append(pa.array([None if v is None else _as_text(v) for v in values], type=pa.string()))
+    return pa.Table.from_arrays(arrays, names=list(names))
+
+
+def _as_text(value: Any) -> str:
+    return value if isinstance(value, str) else orjson.dumps(value, default=str).decode()
+
+
+def join_parquet(parts: list[Path], out: Path) -> None:
+    """Stream the parts into one file under their unified schema (memory: one row group at a time)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schemas = [pq.read_schema(p) for p in parts]
+    schema = _unify(schemas) if schemas else records_to_table([]).schema
+    with open(out, "wb") as f:
+        with pq.ParquetWriter(f, schema) as writer:
+            for part in parts:
+                with pq.ParquetFile(part) as pf:
+                    for group in range(pf.num_row_groups):
+                        writer.write_table(_conform(pf.read_row_group(group), schema))
+            if not parts:
+                writer.write_table(pa.Table.from_pylist([], schema=schema))
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _unify(schemas: list[Any]):
+    import pyarrow as pa
+
+    try:
+        return pa.unify_schemas(schemas, promote_options="permissive")
+    except (pa.ArrowInvalid, pa.ArrowTypeError):  # e.g. ids that are ints in one part, text in another
+        merged = pa.unify_schemas([_loosen(s) for s in schemas], promote_options="permissive")
+        return merged
+
+
+def _loosen(schema):
+    import pyarrow as pa
+
+    fixed = _fixed_types()
+    return pa.schema([f if f.name in fixed else pa.field(f.name, pa.string()) for f in schema])
+
+
+def _conform(table, schema):
+    """``table`` with ``schema``'s columns, in its order, missing ones null, types cast."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    columns = []
+    for field in schema:
+        if field.name not in table.column_names:
+            columns.append(pa.nulls(table.num_rows, type=field.type))
+            continue
+        col = table.column(field.name)
+        if col.type != field.type:
+            col = pc.cast(col, field.type) if not pa.types.is_string(field.type) else _text_column(col)
+        columns.append(col)
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def _text_column(col):
+    import pyarrow as pa
+
+    return pa.array([None if v is None else _as_text(v) for v in col.to_pylist()], type=pa.string())

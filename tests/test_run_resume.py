@@ -1,0 +1,205 @@
+"""Crash, signal and resume tests: a resumed run ends with the records of an uninterrupted one, exactly once.
+
+Crashes are real SIGKILLs of ``batchgen run`` subprocesses, at points named by ``BATCHGEN_FAULT`` (see
+batchgen/io/faults.py) or sent from outside once records appear. The subprocesses start together (their
+imports dominate); each resume runs in this process.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import orjson
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from batchgen.cli import cli
+from batchgen.io.checkpoint import load_state
+
+ROWS = [{"id": f"r{i}", "prompt": f"Row {i}: " + "tell me more " * (i % 7)} for i in range(24)]
+ROWS[5] = {"id": "chat", "messages": [{"role": "user", "content": "Hi!"}]}
+ROWS[9] = {"id": "bad", "prompt": None}  # an error record must also be written exactly once
+LONG_ROWS = [
+    {"id": f"doc{i}", "prompt": f"Document {i}: " + "lorem ipsum dolor sit amet " * 80} for i in range(6)
+]
+OPTIONS = ["--max-new-tokens", "8", "--max-num-seqs", "4", "--flush-every", "0", "--log-every", "0.5"]
+# input name -> (rows, extra options); long prompts are prefilled in 64-token chunks over many steps
+INPUTS = {"short": (ROWS, []), "long": (LONG_ROWS, ["--max-batch-tokens", "64"])}
+
+# name -> (input, output extension, BATCHGEN_FAULT, what the driver does)
+CRASHES = {
+    "chunked-prefill": ("long", "jsonl", "output:1", None),  # first row done, the others mid-prefill
+    "admission": ("short", "jsonl", "submit:12", None),  # the engine just took a row: about to prefill it
+    "mid-decode": ("short", "jsonl", "output:6", None),  # an output came back while others decode
+    "torn-record": ("short", "jsonl", "torn:9", None),  # half a record written
+    "during-flush": ("short", "jsonl", "flush:7", None),  # records handed to the OS, not yet fsynced
+    "before-state": ("short", "jsonl", "state:5", None),  # output synced, state file not yet written
+    "parquet-part": ("short", "parquet", "part:3", None),  # a part file written, not yet renamed
+    "parquet-final": ("short", "parquet", "finalize:1", None),  # final file in place, parts still there
+    "sigkill-outside": ("short", "jsonl", None, ("kill", signal.SIGKILL, 5)),  # kill -9 at 5 records
+    "sigterm": ("short", "jsonl", None, ("signal", signal.SIGTERM, 3)),  # drain, exit 75
+}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """Tiny models gain nothing from intra-op threads, and on a busy 2-core runner their spin-waits
+    make every step ~10x slower."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _args(inputs: dict, name: str, out: Path, model: str) -> list[str]:
+    return ["run", str(inputs[name]), str(out), "--model", model, *OPTIONS, *INPUTS[name][1]]
+
+
+def _records_on_disk(out: Path) -> int:
+    try:
+        return out.read_bytes().count(b"\n")
+    except FileNotFoundError:
+        return 0
+
+
+def _drive(procs: dict, deadline: float) -> None:
+    """Send the outside signals once enough records exist; wait for every process."""
+    pending = dict(procs)
+    while pending and time.monotonic() < deadline:
+        for name, (proc, out, action) in list(pending.items()):
+            if proc.poll() is not None:
+                del pending[name]
+            elif action and _records_on_disk(out) >= action[2]:
+                proc.send_signal(action[1])
+                pending[name] = (proc, out, None)
+        time.sleep(0.02)
+    for proc, _, _ in pending.values():
+        proc.kill()
+
+
+@pytest.fixture(scope="module")
+def crashed(tiny_llama, tmp_path_factory):
+    """Every crash scenario run once, concurrently: name -> (output path, return code, stderr)."""
+    root = tmp_path_factory.mktemp("crashes")
+    inputs = {}
+    for name, (rows, _) in INPUTS.items():
+        inputs[name] = root / f"{name}.jsonl"
+        inputs[name].write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    procs = {}
+    for name, (inp, ext, fault, action) in CRASHES.items():
+        out = root / f"{name}.{ext}"
+        run_env = {**env, "BATCHGEN_FAULT": fault} if fault else env
+        cmd = [sys.executable, "-m", "batchgen", *_args(inputs, inp, out, tiny_llama)]
+        err = open(root / f"{name}.err", "wb")  # noqa: SIM115 - closed below
+        procs[name] = (subprocess.Popen(cmd, env=run_env, stderr=err, stdout=err), out, action)
+        err.close()
+    _drive(procs, time.monotonic() + 400)
+    results = {}
+    for name, (proc, out, _) in procs.items():
+        results[name] = (out, proc.wait(), (root / f"{name}.err").read_text())
+    return inputs, results
+
+
+@pytest.fixture(scope="module")
+def baseline(crashed, tiny_llama, tmp_path_factory):
+    """The uninterrupted runs' records: (input, output extension) -> sorted records."""
+    inputs, _ = crashed
+    root = tmp_path_factory.mktemp("baseline")
+    outs = {}
+    for inp, ext in {(c[0], c[1]) for c in CRASHES.values()}:
+        out = root / f"{inp}.{ext}"
+        result = CliRunner().invoke(cli, _args(inputs, inp, out, tiny_llama))
+        assert result.exit_code == 0, result.stderr
+        outs[inp, ext] = _sorted_records(out)
+    return outs
+
+
+def _sorted_records(out: Path) -> list:
+    """JSONL: the raw lines (bytes) sorted by (index, sample); Parquet: the rows, sorted the same way."""
+    if out.suffix == ".parquet":
+        return sorted(pq.read_table(out).to_pylist(), key=lambda r: (r["index"], r["sample"]))
+    return sorted(
+        out.read_bytes().splitlines(), key=lambda b: (orjson.loads(b)["index"], orjson.loads(b)["sample"])
+    )
+
+
+@pytest.mark.parametrize("name", list(CRASHES))
+def test_resume_after_crash_equals_uninterrupted_run(name, crashed, baseline, tiny_llama):
+    inputs, results = crashed
+    inp, ext = CRASHES[name][:2]
+    out, code, err = results[name]
+    expected_code = 75 if name == "sigterm" else -signal.SIGKILL
+    assert code == expected_code, err
+    state = load_state(out)
+    assert state is not None and not state.complete
+    if name == "sigterm":
+        assert "SIGTERM" in err and "re-run the same command to resume" in err
+    result = CliRunner().invoke(cli, _args(inputs, inp, out, tiny_llama))
+    assert result.exit_code == 0, result.stderr
+    assert _sorted_records(out) == baseline[inp, ext]  # byte for byte (JSONL), each record exactly once
+    assert load_state(out).complete
+    again = CliRunner().invoke(cli, _args(inputs, inp, out, tiny_llama))
+    assert again.exit_code == 0 and "already complete" in again.stderr
+
+
+# -- signals delivered to this process (handlers run in the main thread, as in the CLI) -----------------
+def _signal_when(out: Path, records: int, sigs: list[int], done: threading.Event) -> None:
+    while not done.is_set() and _records_on_disk(out) < records:
+        time.sleep(0.01)
+    for sig in sigs:
+        if done.is_set():
+            return
+        os.kill(os.getpid(), sig)
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def harmless_signals():
+    """If a signal lands after the run restored the handlers, it must not stop pytest."""
+    saved = {s: signal.signal(s, lambda *a: None) for s in (signal.SIGUSR1, signal.SIGINT)}
+    yield
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
+
+
+def _run_with_signals(args: list[str], out: Path, records: int, sigs: list[int]):
+    done = threading.Event()
+    sender = threading.Thread(target=_signal_when, args=(out, records, sigs, done))
+    sender.start()
+    try:
+        return CliRunner().invoke(cli, args)
+    finally:
+        done.set()
+        sender.join()
+
+
+@pytest.mark.parametrize(
+    ("sigs", "extra", "message"),
+    [
+        ([signal.SIGUSR1], [], "SIGUSR1: no new rows"),  # drain: in-flight rows finish
+        ([signal.SIGINT, signal.SIGINT], [], "second SIGINT: abandoning"),
+        ([signal.SIGUSR1], ["--drain-timeout", "0.001"], "drain timeout"),
+    ],
+)
+def test_signals_save_and_exit_75_then_resume_exactly_once(
+    sigs, extra, message, crashed, baseline, tiny_llama, tmp_path, harmless_signals
+):
+    inputs, _ = crashed
+    out = tmp_path / "out.jsonl"
+    args = _args(inputs, "short", out, tiny_llama)
+    result = _run_with_signals(args + extra, out, 2, sigs)
+    assert result.exit_code == 75, result.stderr
+    assert message in result.stderr
+    records = _records_on_disk(out)
+    assert 2 <= records < len(ROWS) and load_state(out).records == records
+    resumed = CliRunner().invoke(cli, args)
+    assert resumed.exit_code == 0, resumed.stderr
+    assert _sorted_records(out) == baseline["short", "jsonl"]
