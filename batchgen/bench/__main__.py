@@ -1,0 +1,48 @@
+"""``python -m batchgen.bench --workload B4``: the bench without the CLI (``make bench``, gpu_check.sh)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from batchgen.bench.cli_entry import DEFAULT_MODES, run_bench
+from batchgen.bench.workloads import WORKLOADS
+
+MODES = ("async", "sync", "generate_batch", "hf_loop", "hf_padded")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m batchgen.bench", description=__doc__)
+    ap.add_argument("--workload", action="append", choices=list(WORKLOADS), help="repeatable [B4]")
+    ap.add_argument("--mode", action="append", choices=MODES, help=f"repeatable [{' '.join(DEFAULT_MODES)}]")
+    ap.add_argument("--out", help="directory for bench.json and bench.md")
+    ap.add_argument("--quick", action="store_true", help="shorter decodes, for smoke runs")
+    ap.add_argument("--no-compare-hf", dest="compare_hf", action="store_false", help="skip the baselines")
+    ap.add_argument("--device", help="override every workload's device (cuda, cpu, cuda:1)")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    args = parse_args(argv)
+    records = run_bench(
+        workloads=args.workload or ["B4"],
+        modes=args.mode or DEFAULT_MODES,
+        out_dir=args.out,
+        quick=args.quick,
+        compare_hf=args.compare_hf,
+        device=args.device,
+    )
+    return 1 if any(failed(r) for r in records) else 0
+
+
+def failed(record: dict) -> bool:
+    """A batchgen run that failed or lost tokens. A failing baseline is reported, not fatal: it is
+    transformers' code, and the table already says why."""
+    if record["mode"] not in ("async", "sync", "-"):
+        return False
+    return bool(record.get("error")) or record.get("output_tokens") != record.get("expected_tokens")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

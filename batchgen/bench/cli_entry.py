@@ -1,0 +1,270 @@
+"""``run_bench``: the click-free entry point behind ``batchgen bench`` and ``python -m batchgen.bench``."""
+
+from __future__ import annotations
+
+import gc
+import os
+import platform
+import shlex
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from batchgen.bench import metrics, report, runners
+from batchgen.bench.workloads import (
+    ARCHS,
+    EMBEDDED,
+    Workload,
+    build_random_model,
+    get_workload,
+    load_tokenizer,
+    random_prompts,
+    text_prompts,
+)
+from batchgen.bench.workloads import quick as quick_workload
+from batchgen.model.loader import load_model, resolve_device
+from batchgen.model.tokenize import encode_prompt
+
+ENGINE_MODES = ("async", "sync")
+DEFAULT_MODES = list(ENGINE_MODES)
+_SAVE_LIMIT = 2_000_000_000  # params: without LLM.from_model, only models this small go through a temp dir
+_MAX_NUM_SEQS = 256  # EngineConfig's default, the concurrency the roofline assumes
+
+
+def log(msg: str) -> None:
+    print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class Prepared:
+    """A workload made concrete: the model (shared by every mode), its prompts, and an LLM factory."""
+
+    workload: Workload
+    model: torch.nn.Module
+    tokenizer: Any
+    make_llm: Callable[..., Any]
+    prompts: list[list[int]]
+    warmup: list[list[int]]
+    device: torch.device
+    tmp: tempfile.TemporaryDirectory | None = None
+
+    @property
+    def mean_prompt_len(self) -> float:
+        return sum(map(len, self.prompts)) / len(self.prompts)
+
+    @property
+    def shape(self) -> str:
+        return f"{len(self.prompts)} x ({self.mean_prompt_len:.0f} + {self.workload.max_new_tokens})"
+
+
+def _llm_factory(model, tokenizer, fallback: Callable[..., Any]) -> Callable[..., Any]:
+    from batchgen.llm import LLM
+
+    if hasattr(LLM, "from_model"):
+        return lambda **opts: LLM.from_model(model, tokenizer, **opts)
+    return fallback
+
+
+def _saved_fallback(w: Workload, model, tokenizer, holder: list) -> Callable[..., Any]:
+    """Without ``LLM.from_model``: save a small model to a temp dir and load it by path."""
+    from batchgen.llm import LLM
+
+    def make(**opts):
+        n = sum(p.numel() for p in model.parameters())
+        if n > _SAVE_LIMIT:
+            raise RuntimeError(f"{w.arch} has {n / 1e9:.1f}B params: the bench needs LLM.from_model for it")
+        if not holder:
+            holder.append(tempfile.TemporaryDirectory(prefix="batchgen-bench-"))
+            model.save_pretrained(holder[0].name)
+            tokenizer.save_pretrained(holder[0].name)
+        return LLM(holder[0].name, device=w.device, dtype=w.dtype, **opts)
+
+    return make
+
+
+def prepare(w: Workload) -> Prepared:
+    from batchgen.llm import LLM
+
+    device = resolve_device(w.device)
+    holder: list = []
+    if w.arch in ARCHS:
+        model = build_random_model(w.arch, str(device), _torch_dtype(w.dtype), w.seed)
+        tokenizer = load_tokenizer()
+        fallback = _saved_fallback(w, model, tokenizer, holder)
+    else:  # the embedded model or a local directory, loaded by path as LLM would
+        path = None if w.arch == EMBEDDED else w.arch
+        loaded = load_model(path, device=str(device), dtype=w.dtype, attn_implementation="sdpa")
+        model, tokenizer = loaded.model, loaded.tokenizer
+        fallback = lambda **opts: LLM(path, device=str(device), dtype=w.dtype, **opts)  # noqa: E731
+    prompts, warmup = _prompts(w, model, tokenizer, device)
+    make = _llm_factory(model, tokenizer, fallback)
+    return Prepared(w, model, tokenizer, make, prompts, warmup, device, holder[0] if holder else None)
+
+
+def _torch_dtype(name: str) -> torch.dtype:
+    from batchgen.model.loader import resolve_dtype
+
+    return resolve_dtype(name, torch.device("cpu"))
+
+
+def _prompts(w: Workload, model, tokenizer, device: torch.device) -> tuple[list, list]:
+    vocab = model.config.get_text_config().vocab_size
+    if w.prompt_len:
+        prompts = random_prompts(w.num_requests, w.prompt_len, vocab, w.seed)
+    else:
+        texts = text_prompts()
+        texts = texts[: w.num_requests] if w.num_requests else texts
+        prompts = [encode_prompt(tokenizer, t) for t in texts]
+    # Warm-up prompts differ from the timed ones, so prefix caching cannot make the timed prefill free.
+    if device.type == "cuda":
+        n = min(len(prompts), _MAX_NUM_SEQS)
+        warmup = random_prompts(n, max(1, round(sum(map(len, prompts)) / len(prompts))), vocab, w.seed + 1)
+    else:
+        warmup = random_prompts(1, 8, min(vocab, len(tokenizer)), w.seed + 1)
+    return prompts, warmup
+
+
+def free(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def run_mode(p: Prepared, mode: str) -> dict[str, Any]:
+    w = p.workload
+    if mode in ENGINE_MODES:
+        llm = p.make_llm(async_mode=mode == "async")
+        try:
+            return runners.run_batchgen(llm, mode, p.prompts, w.max_new_tokens, p.warmup)
+        finally:
+            del llm
+            free(p.device)
+    new = w.hf_max_new_tokens or w.max_new_tokens
+    fn = {
+        "generate_batch": runners.run_generate_batch,
+        "hf_loop": runners.run_generate_loop,
+        "hf_padded": runners.run_generate_padded,
+    }[mode]
+    record = fn(p.model, p.tokenizer, p.prompts, new)
+    if new < w.max_new_tokens:
+        notes = [record["note"], f"shorter decode: {new} new tokens (time budget)"]
+        record["note"] = "; ".join(n for n in notes if n)
+    return record
+
+
+def _safe_run(p: Prepared, mode: str, bandwidth: float, sizes: dict) -> dict[str, Any]:
+    try:
+        record = run_mode(p, mode)
+    except Exception as e:  # one failing mode must not lose the others' results
+        engine = "batchgen" if mode in ENGINE_MODES else "transformers"
+        record = runners.base_record(mode, engine, len(p.prompts), p.workload.max_new_tokens)
+        record["error"] = f"{type(e).__name__}: {e}"
+        free(p.device)
+    if record.get("wall_s"):
+        ideal = metrics.decode_ideal_s(
+            sizes,
+            record["requests"],
+            p.mean_prompt_len,
+            record["max_new_tokens"],
+            min(record["requests"], _MAX_NUM_SEQS),
+            bandwidth,
+        )
+        record["roofline"] = ideal / record["wall_s"]
+    record.update(workload=p.workload.name, shape=p.shape, device=str(p.device))
+    record["bandwidth_gbs"] = bandwidth / 1e9
+    return record
+
+
+def modes_for(w: Workload, modes: list[str], compare_hf: bool) -> list[str]:
+    """The engine modes asked for, then the baselines: generate_batch always, the hand-written
+    ``model.generate`` loops on CPU only (on a GPU they would take longer than the rest together)."""
+    out = list(dict.fromkeys(modes))
+    if compare_hf:
+        extra = ["generate_batch"] + (["hf_loop", "hf_padded"] if w.device == "cpu" else [])
+        out += [m for m in extra if m not in out]
+    return out
+
+
+def run_workload(w: Workload, modes: list[str], compare_hf: bool = True) -> list[dict[str, Any]]:
+    log(f"{w.name}: preparing {w.arch} on {w.device} ({w.dtype})")
+    p = prepare(w)
+    bandwidth = metrics.measure_bandwidth(p.device)
+    sizes = metrics.model_bytes(p.model)
+    log(f"{w.name}: {p.shape}; copy bandwidth {bandwidth / 1e9:.0f} GB/s")
+    records = []
+    for mode in modes_for(w, modes, compare_hf):
+        record = _safe_run(p, mode, bandwidth, sizes)
+        status = record["error"] or f"{record['wall_s']:.2f} s, {record['tok_s']:.1f} tok/s"
+        if p.device.type == "cuda":  # what the next mode starts with: a leak shows up here
+            status += f"; {torch.cuda.memory_allocated(p.device) / (1 << 30):.1f} GiB still allocated"
+        log(f"{w.name} {mode}: {status}")
+        records.append(record)
+    del p
+    free(resolve_device(w.device))
+    return records
+
+
+def _command() -> str:
+    """How this run was started: ``python -m batchgen.bench ...`` or ``batchgen bench ...``."""
+    prog = sys.argv[0] if sys.argv else ""
+    prog = "python -m batchgen.bench" if prog.endswith("__main__.py") else os.path.basename(prog) or "python"
+    return " ".join([prog, shlex.join(sys.argv[1:])]).strip()
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+        return f"{names[0]} ({len(names)} cores)"
+    except (OSError, IndexError):
+        return platform.processor() or "cpu"
+
+
+def _header(device: str | None) -> dict[str, Any]:
+    import transformers
+
+    dev = resolve_device(device)
+    machine = torch.cuda.get_device_name(dev) if dev.type == "cuda" else _cpu_name()
+    return {
+        "command": _command(),
+        "machine": f"{machine}, {torch.get_num_threads()} CPU threads",
+        "versions": f"torch {torch.__version__}, transformers {transformers.__version__}",
+        "load_avg_1m_5m_15m": " ".join(f"{x:.1f}" for x in os.getloadavg()),
+    }
+
+
+def run_bench(
+    workloads: list[str],
+    modes: list[str],
+    out_dir: str | None,
+    quick: bool,
+    compare_hf: bool,
+    device: str | None,
+) -> list[dict]:
+    """Run each workload in each mode (plus the transformers baselines), print and write the tables."""
+    specs = [get_workload(name, device) for name in workloads]
+    records: list[dict] = []
+    for w in specs:
+        w = quick_workload(w) if quick else w
+        try:
+            records += run_workload(w, modes or DEFAULT_MODES, compare_hf)
+        except Exception as e:  # e.g. no CUDA device for a GPU workload: report it, run the rest
+            failed = runners.base_record("-", "-", w.num_requests, w.max_new_tokens)
+            failed.update(workload=w.name, shape=w.label, error=f"{type(e).__name__}: {e}")
+            records.append(failed)
+            log(f"{w.name}: {failed['error']}")
+        if out_dir:  # after every workload: a run killed by a time limit keeps what it finished
+            _write(records, out_dir)
+    print(report.render(records), flush=True)
+    if out_dir:
+        log(f"wrote {', '.join(map(str, _write(records, out_dir)))}")
+    return records
+
+
+def _write(records: list[dict], out_dir: str) -> list:
+    devices = [r["device"] for r in records if r.get("device")]
+    return report.write(records, out_dir, _header(devices[0] if devices else "cpu"))

@@ -1,0 +1,156 @@
+"""The benchmark workloads (DESIGN.md, "How speed is measured"): shapes, prompts and random models.
+
+GPU workloads use random-weight models built from the real architectures' configs, so nothing is
+downloaded; prompts are random token ids of a fixed length and every request decodes exactly
+``max_new_tokens`` (EOS ignored), so runs are comparable token for token.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+# Real configs, written out so no hub access is needed. max_position_embeddings is raised above
+# Llama-3-8B's 8192 because B1 needs 256 + 8192 positions (random weights: no quality to lose).
+LLAMA3_8B: dict = dict(
+    model_type="llama",
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=128,
+    vocab_size=128256,
+    rope_theta=500000.0,
+    rms_norm_eps=1e-5,
+    max_position_embeddings=16384,
+    tie_word_embeddings=False,
+)
+QWEN3_0_6B: dict = dict(
+    model_type="qwen3",
+    hidden_size=1024,
+    intermediate_size=3072,
+    num_hidden_layers=28,
+    num_attention_heads=16,
+    num_key_value_heads=8,
+    head_dim=128,
+    vocab_size=151936,
+    rope_theta=1000000.0,
+    rms_norm_eps=1e-6,
+    max_position_embeddings=40960,
+    tie_word_embeddings=True,
+)
+ARCHS: dict[str, dict] = {"llama3-8b": LLAMA3_8B, "qwen3-0.6b": QWEN3_0_6B}
+
+EMBEDDED = "embedded"  # the embedded default model, loaded by LLM(None)
+_BUILTIN_PROMPTS = [
+    "What is the capital of France?",
+    "Write a haiku about autumn leaves.",
+    "Explain garbage collection to a ten-year-old.",
+    "List three uses of a paperclip.",
+    "Translate 'good morning' into Spanish and German.",
+    "Why is the sky blue? Answer briefly.",
+    "Give a one-line summary of the water cycle.",
+    "Name two prime numbers greater than fifty.",
+    "Describe a cat in five words.",
+    "What does a compiler do?",
+    "Suggest a name for a bakery.",
+    "How many legs does a spider have?",
+    "Write a limerick about a robot.",
+    "What is photosynthesis?",
+    "Explain what a linked list is.",
+    "Give a tip for learning a new language.",
+]
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One benchmark case. ``arch`` names an entry of ARCHS, EMBEDDED, or a local model directory."""
+
+    name: str
+    arch: str
+    num_requests: int
+    prompt_len: int  # 0 = text prompts (the embedded model's case), tokenized by the engine's tokenizer
+    max_new_tokens: int
+    device: str = "cuda"
+    dtype: str = "bfloat16"
+    hf_max_new_tokens: int | None = None  # generate_batch runs shorter when it is too slow for the budget
+    seed: int = 0
+
+    @property
+    def label(self) -> str:
+        prompt = self.prompt_len if self.prompt_len else "text"
+        return f"{self.num_requests} x ({prompt} + {self.max_new_tokens})"
+
+
+WORKLOADS: dict[str, Workload] = {
+    "B1": Workload("B1", "llama3-8b", 32, 256, 8192, hf_max_new_tokens=512),
+    "B1s": Workload("B1s", "llama3-8b", 32, 256, 1024, hf_max_new_tokens=256),
+    "B2": Workload("B2", "llama3-8b", 1024, 512, 512, hf_max_new_tokens=128),
+    "B3": Workload("B3", "qwen3-0.6b", 256, 128, 1024, hf_max_new_tokens=256),
+    "B4": Workload("B4", EMBEDDED, 0, 0, 64, device="cpu", dtype="float32"),
+}
+
+
+def quick(w: Workload) -> Workload:
+    """A smoke-sized variant: same model and batch shape, a short decode (CPU workloads unchanged)."""
+    if w.device == "cpu":
+        return w
+    new = min(w.max_new_tokens, 256)
+    hf_new = min(w.hf_max_new_tokens or new, 64)
+    return replace(w, num_requests=min(w.num_requests, 256), max_new_tokens=new, hf_max_new_tokens=hf_new)
+
+
+def get_workload(name: str, device: str | None = None) -> Workload:
+    try:
+        w = WORKLOADS[name]
+    except KeyError:
+        raise ValueError(f"unknown workload {name!r}; choose from {', '.join(WORKLOADS)}") from None
+    return replace(w, device=device) if device else w
+
+
+def random_prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    """Random token ids; ids 0..99 are avoided since small ids are often special tokens."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(100, vocab, (n, length), generator=gen).tolist()
+
+
+def text_prompts(path: str | Path = "examples/prompts.jsonl") -> list[str | list[dict]]:
+    """The examples' prompts (``prompt`` strings and ``messages`` lists) when the file is there (run
+    from the repository root), else built-in ones."""
+    path = Path(path)
+    if not path.exists():
+        return list(_BUILTIN_PROMPTS)
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    prompts = [r.get("prompt") or r.get("messages") for r in rows]
+    prompts = [p for p in prompts if isinstance(p, (str, list)) and p]
+    return prompts or list(_BUILTIN_PROMPTS)
+
+
+def build_random_model(arch: str, device: str, dtype: torch.dtype, seed: int = 0) -> torch.nn.Module:
+    """A random-weight model of ``arch``, created directly on ``device``.
+
+    Building under ``torch.device(device)`` makes every parameter and buffer (rotary tables included)
+    start on the device, and transformers' own init (normal, std=initializer_range) runs there too: an
+    8B model initialises in about a second on a GPU instead of minutes on the CPU.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    fields = dict(ARCHS[arch])
+    config = AutoConfig.for_model(fields.pop("model_type"), **fields)
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+    return model.eval()
+
+
+def load_tokenizer():
+    """The embedded model's tokenizer: prompts are token ids, so it is only needed to satisfy the API."""
+    from transformers import AutoTokenizer
+
+    from batchgen.testing.models import tokenizer_path
+
+    return AutoTokenizer.from_pretrained(tokenizer_path())

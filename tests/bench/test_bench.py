@@ -1,0 +1,124 @@
+"""The bench harness end to end on a tiny model (CPU), plus the parts that need no run at all."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from batchgen.bench import metrics, report
+from batchgen.bench.__main__ import failed, parse_args
+from batchgen.bench.cli_entry import modes_for, run_bench, run_workload
+from batchgen.bench.workloads import WORKLOADS, Workload, build_random_model, quick, random_prompts
+
+REQUESTS, PROMPT, NEW = 4, 8, 8
+
+
+@pytest.fixture(scope="module")
+def tiny_records(tiny_llama) -> list[dict]:
+    w = Workload("tiny", tiny_llama, REQUESTS, PROMPT, NEW, device="cpu", dtype="float32")
+    return run_workload(w, ["async", "sync"], compare_hf=False)
+
+
+def test_engine_modes_emit_every_token(tiny_records):
+    assert [r["mode"] for r in tiny_records] == ["async", "sync"]
+    for r in tiny_records:
+        assert r["error"] is None
+        assert r["output_tokens"] == r["expected_tokens"] == REQUESTS * NEW  # ignore_eos: exact lengths
+        assert r["steps"] >= NEW  # at least one step per new token
+        assert r["wall_s"] > 0 and r["tok_s"] > 0
+        assert r["gpu_active_pct"] is None  # CPU: no device stream
+        assert r["peak_mem_gib"] > 0
+        assert 0 < r["roofline"] < 10
+        assert not failed(r)
+
+
+def test_tables_render(tiny_records):
+    text = report.render(tiny_records)
+    rows = [line for line in text.splitlines() if line.startswith("| tiny")]
+    assert len(rows) == 3  # two runs + one ratio row
+    assert "4 x (8 + 8)" in rows[0] and "| 32 |" in rows[0]
+    assert rows[2].count("x |") >= 1  # async / sync ratio present
+
+
+def test_write_outputs(tiny_records, tmp_path):
+    paths = report.write(tiny_records, tmp_path, {"command": "test"})
+    data = json.loads((tmp_path / "bench.json").read_text())
+    assert data["command"] == "test" and len(data["runs"]) == 2
+    assert "| workload |" in (tmp_path / "bench.md").read_text()
+    assert {p.name for p in paths} == {"bench.json", "bench.md"}
+
+
+def test_token_mismatch_and_errors_are_visible():
+    short = {"workload": "w", "shape": "s", "mode": "sync", "output_tokens": 30, "expected_tokens": 32}
+    broken = {"workload": "w", "shape": "s", "mode": "generate_batch", "error": "ValueError: no | way"}
+    text = report.runs_table([short, broken])
+    assert "30 (want 32)" in text and "FAILED: ValueError: no / way" in text
+    assert failed(short) and not failed(broken)  # a baseline's failure is reported, not fatal
+
+
+def test_run_bench_reports_a_missing_device(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine without CUDA")
+    records = run_bench(["B3"], ["sync"], str(tmp_path), quick=True, compare_hf=False, device=None)
+    assert len(records) == 1 and "CUDA" in records[0]["error"]
+    assert (tmp_path / "bench.md").exists()
+
+
+def test_workload_table_and_quick():
+    assert {"B1", "B1s", "B2", "B3", "B4"} <= set(WORKLOADS)
+    b1 = WORKLOADS["B1"]
+    assert (b1.num_requests, b1.prompt_len, b1.max_new_tokens) == (32, 256, 8192)
+    q = quick(WORKLOADS["B1s"])
+    assert q.max_new_tokens == 256 and q.hf_max_new_tokens <= 64
+    assert quick(WORKLOADS["B4"]) == WORKLOADS["B4"]
+    assert modes_for(WORKLOADS["B4"], ["sync"], True) == ["sync", "generate_batch", "hf_loop", "hf_padded"]
+    assert modes_for(WORKLOADS["B3"], ["async"], True) == ["async", "generate_batch"]
+
+
+def test_cli_args():
+    args = parse_args(["--workload", "B1s", "--workload", "B3", "--out", "x", "--quick"])
+    assert args.workload == ["B1s", "B3"] and args.quick and args.compare_hf
+
+
+@pytest.mark.parametrize(("arch", "billions"), [("llama3-8b", 8.03), ("qwen3-0.6b", 0.596)])
+def test_real_configs_build_on_meta(arch, billions):
+    """The written-out configs give the real parameter counts (meta device: no memory, no time)."""
+    model = build_random_model(arch, "meta", torch.bfloat16)
+    params = {id(p): p for p in model.parameters()}
+    assert sum(p.numel() for p in params.values()) / 1e9 == pytest.approx(billions, rel=0.01)
+    sizes = metrics.model_bytes(model)
+    layers = model.config.num_hidden_layers
+    assert sizes["kv_per_token"] == 2 * layers * 8 * 128 * 2  # K and V, 8 kv heads x 128, bf16
+
+
+def test_decode_roofline_arithmetic():
+    sizes = {"weights": 1000, "kv_per_token": 10}
+    # 2 waves x 3 steps x 1000 B of weights + 4 requests x 3 tokens x mean context (5 + 1) x 10 B
+    assert metrics.decode_ideal_s(sizes, 4, 5, 3, 2, 1.0) == 6000 + 720
+
+
+def test_random_prompts_are_fixed_length_and_in_vocab():
+    prompts = random_prompts(3, 7, 500, seed=1)
+    assert [len(p) for p in prompts] == [7, 7, 7]
+    assert all(100 <= t < 500 for p in prompts for t in p)
+    assert prompts == random_prompts(3, 7, 500, seed=1)
+
+
+@pytest.mark.gpu
+def test_tiny_workload_on_cuda(tiny_llama):
+    w = Workload("tiny-cuda", tiny_llama, REQUESTS, PROMPT, NEW, device="cuda", dtype="bfloat16")
+    records = run_workload(w, ["async", "sync"], compare_hf=False)
+    for r in records:
+        assert r["error"] is None and r["output_tokens"] == REQUESTS * NEW
+        assert r["peak_mem_gib"] > 0 and r["bandwidth_gbs"] > 100
+
+
+def test_stat_deltas_survive_a_reset():
+    before = dict.fromkeys(metrics.STAT_FIELDS, 0.0) | {"steps": 10, "output_tokens": 40}
+    after = dict(before) | {"steps": 14, "output_tokens": 56, "gpu_busy_s": None}
+    d = metrics.delta(before, after)
+    assert d["steps"] == 4 and d["output_tokens"] == 16 and d["gpu_busy_s"] is None
+    reset = dict(after) | {"steps": 3}  # an engine that restarts its counters per stream
+    assert metrics.delta(before, reset)["steps"] == 3
