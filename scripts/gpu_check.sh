@@ -42,9 +42,11 @@ stage() {
 }
 
 has() { [[ " $STAGES " == *" $1 "* ]]; }
-has tests && stage gpu-tests 240 "$OUT/gpu-tests.log" "$PY" -m pytest -q -m gpu tests -p no:cacheprovider
+has tests && stage gpu-tests 240 "$OUT/gpu-tests.log" "$PY" -m pytest -q -m gpu tests/engine tests/kernels tests/bench -p no:cacheprovider
 has kernels && stage kernels 100 "$OUT/kernels.log" "$PY" scripts/bench_kernels.py --out "$OUT/kernels.json"
-has bench && stage bench 300 "$OUT/bench.log" "$PY" -m batchgen.bench --workload B1s --workload B3 --out "$OUT"
+BENCH_ARGS="${BENCH_ARGS:---workload B1s --workload B3}"
+# shellcheck disable=SC2086
+has bench && stage bench 300 "$OUT/bench.log" "$PY" -m batchgen.bench $BENCH_ARGS --out "$OUT"
 
 if [ "${#FAILED[@]}" -gt 0 ]; then
     echo "FAILED: ${FAILED[*]}" | tee -a "$SUMMARY"

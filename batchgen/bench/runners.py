@@ -153,7 +153,9 @@ def run_generate_batch(model, tokenizer, prompts: list[list[int]], new_tokens: i
         kwargs["progress_bar"] = False
     if model.device.type == "cpu" and "continuous_batching_config" in accepted:
         kwargs["continuous_batching_config"] = _cpu_cb_config(prompts, new_tokens)
-    with attn_implementation(model, "sdpa"), torch.inference_mode(), timed(model.device, record):
+    # no_grad, not inference_mode: generate_batch's worker thread updates tensors made here in place,
+    # and inference tensors refuse that outside inference mode (seen with transformers 5.17).
+    with attn_implementation(model, "sdpa"), torch.no_grad(), timed(model.device, record):
         results = model.generate_batch(inputs=prompts, **kwargs)
     outs = list(results.values())
     record["errors"] = sum(getattr(o, "error", None) is not None for o in outs) + len(prompts) - len(outs)
