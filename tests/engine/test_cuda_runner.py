@@ -74,4 +74,17 @@ def test_1b_random_model_all_modes_agree():
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_path())
     model = random_llama(2048, 16, 32, 8, 5632, len(tokenizer), "cuda", torch.float32)
     prompts = make_prompts(tokenizer, count=40, max_tokens=700)
-    _modes_agree(lambda **m: LLM.from_model(model, tokenizer, max_num_seqs=32, **m), prompts)
+    graph_memory = {}
+
+    def make(**mode):
+        llm = LLM.from_model(model, tokenizer, max_num_seqs=32, **mode)
+        if mode == MODES["async_graphs"]:
+            graph_memory.update(llm._engine.runner.graph_memory)
+        return llm
+
+    _modes_agree(make, prompts)
+    # Both slots' graphs share one memory pool: the second slot adds little to the first.
+    one, both = graph_memory["one_slot"], graph_memory["all_slots"]
+    assert both <= 1.25 * one + (64 << 20), (
+        f"graph pool: one slot {one / 2**20:.0f} MiB, both {both / 2**20:.0f} MiB"
+    )

@@ -77,6 +77,7 @@ def test_drain_finishes_started_rows_and_drops_queued_ones(tiny_llama, async_mod
     rest = list(stream)
     done = [first, *rest]
     assert 1 <= len(done) <= 3, [o.index for o in done]  # only rows already running finish
+    assert llm.stats.dropped > 0  # queued rows were dropped, and the caller can tell
     assert all(o.finish_reason == "length" and o.completion_tokens == 6 + o.index for o in done)
     blocks = llm._engine.blocks
     assert blocks.num_free == blocks.num_blocks
