@@ -7,7 +7,6 @@ the runner patches it in on the device from the previous step's output.
 
 from __future__ import annotations
 
-import itertools
 from typing import NamedTuple
 
 import numpy as np
@@ -73,13 +72,12 @@ def build_step(step: ScheduledStep, block_size: int) -> StepInputs:
 
 
 def _block_tables(step: ScheduledStep) -> np.ndarray:
-    tables = [it.request.block_table for it in step.items]
-    lengths = np.fromiter(map(len, tables), np.int64, len(tables))
-    flat = np.fromiter(itertools.chain.from_iterable(tables), np.int32, int(lengths.sum()))
-    out = np.zeros((len(tables), int(lengths.max())), np.int32)
-    rows = np.repeat(np.arange(len(tables)), lengths)
-    starts = np.cumsum(lengths) - lengths
-    out[rows, np.arange(len(flat)) - starts[rows]] = flat  # scatter each ragged table into its row
+    reqs = [it.request for it in step.items]
+    width = max(len(r.block_table) for r in reqs)
+    out = np.zeros((len(reqs), width), np.int32)
+    for row, req in zip(out, reqs, strict=True):
+        n = len(req.block_table)
+        row[:n] = req.table_mirror.sync(req.block_table, req.table_version)[:n]
     return out
 
 
@@ -107,28 +105,20 @@ def _input_tokens(step: ScheduledStep, total: int) -> tuple[np.ndarray, np.ndarr
 
 
 def _sampling_rows(step: ScheduledStep, cu: np.ndarray) -> tuple:
-    rows, temps, top_p, top_k, keys, steps = [], [], [], [], [], []
-    logprobs = False
-    for i, it in enumerate(step.items):
-        if not it.samples:
-            continue
-        req, p = it.request, it.request.params
-        req.carry_step, req.carry_row = step.step_id, len(rows)
-        rows.append(cu[i + 1] - 1)
-        temps.append(0.0 if p.greedy else p.temperature)
-        top_p.append(p.top_p)
-        top_k.append(p.top_k)
-        keys.append(req.rng_key)
-        steps.append(req.num_output + req.num_pending - 1)  # index of the output token being sampled
-        logprobs |= p.logprobs
-    temperature = np.array(temps, np.float32)
+    sampled = [(i, it.request) for i, it in enumerate(step.items) if it.samples]
+    for row, (_, req) in enumerate(sampled):
+        req.carry_step, req.carry_row = step.step_id, row
+    consts = np.array([req.sampling_row for _, req in sampled], np.float64).reshape(-1, 5)  # [S, 5]
+    # Index of the output token each row samples: outputs so far, counting this step's.
+    steps = np.fromiter((len(r.tokens) - r.num_prompt + r.num_pending - 1 for _, r in sampled), np.int64)
+    temperature = consts[:, 0].astype(np.float32)
     return (
-        np.array(rows, np.int64),
+        cu[np.array([i + 1 for i, _ in sampled], np.int64)].astype(np.int64) - 1,
         temperature,
-        np.array(top_p, np.float32),
-        np.array(top_k, np.int64),
-        np.array(keys, np.int64),
-        np.array(steps, np.int64),
+        consts[:, 1].astype(np.float32),
+        consts[:, 2].astype(np.int64),
+        consts[:, 3].astype(np.int64),
+        steps,
         bool((temperature > 0).any()),
-        logprobs,
+        bool(consts[:, 4].any()),
     )

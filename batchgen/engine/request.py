@@ -6,7 +6,32 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from batchgen.config import SamplingParams
+
+
+class TableMirror:
+    """A numpy copy of a request's block table, synced incrementally (tables only grow between
+    releases), so the batch builder copies rows instead of re-serialising Python lists each step."""
+
+    __slots__ = ("array", "synced", "version")
+
+    def __init__(self) -> None:
+        self.array = np.zeros(16, np.int32)
+        self.synced = 0
+        self.version = -1
+
+    def sync(self, table: list[int], version: int) -> np.ndarray:
+        if version != self.version:
+            self.synced, self.version = 0, version
+        n = len(table)
+        if n > len(self.array):
+            self.array = np.resize(self.array, max(n, 2 * len(self.array)))
+        if n > self.synced:
+            self.array[self.synced : n] = table[self.synced :]
+            self.synced = n
+        return self.array
 
 
 class Status(enum.Enum):
@@ -35,7 +60,8 @@ class Request:
     rng_key: int  # counter-based RNG key from (seed, index, sample)
     parent: Request | None = None  # sample 0 of the same row: siblings wait for its prefill
     status: Status = Status.WAITING
-    block_table: list[int] = field(default_factory=list)
+    block_table: list[int] = field(default_factory=list)  # only appended to, or replaced by release
+    table_version: int = 0  # bumped when block_table is replaced: invalidates the numpy mirror
     num_computed: int = 0
     num_pending: int = 0
     num_cached_blocks: int = 0  # leading blocks already registered in the prefix cache
@@ -45,6 +71,12 @@ class Request:
     finish_reason: str | None = None
     logprobs: list[float] | None = None
     text: str | None = None  # final text once a stop string matched
+
+    def __post_init__(self) -> None:
+        self.table_mirror = TableMirror()
+        p = self.params
+        # The per-step sampling inputs that never change: (temperature, top_p, top_k, rng key, logprobs).
+        self.sampling_row = (0.0 if p.greedy else p.temperature, p.top_p, p.top_k, self.rng_key, p.logprobs)
 
     @property
     def num_output(self) -> int:

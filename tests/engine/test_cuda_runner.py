@@ -9,9 +9,7 @@ from batchgen import LLM, GenerationRequest, SamplingParams
 from batchgen.engine.kv_cache import kv_shape
 from tests.engine.oracle import make_prompts, reference_greedy
 
-pytestmark = pytest.mark.gpu
-if not torch.cuda.is_available():
-    pytest.skip("needs CUDA", allow_module_level=True)
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 GREEDY = SamplingParams(max_new_tokens=24)
 SAMPLED = SamplingParams(max_new_tokens=24, temperature=0.8, top_p=0.9, top_k=50, seed=3, ignore_eos=True)
