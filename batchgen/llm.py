@@ -161,8 +161,9 @@ class LLM:
         self, requests: Iterable[GenerationRequest], detokenize: bool = True
     ) -> Iterator[CompletionOutput]:
         """Each (row, sample) as soon as it finishes. Rows are pulled lazily from ``requests``."""
-        with torch.inference_mode():
-            yield from self._engine.stream(requests, detokenize=detokenize)
+        # As a decorator on a generator, inference mode is on only while the engine runs a step,
+        # not in the caller's loop body between outputs.
+        yield from torch.inference_mode()(self._engine.stream)(requests, detokenize=detokenize)
 
     def generate(
         self,

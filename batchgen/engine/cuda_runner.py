@@ -116,6 +116,7 @@ class CudaRunner:
 
     # --- per step ---------------------------------------------------------------------------------
 
+    @torch.inference_mode()
     def launch(self, inputs: StepInputs) -> CudaHandle:
         t0 = time.perf_counter()
         slot_id = inputs.step_id % len(self.slots)
@@ -142,6 +143,10 @@ class CudaRunner:
         self._copy_outputs(slot, shape.samples, inputs.want_logprobs)
         self.prep_s += time.perf_counter() - t0
         return CudaHandle(inputs.step_id, slot_id, len(inputs.logits_indices), inputs.want_logprobs)
+
+    def reset(self) -> None:
+        """Nothing to forget: carry-over reads the other slot's outputs, and a fresh stream's first
+        step carries nothing over."""
 
     def fetch(self, handle: CudaHandle) -> StepResult:
         slot = self.slots[handle.slot]
@@ -227,6 +232,7 @@ class CudaRunner:
             # all-padding inputs: stale inputs of an earlier step would rewrite its KV slots.
             self.compute.wait_stream(torch.cuda.current_stream(self.device))
             self.compute.wait_stream(self.h2d)
+            self.compute.wait_event(self.slots[slot_id].d2h_done)  # its last tokens were copied out
             _reset_inputs(self.slots[slot_id])
             for _ in range(2):
                 self._forward(slot_id, shape, dummy, bounds)
@@ -236,6 +242,7 @@ class CudaRunner:
         self.compute.synchronize()
         return graph
 
+    @torch.inference_mode()
     def capture_all(self, any_sampling: bool = False, progress: bool = True) -> None:
         """Capture every (slot, bucket) decode graph up front; record what the graphs cost in memory."""
         from tqdm import tqdm

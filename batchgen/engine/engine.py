@@ -64,6 +64,7 @@ class Engine:
         self._done: list[CompletionOutput] = []
         self._detokenize = True
         self._draining = False
+        self._inflight: deque = deque()  # (step, runner handle) launched, not yet postprocessed
 
     def drain(self) -> None:
         """Stop admitting: rows not yet started are dropped (never yielded), started ones finish.
@@ -77,18 +78,39 @@ class Engine:
     def stream(
         self, requests: Iterable[GenerationRequest], detokenize: bool = True
     ) -> Iterator[CompletionOutput]:
-        """Yield each (row, sample) as it finishes; pull rows lazily, only when there is room."""
+        """Yield each (row, sample) as it finishes; pull rows lazily, only when there is room.
+
+        A stream closed early (break, close(), an exception) abandons its rows and leaves the engine
+        clean for the next call: in-flight steps are waited for and every block is released.
+        """
         self._detokenize = detokenize
         started = time.perf_counter()
+        finished = False
         try:
             yield from self._loop(iter(requests))
+            finished = True
         finally:
+            if not finished:
+                self._abandon()
+            self._draining = False  # a drain ends with its stream
             self.stats.wall_s += time.perf_counter() - started
             self.stats.gpu_busy_s = getattr(self.runner, "gpu_busy_s", 0.0)
             self.stats.prep_s = getattr(self.runner, "prep_s", 0.0)
 
+    def _abandon(self) -> None:
+        while self._inflight:  # their device work must end before their blocks are handed out again
+            self.runner.fetch(self._inflight.popleft()[1])
+        for req in [*self.scheduler.running, *(r for reqs in self._deferred.values() for r in reqs)]:
+            if req.block_table:
+                self.blocks.release(req)
+        self.scheduler.running.clear()
+        self.scheduler.waiting.clear()
+        self._deferred.clear()
+        self._done.clear()
+        self.runner.reset()
+
     def _loop(self, source: Iterator[GenerationRequest]) -> Iterator[CompletionOutput]:
-        inflight: deque = deque()
+        inflight = self._inflight
         exhausted = False
         while True:
             if self._draining:
@@ -121,7 +143,7 @@ class Engine:
 
     def _drop_unstarted(self) -> None:
         waiting = self.scheduler.waiting
-        keep = [r for r in waiting if r.num_output or r.num_pending]  # preempted mid-generation
+        keep = [r for r in waiting if r.admitted]  # preempted: started rows finish
         self.stats.dropped += len(waiting) - len(keep)
         waiting.clear()
         waiting.extend(keep)

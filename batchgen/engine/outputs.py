@@ -30,7 +30,7 @@ class CompletionOutput(NamedTuple):
     sample: int
     key: Any
     token_ids: list[int]
-    text: str | None  # None when the caller asked the engine not to detokenize
+    text: str | None  # None when not detokenized, except after a stop string: its cut text is given
     finish_reason: str  # "stop" | "length" | "error"
     prompt_tokens: int
     logprobs: list[float] | None = None

@@ -60,6 +60,7 @@ class Request:
     rng_key: int  # counter-based RNG key from (seed, index, sample)
     parent: Request | None = None  # sample 0 of the same row: siblings wait for its prefill
     status: Status = Status.WAITING
+    admitted: bool = False  # was scheduled at least once (a drain lets it finish)
     block_table: list[int] = field(default_factory=list)  # only appended to, or replaced by release
     table_version: int = 0  # bumped when block_table is replaced: invalidates the numpy mirror
     num_computed: int = 0

@@ -93,6 +93,10 @@ class EagerRunner:
         self._prev = StepOutput(inputs.step_id, tokens, logprobs)
         return self._prev
 
+    def reset(self) -> None:
+        """Forget the previous step (after an abandoned stream: nothing may carry over from it)."""
+        self._prev = None
+
     def fetch(self, out: StepOutput) -> StepResult:
         logprobs = out.logprobs.tolist() if out.logprobs is not None else None
         return StepResult(out.step_id, out.tokens.tolist(), logprobs)

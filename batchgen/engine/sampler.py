@@ -37,7 +37,9 @@ def gumbel_noise(keys: torch.Tensor, steps: torch.Tensor, vocab: int) -> torch.T
     row = _mix32(keys * 0x5BD1E995 + _mix32(steps + 0x9E3779B9))  # [S]
     token = torch.arange(vocab, device=keys.device, dtype=torch.int64)  # [V]
     bits = _mix32(row.unsqueeze(1) ^ _mix32(token * 0x27D4EB2F + 0x165667B1).unsqueeze(0))  # [S, V]
-    uniform = ((bits >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))  # in (0, 1)
+    # 23 bits + 0.5 are exact in float32, so uniform stays strictly inside (0, 1): a 24-bit value
+    # would round up to 1.0 at the top and give +inf noise that wins over any truncation.
+    uniform = ((bits >> 9).to(torch.float32) + 0.5) * (1.0 / (1 << 23))
     return -torch.log(-torch.log(uniform))
 
 
@@ -59,7 +61,8 @@ def _truncate(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) ->
     cut = ranks >= k
     probs = torch.softmax(sorted_logits.masked_fill(cut, float("-inf")), dim=-1)
     mass_before = torch.cumsum(probs, dim=-1) - probs  # probability of strictly better tokens
-    cut |= mass_before >= top_p.unsqueeze(1)
+    # top_p == 1 cuts nothing (a float32 cumsum can reach 1.0 before the tail ends).
+    cut |= (mass_before >= top_p.unsqueeze(1)) & (top_p < 1).unsqueeze(1)
     cut[:, 0] = False  # the best token always survives
     sorted_logits = sorted_logits.masked_fill(cut, float("-inf"))
     return torch.empty_like(scaled).scatter_(1, order, sorted_logits)

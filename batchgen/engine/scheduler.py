@@ -143,5 +143,6 @@ class Scheduler:
         self.blocks.grow(req, need)
         self.blocks.count_lookup(req)
         req.status = Status.RUNNING
+        req.admitted = True
         self.running.append(req)
         return True

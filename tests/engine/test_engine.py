@@ -81,3 +81,21 @@ def test_drain_finishes_started_rows_and_drops_queued_ones(tiny_llama, async_mod
     assert all(o.finish_reason == "length" and o.completion_tokens == 6 + o.index for o in done)
     blocks = llm._engine.blocks
     assert blocks.num_free == blocks.num_blocks
+
+
+@pytest.mark.parametrize("async_mode", [False, True])
+def test_stream_closed_early_leaves_the_engine_clean(tiny_llama, async_mode):
+    from transformers import AutoConfig
+
+    kv_bytes = kv_shape(AutoConfig.from_pretrained(tiny_llama)).bytes_per_block(18 * 4, torch.float32)
+    llm = LLM(tiny_llama, max_num_seqs=4, block_size=4, kv_cache_bytes=kv_bytes, async_mode=async_mode)
+    reqs = [GenerationRequest(i, [5, 6, 7, 8, 9 + i], SamplingParams(max_new_tokens=12)) for i in range(10)]
+    expected = {o.index: o.token_ids for o in llm.stream(reqs)}
+    stream = llm.stream(reqs)
+    next(stream)
+    assert torch.is_inference_mode_enabled() is False  # the caller's loop body runs in normal mode
+    stream.close()
+    blocks = llm._engine.blocks
+    assert blocks.num_free == blocks.num_blocks
+    again = {o.index: o.token_ids for o in llm.stream(reqs)}  # no leftovers, no stale carry-over
+    assert again == expected

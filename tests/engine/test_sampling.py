@@ -98,3 +98,24 @@ def test_top_k_and_top_p_truncate():
 def test_rng_key_separates_rows_samples_and_seeds():
     keys = {rng_key(s, i, k) for s in range(3) for i in range(50) for k in range(3)}
     assert len(keys) == 450
+
+
+def test_noise_is_finite_and_truncation_holds_at_the_top_hash_value():
+    from batchgen.engine.sampler import gumbel_noise
+
+    noise = gumbel_noise(torch.tensor([12345]), torch.tensor([4]), 128256)
+    assert torch.isfinite(noise).all()  # a 24-bit uniform rounded to 1.0 here gave +inf at one token
+    logits = torch.full((1, 128256), -30.0)
+    logits[0, :5] = 20.0
+    params = SamplingTensors(torch.tensor([0.7]), torch.tensor([0.9]), torch.tensor([5]),
+                             torch.tensor([12345]), torch.tensor([4]))  # fmt: skip
+    tokens, _ = sample(logits, params, True, False)
+    assert tokens.item() < 5
+
+
+def test_top_p_one_cuts_nothing():
+    from batchgen.engine.sampler import _truncate
+
+    logits = torch.randn(4, 49152) * 4
+    kept = _truncate(logits, torch.zeros(4, dtype=torch.int64), torch.ones(4))
+    assert torch.isfinite(kept).all()
