@@ -24,7 +24,8 @@ class StopChecker:
         return None
 
     def _stop_string_matched(self, req: Request) -> bool:
-        longest = max(len(s) for s in req.params.stop)
+        # Every token decodes to at least one byte, so a stop string of L bytes spans at most L tokens.
+        longest = max(len(s.encode()) for s in req.params.stop)
         window = req.output_ids[-(longest + _STOP_WINDOW_SLACK) :]
         tail = self.decode(window)
         if not any(s in tail for s in req.params.stop):

@@ -82,6 +82,9 @@ def paged_attention_forward(
 ) -> tuple[torch.Tensor, None]:
     if batchgen is None:
         raise RuntimeError("batchgen paged attention called without its context (batchgen=...)")
+    unsupported = [k for k in ("softcap", "s_aux", "sinks") if kwargs.get(k) is not None]
+    if unsupported:  # better a clear failure than silently different outputs
+        raise NotImplementedError(f"this model's attention uses {', '.join(unsupported)}: not supported yet")
     ctx = batchgen
     k_cache, v_cache = ctx.kv_caches[module.layer_idx]
     q = query[0].transpose(0, 1)  # [T, q_heads, hd]
