@@ -23,8 +23,8 @@ import numpy as np
 import torch
 
 from batchgen.engine.batch import StepInputs
-from batchgen.engine.runner import StepResult, apply_carry_over
-from batchgen.engine.sampler import SamplingTensors, sample
+from batchgen.engine.runner import StepResult, apply_carry_over, forward_and_sample
+from batchgen.engine.sampler import SamplingTensors
 from batchgen.model.attention import AttentionBackend, PagedContext
 
 _TOKEN_FIELDS = ("input_ids", "carry_rows", "positions", "slot_mapping")  # [T]
@@ -198,15 +198,9 @@ class CudaRunner:
         ids = apply_carry_over(
             dev["input_ids"][: shape.tokens], dev["carry_rows"][: shape.tokens], other.out_tokens
         )
-        out = self.model(
-            input_ids=ids.unsqueeze(0),
-            position_ids=dev["positions"][: shape.tokens].unsqueeze(0),
-            logits_to_keep=dev["logits_indices"][: shape.samples],
-            use_cache=False,
-            batchgen=ctx,
-        )
         params = SamplingTensors(*(dev[n][: shape.samples] for n in _SAMPLE_FIELDS[1:]))
-        tokens, logprobs = sample(out.logits[0].float(), params, inputs.any_sampling, inputs.want_logprobs)
+        positions, kept = dev["positions"][: shape.tokens], dev["logits_indices"][: shape.samples]
+        tokens, logprobs = forward_and_sample(self.model, ids, positions, kept, ctx, params, inputs)
         slot.out_tokens[: shape.samples].copy_(tokens)
         if logprobs is not None:
             slot.out_logprobs[: shape.samples].copy_(logprobs)

@@ -37,6 +37,27 @@ def apply_carry_over(input_ids: torch.Tensor, carry_rows: torch.Tensor, prev_tok
     return torch.where(carry_rows >= 0, prev_tokens[rows], input_ids)
 
 
+def forward_and_sample(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,  # [T]
+    positions: torch.Tensor,  # [T]
+    logits_indices: torch.Tensor,  # [S]
+    ctx: PagedContext,
+    params: SamplingTensors,
+    inputs: StepInputs,  # host-side flags: any_sampling, want_logprobs
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One step on the device: the model over the packed tokens, then sampling of the kept rows."""
+    out = model(
+        input_ids=input_ids.unsqueeze(0),
+        position_ids=positions.unsqueeze(0),
+        logits_to_keep=logits_indices,
+        use_cache=False,
+        batchgen=ctx,
+    )
+    logits = out.logits[0].float()  # [S, V]
+    return sample(logits, params, inputs.any_sampling, inputs.want_logprobs)
+
+
 class EagerRunner:
     def __init__(
         self,
@@ -81,15 +102,15 @@ class EagerRunner:
         input_ids = apply_carry_over(
             self._tensor(inputs.input_ids), self._tensor(inputs.carry_rows), prev_tokens
         )
-        out = self.model(
-            input_ids=input_ids.unsqueeze(0),
-            position_ids=self._tensor(inputs.positions).unsqueeze(0),
-            logits_to_keep=self._tensor(inputs.logits_indices),
-            use_cache=False,
-            batchgen=self._context(inputs),
+        tokens, logprobs = forward_and_sample(
+            self.model,
+            input_ids,
+            self._tensor(inputs.positions),
+            self._tensor(inputs.logits_indices),
+            self._context(inputs),
+            self._sampling(inputs),
+            inputs,
         )
-        logits = out.logits[0].float()  # [S, V]
-        tokens, logprobs = sample(logits, self._sampling(inputs), inputs.any_sampling, inputs.want_logprobs)
         self._prev = StepOutput(inputs.step_id, tokens, logprobs)
         return self._prev
 

@@ -24,10 +24,6 @@ class ScheduledStep(NamedTuple):
     step_id: int
     items: list[ScheduledItem]  # decodes first, then prefill chunks
 
-    @property
-    def num_tokens(self) -> int:
-        return sum(item.num_tokens for item in self.items)
-
 
 class Scheduler:
     def __init__(self, blocks: BlockManager, max_num_seqs: int, max_batch_tokens: int) -> None:
