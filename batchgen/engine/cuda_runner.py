@@ -25,7 +25,9 @@ import torch
 from batchgen.engine.batch import StepInputs
 from batchgen.engine.runner import StepResult, apply_carry_over, forward_and_sample
 from batchgen.engine.sampler import SamplingTensors
-from batchgen.model.attention import AttentionBackend, PagedContext
+from batchgen.model.attention import PagedContext
+from batchgen.model.backends import KernelBackend
+from batchgen.model.forward import ModelForward
 
 _TOKEN_FIELDS = ("input_ids", "carry_rows", "positions", "slot_mapping")  # [T]
 _SAMPLE_FIELDS = ("logits_indices", "temperature", "top_p", "top_k", "rng_keys", "rng_steps")  # [S]
@@ -90,9 +92,9 @@ class CudaHandle(NamedTuple):
 class CudaRunner:
     def __init__(
         self,
-        model: torch.nn.Module,
+        forward: ModelForward,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-        backend: AttentionBackend,
+        backend: KernelBackend,
         device: torch.device,
         max_num_seqs: int,
         max_batch_tokens: int,
@@ -101,7 +103,7 @@ class CudaRunner:
         num_slots: int = 2,
         cuda_graphs: bool = True,
     ) -> None:
-        self.model, self.kv_caches, self.backend, self.device = model, kv_caches, backend, device
+        self.forward, self.kv_caches, self.backend, self.device = forward, kv_caches, backend, device
         self.max_model_len = max_model_len
         max_blocks = -(-max_model_len // block_size)
         max_tokens = max(max_batch_tokens, max_num_seqs)
@@ -200,7 +202,7 @@ class CudaRunner:
         )
         params = SamplingTensors(*(dev[n][: shape.samples] for n in _SAMPLE_FIELDS[1:]))
         positions, kept = dev["positions"][: shape.tokens], dev["logits_indices"][: shape.samples]
-        tokens, logprobs = forward_and_sample(self.model, ids, positions, kept, ctx, params, inputs)
+        tokens, logprobs = forward_and_sample(self.forward, ids, positions, kept, ctx, params, inputs)
         slot.out_tokens[: shape.samples].copy_(tokens)
         if logprobs is not None:
             slot.out_logprobs[: shape.samples].copy_(logprobs)
@@ -242,6 +244,9 @@ class CudaRunner:
         from tqdm import tqdm
 
         keys = [(s, b) for s in range(len(self.slots)) for b in reversed(self.buckets)]
+        # Capturing empties the allocator's cache first: do it now, or blocks freed earlier (weights
+        # replaced by merged copies, say) would vanish from the baseline and make the cost negative.
+        torch.cuda.empty_cache()
         base = torch.cuda.memory_reserved(self.device)
         for slot_id, bucket in tqdm(keys, desc="capturing CUDA graphs", disable=not progress, leave=False):
             self._graph(slot_id, bucket, any_sampling, False)

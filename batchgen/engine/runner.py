@@ -14,7 +14,9 @@ import torch
 
 from batchgen.engine.batch import StepInputs
 from batchgen.engine.sampler import SamplingTensors, sample
-from batchgen.model.attention import AttentionBackend, PagedContext
+from batchgen.model.attention import PagedContext
+from batchgen.model.backends import KernelBackend
+from batchgen.model.forward import ModelForward
 
 
 class StepOutput(NamedTuple):
@@ -38,7 +40,7 @@ def apply_carry_over(input_ids: torch.Tensor, carry_rows: torch.Tensor, prev_tok
 
 
 def forward_and_sample(
-    model: torch.nn.Module,
+    forward: ModelForward,
     input_ids: torch.Tensor,  # [T]
     positions: torch.Tensor,  # [T]
     logits_indices: torch.Tensor,  # [S]
@@ -47,26 +49,19 @@ def forward_and_sample(
     inputs: StepInputs,  # host-side flags: any_sampling, want_logprobs
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One step on the device: the model over the packed tokens, then sampling of the kept rows."""
-    out = model(
-        input_ids=input_ids.unsqueeze(0),
-        position_ids=positions.unsqueeze(0),
-        logits_to_keep=logits_indices,
-        use_cache=False,
-        batchgen=ctx,
-    )
-    logits = out.logits[0].float()  # [S, V]
+    logits = forward(input_ids, positions, logits_indices, ctx).float()  # [S, V]
     return sample(logits, params, inputs.any_sampling, inputs.want_logprobs)
 
 
 class EagerRunner:
     def __init__(
         self,
-        model: torch.nn.Module,
+        forward: ModelForward,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-        backend: AttentionBackend,
+        backend: KernelBackend,
         device: torch.device,
     ) -> None:
-        self.model = model
+        self.forward = forward
         self.kv_caches = kv_caches
         self.backend = backend
         self.device = device
@@ -103,7 +98,7 @@ class EagerRunner:
             self._tensor(inputs.input_ids), self._tensor(inputs.carry_rows), prev_tokens
         )
         tokens, logprobs = forward_and_sample(
-            self.model,
+            self.forward,
             input_ids,
             self._tensor(inputs.positions),
             self._tensor(inputs.logits_indices),

@@ -3,8 +3,9 @@
 Grid (sequence, kv_head, split). A program loads each KV tile of its split once and multiplies it with
 the query rows of all q heads of its GQA group at once (the group padded to >= 16 rows for tl.dot).
 Each split writes its normalised partial output and log-sum-exp; a small second kernel merges the splits.
-The split count and the per-split token range derive from Python ints (batch, heads, the caller's
-``max_seq_len`` bound), never from device values, so the launch is CUDA-graph capturable.
+The split count derives from Python ints (batch, heads, the caller's ``max_seq_len`` bound), never from
+device values, so the launch is CUDA-graph capturable; each sequence divides its own context evenly
+among the splits (in whole tiles), so a graph captured for the longest context stays balanced at any.
 """
 
 from __future__ import annotations
@@ -44,7 +45,6 @@ def _decode_split_kernel(
     bt_ptr,  # [B, max_blocks] int32
     qk_scale,
     window,
-    split_tokens,  # tokens per split, a multiple of BLOCK_N
     stride_qt,
     stride_qh,
     stride_ot,
@@ -77,9 +77,9 @@ def _decode_split_kernel(
     heads = kv_head * GROUP + g  # [GROUP_PAD]
     q = tl.load(q_ptr + row * stride_qt + heads[:, None] * stride_qh + d[None, :], mask=g[:, None] < GROUP)
 
+    split_tokens = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N  # this sequence's share
     lo = split * split_tokens
-    # The last split also takes anything past the caller's bound, so an underestimate stays correct.
-    hi = tl.where(split == NUM_SPLITS - 1, seq_len, tl.minimum(lo + split_tokens, seq_len))
+    hi = tl.minimum(lo + split_tokens, seq_len)
     if USE_WINDOW:
         lo = tl.maximum(lo, seq_len - window)  # decode query sits at seq_len - 1
     bt_row = bt_ptr + b.to(tl.int64) * stride_bt
@@ -192,8 +192,6 @@ def decode_attention(
         block_n = 64 if head_dim * query.element_size() <= 256 else 32
     if num_splits is None:
         num_splits = choose_num_splits(batch, kv_heads, max_seq_len, num_sms(query.device))
-    # Per-split range rounded to whole tiles; the last split also covers anything past max_seq_len.
-    split_tokens = math.ceil(math.ceil(max(max_seq_len, 1) / num_splits) / block_n) * block_n
     query = query if query.stride(-1) == 1 else query.contiguous()
     block_tables = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()
     out = torch.empty(query.shape, dtype=query.dtype, device=query.device) if out is None else out
@@ -204,7 +202,7 @@ def decode_attention(
     group = q_heads // kv_heads
     _decode_split_kernel[(batch, kv_heads, num_splits)](
         query, k_cache, v_cache, out, part_acc, part_lse, cu_seqlens_q, seq_lens, block_tables,
-        scale * LOG2E, sliding_window or 0, split_tokens,
+        scale * LOG2E, sliding_window or 0,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         NUM_Q_HEADS=q_heads, GROUP=group, GROUP_PAD=group_pad(group), HEAD_DIM=head_dim,

@@ -1,4 +1,7 @@
-"""Torch reference paged attention: the oracle the Triton kernels are tested against, and the CPU path.
+"""Torch reference kernels: the oracle the Triton kernels are tested against, and the CPU path.
+
+Paged attention and KV write first, then the fused layer ops (RMSNorm with residual add, q/k norm +
+rotary + KV write, SiLU-and-multiply) written with transformers' own arithmetic and rounding.
 
 Cache layout (one pair per layer): ``k_cache``, ``v_cache``: [num_blocks, block_size, num_kv_heads, head_dim].
 Token slot ``s`` lives at block ``s // block_size``, offset ``s % block_size``.
@@ -26,12 +29,12 @@ def write_kv(
     num_blocks, block_size = k_cache.shape[:2]
     flat_k = k_cache.view(num_blocks * block_size, *k_cache.shape[2:])
     flat_v = v_cache.view(num_blocks * block_size, *v_cache.shape[2:])
+    # Boolean selection syncs on CUDA (the torch backend never runs inside a graph); a sync-free scatter
+    # of padding rows into some scratch slot would race with a real row writing that slot.
     valid = slot_mapping >= 0
-    # Padding rows scatter into a scratch copy of slot 0's value: index_copy_ keeps this sync-free.
-    slots = torch.where(valid, slot_mapping, torch.zeros_like(slot_mapping))
-    keep = valid.view(-1, 1, 1)
-    flat_k.index_copy_(0, slots, torch.where(keep, key.to(flat_k.dtype), flat_k.index_select(0, slots)))
-    flat_v.index_copy_(0, slots, torch.where(keep, value.to(flat_v.dtype), flat_v.index_select(0, slots)))
+    slots = slot_mapping[valid]
+    flat_k[slots] = key[valid].to(flat_k.dtype)
+    flat_v[slots] = value[valid].to(flat_v.dtype)
 
 
 def _gather_context(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
@@ -105,3 +108,60 @@ def paged_attention(
         q_pos = k_pos[ctx - (end - start) :]
         out[start:end] = _attend(q, k, v, q_pos, k_pos, scale, sliding_window).transpose(0, 1).to(out.dtype)
     return out
+
+
+# --- fused layer ops ---------------------------------------------------------------------------------
+
+
+def rms_norm(
+    x: torch.Tensor,  # [..., H]
+    weight: torch.Tensor,  # [H]
+    eps: float,
+    residual: torch.Tensor | None = None,  # [..., H]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(RMSNorm(x + residual), x + residual): the sum rounded to the model dtype, the norm in fp32,
+    the weight product in the model dtype (transformers' order, so bf16 results match it)."""
+    if residual is not None:
+        x = residual + x
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype), x
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding, halves convention: x * cos + rotate_half(x) * sin. x: [T, H, D]; cos: [T, 1, D]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return (x * cos) + (rotated * sin)
+
+
+def rope_write_kv(
+    qkv: torch.Tensor,  # [T, (Hq + 2 * Hkv) * D], the fused projection's output
+    positions: torch.Tensor,  # [T] int64
+    cos: torch.Tensor,  # [max_positions, D / 2], model dtype
+    sin: torch.Tensor,
+    q_norm: torch.Tensor | None,  # [D] per-head RMSNorm weights (Qwen3) or None
+    k_norm: torch.Tensor | None,
+    eps: float,
+    k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,  # [T] int64, -1 = padding row, not written
+    q_heads: int,
+    kv_heads: int,
+) -> torch.Tensor:  # [T, Hq, D], the rotated queries
+    """Split q/k/v, apply the optional per-head norm and rotary embedding, write k/v to the cache."""
+    tokens, dim = qkv.shape[0], 2 * cos.shape[-1]
+    q, k, v = qkv.split([q_heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
+    q, k, v = q.view(tokens, q_heads, dim), k.view(tokens, kv_heads, dim), v.view(tokens, kv_heads, dim)
+    if q_norm is not None:
+        q, k = rms_norm(q, q_norm, eps)[0], rms_norm(k, k_norm, eps)[0]
+    c = cos[positions].repeat(1, 2).unsqueeze(1)  # [T, 1, D]: both halves share the frequencies
+    s = sin[positions].repeat(1, 2).unsqueeze(1)
+    q, k = _rotate(q, c, s), _rotate(k, c, s)
+    write_kv(k_cache, v_cache, k, v, slot_mapping)
+    return q
+
+
+def silu_mul(x: torch.Tensor) -> torch.Tensor:  # x: [T, 2 * I] (gate | up) -> [T, I]
+    gate, up = x.chunk(2, dim=-1)
+    return F.silu(gate) * up

@@ -8,21 +8,14 @@ transformers skip building a dense causal mask.
 
 from __future__ import annotations
 
-from typing import NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
-from batchgen.kernels import reference
+if TYPE_CHECKING:
+    from batchgen.model.backends import KernelBackend
 
 ATTN_IMPLEMENTATION = "batchgen_paged"
-
-
-class AttentionBackend(Protocol):
-    def write_kv(self, k_cache, v_cache, key, value, slot_mapping) -> None: ...
-
-    def attention(
-        self, query, k_cache, v_cache, ctx: PagedContext, scale: float, sliding_window
-    ) -> torch.Tensor: ...
 
 
 class PagedContext(NamedTuple):
@@ -35,37 +28,7 @@ class PagedContext(NamedTuple):
     block_tables: torch.Tensor  # [B, max_blocks] int32
     max_q_len: int  # host-side bounds, fixed per CUDA-graph bucket
     max_seq_len: int
-    backend: AttentionBackend
-
-
-class TorchBackend:
-    """The reference implementation (CPU path and oracle)."""
-
-    def write_kv(self, k_cache, v_cache, key, value, slot_mapping) -> None:
-        reference.write_kv(k_cache, v_cache, key, value, slot_mapping)
-
-    def attention(self, query, k_cache, v_cache, ctx: PagedContext, scale: float, sliding_window):
-        return reference.paged_attention(
-            query, k_cache, v_cache, ctx.cu_seqlens_q, ctx.seq_lens, ctx.block_tables, scale, sliding_window
-        )
-
-
-class TritonBackend:
-    """The CUDA path: Triton kernels, capturable in CUDA graphs (bounds come from the context)."""
-
-    def __init__(self) -> None:
-        from batchgen.kernels import dispatch
-
-        self._kernels = dispatch
-
-    def write_kv(self, k_cache, v_cache, key, value, slot_mapping) -> None:
-        self._kernels.write_kv(k_cache, v_cache, key, value, slot_mapping)
-
-    def attention(self, query, k_cache, v_cache, ctx: PagedContext, scale: float, sliding_window):
-        return self._kernels.paged_attention_triton(
-            query, k_cache, v_cache, ctx.cu_seqlens_q, ctx.seq_lens, ctx.block_tables, scale, sliding_window,
-            decode_only=ctx.max_q_len == 1, max_seq_len=ctx.max_seq_len, max_q_len=ctx.max_q_len,
-        )  # fmt: skip
+    backend: KernelBackend
 
 
 def paged_attention_forward(

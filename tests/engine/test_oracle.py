@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from batchgen import LLM, SamplingParams
+from batchgen.model.forward import FusedForward, TransformersForward
 from tests.engine.oracle import WORDS, make_prompts, reference_greedy, with_system_prompt
 
 NEW_TOKENS = 12
@@ -16,6 +17,8 @@ REGIMES = {
     "chunked_prefill": dict(max_batch_tokens=64, max_num_seqs=8),
     "tiny_kv": dict(max_num_seqs=16),
     "async": dict(max_num_seqs=6, max_batch_tokens=96, async_mode=True),
+    # The regimes above run batchgen's fused forward; this one transformers' modelling code.
+    "transformers_forward": dict(max_num_seqs=6, max_batch_tokens=96, model_impl="transformers"),
 }
 
 
@@ -40,6 +43,8 @@ def _check_model(path: str, prompts: list[list[int]], regime: str, expected: lis
         longest = max(len(p) for p in prompts) + NEW_TOKENS
         options["kv_cache_bytes"] = _tiny_kv_bytes(probe, int(longest * 1.15))
     got, llm = _run(path, prompts, **options)
+    expected_forward = TransformersForward if regime == "transformers_forward" else FusedForward
+    assert isinstance(llm._engine.runner.forward, expected_forward)
     mismatched = [i for i, (g, e) in enumerate(zip(got, expected, strict=True)) if g != e]
     assert not mismatched, (
         f"{regime}: prompts {mismatched} differ, first: {got[mismatched[0]]} vs {expected[mismatched[0]]}"

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from batchgen.model.attention import PagedContext, TorchBackend, paged_attention_forward
+from batchgen.model.attention import PagedContext, paged_attention_forward
+from batchgen.model.backends import TorchBackend
 
 
 class _Layer(torch.nn.Module):

@@ -1,0 +1,128 @@
+"""Triton q/k prologue of attention: optional per-head RMSNorm (Qwen3), rotary embedding, KV write.
+
+One program per token row of the fused qkv projection: it rotates the query heads in place and writes
+the rotated keys and the values straight into their paged-cache slot, so q/k/v are never copied out of
+the projection and the separate KV-write launch disappears. Rounding follows ``reference.rope_write_kv``
+(transformers' order: each product rounded to the model dtype, then the sum).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _norm_rotate(x1, x2, c, s, w_ptr, j, eps, QK_NORM: tl.constexpr, HALF: tl.constexpr):
+    """Rotate [H, HALF] halves x1 | x2 by cos/sin [HALF] (after the per-head norm when QK_NORM)."""
+    dt = x1.dtype
+    if QK_NORM:
+        a = x1.to(tl.float32)
+        b = x2.to(tl.float32)
+        rstd = tl.rsqrt((tl.sum(a * a, axis=1) + tl.sum(b * b, axis=1)) / (2 * HALF) + eps)[:, None]
+        w1 = tl.load(w_ptr + j).to(tl.float32)[None, :]
+        w2 = tl.load(w_ptr + HALF + j).to(tl.float32)[None, :]
+        x1 = ((a * rstd).to(dt).to(tl.float32) * w1).to(dt)
+        x2 = ((b * rstd).to(dt).to(tl.float32) * w2).to(dt)
+    a = x1.to(tl.float32)
+    b = x2.to(tl.float32)
+    c = c[None, :]
+    s = s[None, :]
+    out1 = ((a * c).to(dt).to(tl.float32) - (b * s).to(dt).to(tl.float32)).to(dt)
+    out2 = ((b * c).to(dt).to(tl.float32) + (a * s).to(dt).to(tl.float32)).to(dt)
+    return out1, out2
+
+
+@triton.jit
+def _rope_kv_kernel(
+    qkv_ptr,  # [T, (Hq + 2 * Hkv) * D]; the q part is rotated in place
+    pos_ptr,  # [T] int64
+    cos_ptr,  # [max_positions, HALF]
+    sin_ptr,
+    q_norm_ptr,  # [D], read when QK_NORM
+    k_norm_ptr,
+    k_cache_ptr,  # [num_blocks, block_size, Hkv, D]
+    v_cache_ptr,
+    slot_ptr,  # [T] int64, -1 = padding row: nothing written to the cache
+    stride_t,
+    stride_cb,
+    stride_co,
+    stride_ch,
+    block_size,
+    eps,
+    Q_HEADS: tl.constexpr,
+    KV_HEADS: tl.constexpr,
+    Q_PAD: tl.constexpr,
+    KV_PAD: tl.constexpr,
+    HALF: tl.constexpr,
+    QK_NORM: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    pos = tl.load(pos_ptr + t)
+    j = tl.arange(0, HALF)
+    c = tl.load(cos_ptr + pos * HALF + j).to(tl.float32)
+    s = tl.load(sin_ptr + pos * HALF + j).to(tl.float32)
+    row = qkv_ptr + t * stride_t
+
+    hq = tl.arange(0, Q_PAD)[:, None]
+    q_mask = (hq < Q_HEADS) & (j[None, :] < HALF)
+    q_ptrs = row + hq * (2 * HALF) + j[None, :]
+    q1 = tl.load(q_ptrs, mask=q_mask, other=0.0)
+    q2 = tl.load(q_ptrs + HALF, mask=q_mask, other=0.0)
+    q1, q2 = _norm_rotate(q1, q2, c, s, q_norm_ptr, j, eps, QK_NORM, HALF)
+    tl.store(q_ptrs, q1, mask=q_mask)
+    tl.store(q_ptrs + HALF, q2, mask=q_mask)
+
+    hk = tl.arange(0, KV_PAD)[:, None]
+    kv_mask = (hk < KV_HEADS) & (j[None, :] < HALF)
+    k_ptrs = row + Q_HEADS * 2 * HALF + hk * (2 * HALF) + j[None, :]
+    v_ptrs = k_ptrs + KV_HEADS * 2 * HALF
+    k1 = tl.load(k_ptrs, mask=kv_mask, other=0.0)
+    k2 = tl.load(k_ptrs + HALF, mask=kv_mask, other=0.0)
+    k1, k2 = _norm_rotate(k1, k2, c, s, k_norm_ptr, j, eps, QK_NORM, HALF)
+    v1 = tl.load(v_ptrs, mask=kv_mask, other=0.0)
+    v2 = tl.load(v_ptrs + HALF, mask=kv_mask, other=0.0)
+
+    slot = tl.load(slot_ptr + t).to(tl.int64)  # int64: big caches overflow int32 offsets
+    # A padding row is a fully masked store, which keeps the launch branch-free.
+    w_mask = kv_mask & (hk < tl.where(slot >= 0, KV_HEADS, 0))
+    slot = tl.maximum(slot, 0)
+    dst = (slot // block_size) * stride_cb + (slot % block_size) * stride_co + hk * stride_ch + j[None, :]
+    cache_dt = k_cache_ptr.dtype.element_ty
+    tl.store(k_cache_ptr + dst, k1.to(cache_dt), mask=w_mask)
+    tl.store(k_cache_ptr + dst + HALF, k2.to(cache_dt), mask=w_mask)
+    tl.store(v_cache_ptr + dst, v1.to(cache_dt), mask=w_mask)
+    tl.store(v_cache_ptr + dst + HALF, v2.to(cache_dt), mask=w_mask)
+
+
+def rope_write_kv(
+    qkv: torch.Tensor,  # [T, (Hq + 2 * Hkv) * D]
+    positions: torch.Tensor,  # [T] int64
+    cos: torch.Tensor,  # [max_positions, D / 2], model dtype, contiguous
+    sin: torch.Tensor,
+    q_norm: torch.Tensor | None,
+    k_norm: torch.Tensor | None,
+    eps: float,
+    k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,  # [T] int64
+    q_heads: int,
+    kv_heads: int,
+) -> torch.Tensor:  # [T, Hq, D]: a view of qkv, rotated in place
+    tokens, half = qkv.shape[0], cos.shape[-1]
+    dim = 2 * half
+    assert qkv.stride(-1) == 1 and qkv.shape[1] == (q_heads + 2 * kv_heads) * dim
+    assert cos.is_contiguous() and sin.is_contiguous() and k_cache.stride() == v_cache.stride()
+    assert half >= 8 and half & (half - 1) == 0, "head_dim must be a power of two >= 16"
+    if tokens:
+        norm = q_norm is not None
+        _rope_kv_kernel[(tokens,)](
+            qkv, positions, cos, sin, q_norm if norm else cos, k_norm if norm else cos,
+            k_cache, v_cache, slot_mapping, qkv.stride(0),
+            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), k_cache.shape[1], eps,
+            Q_HEADS=q_heads, KV_HEADS=kv_heads, Q_PAD=triton.next_power_of_2(q_heads),
+            KV_PAD=triton.next_power_of_2(kv_heads), HALF=half, QK_NORM=norm,
+            num_warps=4 if q_heads * dim >= 2048 else 2,
+        )  # fmt: skip
+    return qkv[:, : q_heads * dim].view(tokens, q_heads, dim)

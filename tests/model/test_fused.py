@@ -1,0 +1,172 @@
+"""batchgen's fused forward against transformers' own forward, on tiny random models of each family."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from batchgen.model import attention
+from batchgen.model.attention import PagedContext
+from batchgen.model.backends import TorchBackend
+from batchgen.model.forward import TransformersForward, build_forward
+from batchgen.model.fused import FusedForward, unsupported_reason
+
+BASE = dict(
+    vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, max_position_embeddings=256,
+)  # fmt: skip
+VARIANTS = {
+    "llama": dict(model_type="llama"),
+    # llama3 rope scaling, biases everywhere, tied embeddings
+    "llama_scaled_bias_tied": dict(
+        model_type="llama",
+        attention_bias=True,
+        mlp_bias=True,
+        tie_word_embeddings=True,
+        rope_parameters=dict(
+            rope_type="llama3",
+            rope_theta=500000.0,
+            factor=8.0,
+            low_freq_factor=1.0,
+            high_freq_factor=4.0,
+            original_max_position_embeddings=32,
+        ),
+    ),  # fmt: skip
+    "qwen2_sliding": dict(model_type="qwen2", use_sliding_window=True, sliding_window=5, max_window_layers=1),
+    "qwen3": dict(model_type="qwen3", head_dim=32),
+    "mistral_sliding": dict(model_type="mistral", sliding_window=6, head_dim=16),
+}
+BLOCK = 4
+
+
+def _model(variant: str, dtype=torch.float32) -> torch.nn.Module:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    fields = {**BASE, **VARIANTS[variant]}
+    config = AutoConfig.for_model(fields.pop("model_type"), **fields)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="eager")
+    with torch.no_grad():  # random biases are zero-initialised: make them count
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                p.normal_(mean=1.0 if "norm" in name else 0.0, std=0.2)
+    return model.eval()
+
+
+def _context(start: int, length: int, caches, backend) -> PagedContext:
+    """One sequence whose tokens [start, start + length) are this step's; blocks in reversed order."""
+    device = caches[0][0].device
+    total = start + length
+    table = torch.arange(caches[0][0].shape[0] - 1, -1, -1, dtype=torch.int32, device=device)  # scattered
+    pos = torch.arange(start, total, device=device)
+    slots = table[pos // BLOCK].long() * BLOCK + pos % BLOCK
+    return PagedContext(
+        caches, slots, torch.tensor([0, length], dtype=torch.int32, device=device),
+        torch.tensor([total], dtype=torch.int32, device=device), table.unsqueeze(0), length, total, backend,
+    )  # fmt: skip
+
+
+def _caches(model: torch.nn.Module, dtype, tokens: int) -> list:
+    cfg, device = model.config, next(model.parameters()).device
+    dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    shape = (-(-tokens // BLOCK), BLOCK, cfg.num_key_value_heads, dim)
+    return [
+        (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+        for _ in range(cfg.num_hidden_layers)
+    ]
+
+
+def _fused_logits(forward, model, ids, chunks: list[int], dtype, backend=None) -> torch.Tensor:
+    """All positions' logits, the sequence fed in ``chunks`` (chunked prefill, then decodes)."""
+    caches, out, start = _caches(model, dtype, sum(chunks)), [], 0
+    for length in chunks:
+        ctx = _context(start, length, caches, backend or TorchBackend())
+        positions = torch.arange(start, start + length, device=ids.device)
+        kept = torch.arange(length, device=ids.device)
+        out.append(forward(ids[start : start + length], positions, kept, ctx))
+        start += length
+    return torch.cat(out)
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_fused_forward_matches_transformers(variant):
+    model = _model(variant)
+    ids = torch.randint(0, 97, (15,), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = model(ids.unsqueeze(0)).logits[0]  # [15, V], transformers' eager attention
+    forward = build_forward(model, "auto", max_positions=256)
+    assert isinstance(forward, FusedForward)
+    with torch.inference_mode():
+        got = _fused_logits(forward, model, ids, [7, 4, 1, 1, 1, 1], torch.float32)
+        after = model(ids.unsqueeze(0)).logits[0]
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    # The model's own projections became views of the merged weights: transformers' forward is unchanged.
+    torch.testing.assert_close(after, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("variant", ["qwen3", "llama_scaled_bias_tied", "qwen2_sliding"])
+def test_bf16_fused_forward_rounds_like_transformers(variant):
+    """In bf16 the fused ops round as transformers does: on the CPU (torch ops, same paged cache) the
+    logits are bit-identical to transformers' forward."""
+    model = _model(variant, torch.bfloat16)
+    model.set_attn_implementation(attention.register())  # transformers' forward on the paged cache
+    ids = torch.randint(0, 97, (12,), generator=torch.Generator().manual_seed(2))
+    with torch.inference_mode():
+        expected = _fused_logits(TransformersForward(model), model, ids, [9, 1, 1, 1], torch.bfloat16)
+        got = _fused_logits(build_forward(model, "batchgen", 256), model, ids, [9, 1, 1, 1], torch.bfloat16)
+    assert torch.equal(got, expected), (got.float() - expected.float()).abs().max()
+
+
+def test_weights_are_merged_once_and_shared():
+    model = _model("llama")
+    attn = model.model.layers[0].self_attn
+    params_before = sum(p.numel() for p in model.parameters())
+    first = FusedForward(model, 64)
+    second = FusedForward(model, 64)  # a second engine on the same model copies nothing
+    assert first.layers[0].qkv.data_ptr() == second.layers[0].qkv.data_ptr() == attn.q_proj.weight.data_ptr()
+    assert attn.k_proj.weight.data_ptr() == attn.q_proj.weight.data_ptr() + attn.q_proj.weight.nbytes
+    assert first.layers[0].gate_up.shape == (2 * 96, 64)
+    assert sum(p.numel() for p in model.parameters()) == params_before
+
+
+def test_unsupported_models_run_transformers_forward():
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    gpt2 = AutoModelForCausalLM.from_config(AutoConfig.for_model("gpt2", n_layer=1, n_embd=32, n_head=2))
+    assert "gpt2" in unsupported_reason(gpt2)
+    assert isinstance(build_forward(gpt2, "auto", 64), TransformersForward)
+    with pytest.raises(ValueError, match="does not support this model: model type 'gpt2'"):
+        build_forward(gpt2, "batchgen", 64)
+    dynamic = _model("llama")
+    dynamic.model.rotary_emb.rope_type = "dynamic"  # frequencies that change with the length
+    assert unsupported_reason(dynamic) == "rope type 'dynamic'"
+    with pytest.raises(ValueError, match="unknown model implementation"):
+        build_forward(dynamic, "fast", 64)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_triton_fused_forward_matches_transformers_on_cuda():
+    """bf16 on the H200: the fused forward on Triton kernels vs transformers' forward (torch attention),
+    a Qwen3-shaped model (qk-norm, GQA, head_dim 128) over a chunked prefill and decodes."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from batchgen.model.backends import TritonBackend
+
+    config = AutoConfig.for_model(
+        "qwen3", vocab_size=4096, hidden_size=1024, intermediate_size=3072, num_hidden_layers=4,
+        num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=4096,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
+    model.set_attn_implementation(attention.register())
+    ids = torch.randint(0, 4096, (300,), device="cuda")
+    chunks = [128, 160] + [1] * 12
+    with torch.inference_mode():
+        expected = _fused_logits(TransformersForward(model), model, ids, chunks, torch.bfloat16).float()
+        forward = build_forward(model, "batchgen", 4096)
+        got = _fused_logits(forward, model, ids, chunks, torch.bfloat16, TritonBackend()).float()
+    err = (got - expected).norm() / expected.norm()
+    assert err < 2e-2, f"relative error {err:.2e}"
+    assert (got.argmax(-1) == expected.argmax(-1)).float().mean() > 0.95
