@@ -66,6 +66,22 @@ def test_run_bench_reports_a_missing_device(tmp_path):
     assert (tmp_path / "bench.md").exists()
 
 
+def test_batchgen_bench_command(tmp_path):
+    """``batchgen bench`` (SPEC's command, what ``make bench`` runs): usage errors exit 2; a run whose
+    device is missing writes its tables and exits 1."""
+    from click.testing import CliRunner
+
+    from batchgen.cli import cli
+
+    bad = CliRunner().invoke(cli, ["bench", "--workload", "B9"])
+    assert bad.exit_code == 2 and "choose from B1, B1s, B2, B3, B4" in bad.output
+    if torch.cuda.is_available():
+        return
+    flags = ["--mode", "sync", "--quick", "--no-compare-hf", "--out", str(tmp_path)]
+    result = CliRunner().invoke(cli, ["bench", "--workload", "B3", *flags])
+    assert result.exit_code == 1 and (tmp_path / "bench.md").exists()
+
+
 def test_workload_table_and_quick():
     assert {"B1", "B1s", "B2", "B3", "B4"} <= set(WORKLOADS)
     b1 = WORKLOADS["B1"]
