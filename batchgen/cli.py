@@ -82,6 +82,17 @@ def cli() -> None:
 @click.option("--keep-columns", multiple=True, help="Input columns to copy into each record: a,b.")
 @click.option("--limit", type=click.IntRange(min=1), help="Only the first N rows.")
 @click.option(
+    "--shard",
+    help="Run shard I (0-based) of N: a contiguous part of the input [default: the Slurm array task's].",
+)
+@click.option(
+    "--data-parallel",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Run K workers (one GPU each) as K shards, then merge.",
+)
+@click.option(
     "--chat",
     "chat_mode",
     type=click.Choice(["auto", "on", "off"]),
@@ -177,6 +188,8 @@ def run_command(input_path: str, output: str, verbose: bool, **kw: Any) -> None:
     Re-running the same command resumes; SIGTERM/SIGINT/SIGUSR1 save and exit 75.
     """
     _setup_logging(verbose)
+    if kw["data_parallel"] > 1:
+        sys.exit(_data_parallel(output, verbose, kw))
     saved = {s: signal.signal(s, _exit_interrupted) for s in _STOP_SIGNALS}  # until the run's own handlers
     try:
         code = _run(input_path, output, verbose, kw)
@@ -184,6 +197,24 @@ def run_command(input_path: str, output: str, verbose: bool, **kw: Any) -> None:
         for sig, handler in saved.items():
             signal.signal(sig, handler)
     sys.exit(code)
+
+
+def _data_parallel(output: str, verbose: bool, kw: dict[str, Any]) -> int:
+    from batchgen.app.errors import FatalError
+    from batchgen.app.parallel import run_data_parallel
+
+    if kw["shard"] is not None:
+        raise click.UsageError("--data-parallel runs its own shards: drop --shard")
+    argv = sys.argv[1:]
+    if not argv or argv[0] != "run":
+        raise click.UsageError("--data-parallel works from the command line (batchgen run ...)")
+    try:
+        return run_data_parallel(argv[1:], kw["data_parallel"], output)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    except FatalError as exc:
+        _fail(exc, verbose)
+    return EXIT_FATAL
 
 
 def _exit_interrupted(signum: int, frame: Any) -> None:
@@ -247,6 +278,7 @@ def _run_options(input_path: str, output: str, kw: dict[str, Any]):
             id_column=kw["id_column"],
             keep_columns=keep,
         )
+        shard = _shard(kw["shard"])
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     return RunOptions(
@@ -254,6 +286,7 @@ def _run_options(input_path: str, output: str, kw: dict[str, Any]):
         output=output,
         spec=spec,
         limit=kw["limit"],
+        shard=shard,
         chat=chat,
         system_prompt=kw["system_prompt"],
         max_new_tokens=kw["max_new_tokens"],
@@ -275,6 +308,32 @@ def _run_options(input_path: str, output: str, kw: dict[str, Any]):
         stats_file=kw["stats_file"],
         progress_bar=kw["progress_bar"],
     )
+
+
+def _shard(text: str | None):
+    """--shard I/N, else the Slurm array task's shard, else None."""
+    from batchgen.app.shards import parse_shard, slurm_shard
+
+    return parse_shard(text) if text is not None else slurm_shard()
+
+
+@cli.command("merge")
+@click.argument("output", metavar="OUTPUT")
+@click.option("--into", type=click.Path(dir_okay=False), help="Write here [default: OUTPUT; {shard} -> all].")
+@click.option("-v", "--verbose", is_flag=True)
+def merge_command(output: str, into: str | None, verbose: bool) -> None:
+    """Check that every shard of OUTPUT is complete, then join them into OUTPUT in input order."""
+    from batchgen.app.errors import FatalError
+    from batchgen.app.merge import merge
+    from batchgen.io.writers import OutputError
+
+    _setup_logging(verbose)
+    try:
+        merge(output, into)
+    except OutputError as exc:
+        raise click.BadParameter(str(exc), param_hint="'OUTPUT'") from None
+    except (FatalError, RuntimeError, OSError) as exc:
+        _fail(exc, verbose)
 
 
 @cli.command("status")

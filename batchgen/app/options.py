@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from batchgen.app.shards import Shard
 from batchgen.io.rows import RowSpec
 
 ON_ERROR = ("record", "skip", "fail")
@@ -17,6 +18,7 @@ class RunOptions:
     spec: RowSpec = field(default_factory=RowSpec)
     limit: int | None = None
     row_start: int = 0  # first row (global index) this run covers: sharding sets it
+    shard: Shard | None = None  # resolved against the input's rows by ``run``
     # prompts
     chat: bool | None = None  # None = auto
     system_prompt: str | None = None

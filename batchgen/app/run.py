@@ -15,6 +15,7 @@ import queue
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from batchgen.app.errors import FatalError
 from batchgen.app.options import RunOptions
 from batchgen.app.prepare import END, Preparer, PromptSettings
 from batchgen.app.progress import Counters, Progress, summary_text
+from batchgen.app.shards import SHARD_PLACEHOLDER, count_input_rows, shard_output, shard_rows
 from batchgen.app.signals import Interrupt, SignalControl
 from batchgen.app.sink import RecordOptions, Sink
 from batchgen.config import SamplingParams
@@ -31,7 +33,7 @@ from batchgen.io.checkpoint import DoneSet, OutputLock, RunState, diff_fingerpri
 from batchgen.io.faults import Faults
 from batchgen.io.readers import BadLine, Reader, open_input
 from batchgen.io.rows import ParsedRow, SchemaError
-from batchgen.io.writers import Writer, has_records, open_output, output_format, remove_output
+from batchgen.io.writers import OutputError, Writer, has_records, open_output, output_format, remove_output
 from batchgen.model.loader import DEFAULT_MODEL_NAME
 
 log = logging.getLogger("batchgen")
@@ -44,7 +46,11 @@ def run(opts: RunOptions) -> int:
     """Run (or resume) one job; the exit code. Raises InputError/OutputError (usage) or FatalError."""
     reader = open_input(opts.input)
     output_format(opts.output)
-    check_input(reader, opts)
+    check_input(reader, opts)  # the whole input's head, before an empty shard could hide a bad input
+    if opts.shard is not None:
+        opts = for_shard(opts, reader)
+    elif SHARD_PLACEHOLDER in opts.output:
+        raise OutputError(f"{opts.output!r} holds {SHARD_PLACEHOLDER} but the run has no --shard I/N")
     model_name = opts.engine.get("model") or DEFAULT_MODEL_NAME
     fingerprint = opts.fingerprint(model_name, reader.fingerprint())
     Path(opts.output).absolute().parent.mkdir(parents=True, exist_ok=True)
@@ -58,6 +64,17 @@ def run(opts: RunOptions) -> int:
             return _Job(opts, reader, fingerprint, signals, Faults.from_env()).execute()
     finally:
         lock.release()
+
+
+def for_shard(opts: RunOptions, reader: Reader) -> RunOptions:
+    """The options of one shard: its output file and its contiguous rows."""
+    shard = opts.shard
+    start, stop = shard_rows(count_input_rows(reader), shard, opts.limit)
+    output = shard_output(opts.output, shard)
+    last = "the end" if stop is None else stop
+    log.info("shard %d of %d: rows %d to %s -> %s", shard.index, shard.count, start, last, output)
+    limit = None if stop is None else stop - start
+    return replace(opts, output=output, row_start=start, limit=limit, shard=None)
 
 
 def check_input(reader: Reader, opts: RunOptions) -> None:

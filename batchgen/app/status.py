@@ -31,6 +31,11 @@ def find_runs(output: str) -> list[tuple[str, RunState]]:
     state = load_state(output)
     if state is not None:
         return [(output, state)]
+    return find_shards(output)
+
+
+def find_shards(output: str) -> list[tuple[str, RunState]]:
+    """(shard output path, state) of each shard run of OUTPUT, in name (= shard) order."""
     runs = []
     for side in sorted(glob.glob(shard_pattern(output) + ".batchgen")):
         path = side[: -len(".batchgen")]

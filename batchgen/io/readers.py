@@ -50,7 +50,7 @@ class Reader(Protocol):
     end_index: int
     at_eof: bool
 
-    def count_rows(self) -> int | None: ...
+    def count_rows(self, exact: bool = False) -> int | None: ...
 
     def schema_columns(self) -> list[str] | None: ...
 
@@ -126,8 +126,12 @@ class JsonlReader:
             return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, closefd=True))
         return open(self.path, "rb")
 
-    def count_rows(self) -> int | None:
-        """Newline count when cheap (plain files up to a few GiB); None otherwise."""
+    def count_rows(self, exact: bool = False) -> int | None:
+        """Newline count when cheap (plain files up to a few GiB), else None; ``exact``: the non-blank
+        lines, counted in one streaming pass whatever the size or compression."""
+        if exact:
+            with self._open() as f:
+                return sum(1 for line in f if line.strip())
         size = os.path.getsize(self.path)
         if self.compression or size > _COUNT_LIMIT:
             return None
@@ -191,7 +195,7 @@ class ParquetReader:
                 raise InputError(f"cannot read Parquet input {self.path!r}: {exc}") from None
         return self._meta
 
-    def count_rows(self) -> int:
+    def count_rows(self, exact: bool = False) -> int:
         return sum(m.num_rows for m in self._metadata())
 
     def schema_columns(self) -> list[str]:

@@ -274,6 +274,25 @@ def join_parquet(parts: list[Path], out: Path) -> None:
         os.fsync(f.fileno())
 
 
+def sorted_parquet(parts: list[Path], out: Path) -> None:
+    """The parts one after another, each sorted by (index, sample), under their unified schema
+    (memory: one part at a time)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schemas = [pq.read_schema(p) for p in parts]
+    schema = _unify(schemas) if schemas else records_to_table([]).schema
+    with open(out, "wb") as f:
+        with pq.ParquetWriter(f, schema) as writer:
+            for part in parts:
+                table = pq.read_table(part).sort_by([("index", "ascending"), ("sample", "ascending")])
+                writer.write_table(_conform(table, schema))
+            if not parts:
+                writer.write_table(pa.Table.from_pylist([], schema=schema))
+        f.flush()
+        os.fsync(f.fileno())
+
+
 def _unify(schemas: list[Any]):
     import pyarrow as pa
 

@@ -1,0 +1,118 @@
+"""``batchgen merge OUTPUT``: check that every shard of OUTPUT is complete, then join them in input order.
+
+Shards cover contiguous row ranges, so input order is shard order with each shard's records sorted by
+(index, sample). JSONL shards are sorted through their byte offsets (memory: 16 bytes a record, never
+the records themselves); a Parquet shard is sorted as one table. The merged file is written to a
+temporary name, synced and renamed, and gets a complete state like an unsharded run's, so ``status``
+reports it and re-running the unsharded command on it has nothing to do.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from array import array
+from pathlib import Path
+
+import numpy as np
+import orjson
+
+from batchgen.app.errors import FatalError
+from batchgen.app.shards import merged_output, shard_of_path
+from batchgen.app.status import find_shards, run_phase, shard_pattern
+from batchgen.io.checkpoint import RunState, fsync_dir, save_state, sidecar_dir
+from batchgen.io.writers import output_format, sorted_parquet
+
+log = logging.getLogger("batchgen")
+
+
+def merge(output: str, into: str | None = None) -> str:
+    """Write the merged shards of OUTPUT to ``into`` (default: OUTPUT, ``{shard}`` -> ``all``)."""
+    target = into or merged_output(output)
+    fmt = output_format(target)
+    shards = complete_shards(output)
+    paths = [p for p, s in shards if s.records or os.path.exists(p)]  # an empty shard may have no file
+    if any(output_format(p) != fmt for p in paths):
+        raise FatalError(f"the shards of {output} are not {fmt} files like {target}")
+    Path(target).absolute().parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(f"{target}.merging")
+    if fmt == "jsonl":
+        _merge_jsonl(paths, tmp)
+    else:
+        sorted_parquet([Path(p) for p in paths], tmp)
+    os.replace(tmp, target)
+    fsync_dir(Path(target).absolute().parent)
+    sidecar_dir(target).mkdir(exist_ok=True)
+    save_state(target, _merged_state([s for _, s in shards]))
+    log.info("merged %d shards of %s into %s", len(shards), output, target)
+    return target
+
+
+def complete_shards(output: str) -> list[tuple[str, RunState]]:
+    """Every shard of OUTPUT, all complete and all N of one N; else a FatalError naming what is not."""
+    runs = find_shards(output)
+    if not runs:
+        raise FatalError(f"no shards of {output} found (looked for {shard_pattern(output)})")
+    tags = {path: shard_of_path(path) for path, _ in runs}
+    counts = {t.count for t in tags.values() if t is not None}
+    if len(counts) != 1:
+        raise FatalError(f"shards of {output} disagree on the shard count: {sorted(counts)}")
+    count = counts.pop()
+    have = {t.index for t in tags.values()}
+    missing = sorted(set(range(count)) - have)
+    if missing:
+        raise FatalError(f"{len(missing)} of {count} shards of {output} have not run: {_list(missing)}")
+    unfinished = [f"{p} ({run_phase(p, s)})" for p, s in runs if not s.complete]
+    if unfinished:
+        raise FatalError(f"shards not complete: {'; '.join(unfinished[:3])}: re-run them, then merge")
+    return sorted(runs, key=lambda r: tags[r[0]].index)
+
+
+def _list(indices: list[int]) -> str:
+    shown = ", ".join(map(str, indices[:10]))
+    return shown + (f" and {len(indices) - 10} more" if len(indices) > 10 else "")
+
+
+def _merge_jsonl(paths: list[str], out: Path) -> None:
+    with open(out, "wb") as dst:
+        for path in paths:
+            with open(path, "rb") as src:
+                for start, length in _sorted_spans(path):
+                    src.seek(start)
+                    line = src.read(length)
+                    dst.write(line if line.endswith(b"\n") else line + b"\n")
+        dst.flush()
+        os.fsync(dst.fileno())
+
+
+def _sorted_spans(path: str) -> np.ndarray:
+    """[records, 2] (byte offset, length) of the file's records in (index, sample) order."""
+    index, sample, start, length = (array("q") for _ in range(4))
+    pos = 0
+    with open(path, "rb") as f:
+        for line in f:
+            if line.strip():
+                rec = orjson.loads(line)
+                index.append(rec["index"])
+                sample.append(rec["sample"])
+                start.append(pos)
+                length.append(len(line))
+            pos += len(line)
+    order = np.lexsort((np.frombuffer(sample, np.int64), np.frombuffer(index, np.int64)))
+    spans = np.stack([np.frombuffer(start, np.int64), np.frombuffer(length, np.int64)], axis=1)
+    return spans[order]
+
+
+def _merged_state(states: list[RunState]) -> RunState:
+    """The state an unsharded run of the same job would have left (shard 0 starts at row 0)."""
+    first, last = states[0], states[-1]
+    merged = RunState(first.fingerprint, n=first.n, exhausted=last.exhausted, complete=True)
+    known = all(s.total_rows is not None for s in states)
+    merged.total_rows = sum(s.total_rows for s in states) if known else None
+    for name in ("rows_done", "records", "errors", "prompt_tokens", "completion_tokens"):
+        setattr(merged, name, sum(getattr(s, name) for s in states))
+    for s in states:
+        for reason, count in s.finish_reasons.items():
+            merged.finish_reasons[reason] = merged.finish_reasons.get(reason, 0) + count
+    merged.started = min(s.started for s in states)
+    return merged

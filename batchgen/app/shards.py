@@ -1,0 +1,98 @@
+"""Sharding: which contiguous rows a shard covers, where it writes, and where a Slurm array task sits.
+
+Shard I of N covers rows ``[I * R // N, (I + 1) * R // N)`` of the input's R rows (capped by --limit);
+the last shard also takes anything past R, so a row count that overestimates (blank JSONL lines) still
+leaves no row out. Every shard computes the same bounds from the same input, with no coordination.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections.abc import Mapping
+from typing import NamedTuple
+
+from batchgen.io.readers import Reader
+
+log = logging.getLogger("batchgen")
+
+SHARD_PLACEHOLDER = "{shard}"
+_TAG = re.compile(r"(\d{5,})-of-(\d{5,})")
+
+
+class Shard(NamedTuple):
+    index: int  # 0-based
+    count: int
+
+    @property
+    def tag(self) -> str:
+        return f"{self.index:05d}-of-{self.count:05d}"
+
+
+def parse_shard(text: str) -> Shard:
+    """``I/N`` with 0 <= I < N; ValueError naming the problem."""
+    match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
+    if not match:
+        raise ValueError(f"--shard takes I/N (shard I, 0-based, of N), got {text!r}")
+    shard = Shard(int(match[1]), int(match[2]))
+    if shard.count < 1 or shard.index >= shard.count:
+        raise ValueError(f"--shard {text}: need 0 <= I < N")
+    return shard
+
+
+def slurm_shard(env: Mapping[str, str] = os.environ) -> Shard | None:
+    """The shard of a Slurm array task (SLURM_ARRAY_TASK_ID - MIN of COUNT), None outside an array."""
+    if "SLURM_ARRAY_TASK_ID" not in env or "SLURM_ARRAY_TASK_COUNT" not in env:
+        return None
+    try:
+        task = int(env["SLURM_ARRAY_TASK_ID"]) - int(env.get("SLURM_ARRAY_TASK_MIN", "0"))
+        count = int(env["SLURM_ARRAY_TASK_COUNT"])
+    except ValueError:
+        raise ValueError("SLURM_ARRAY_TASK_ID / _MIN / _COUNT are not integers") from None
+    if not 0 <= task < count:
+        raise ValueError(
+            f"Slurm array task {env['SLURM_ARRAY_TASK_ID']} is outside MIN..MIN+COUNT-1: "
+            "use a contiguous array (--array=0-N) or pass --shard I/N"
+        )
+    return Shard(task, count)
+
+
+def shard_output(output: str, shard: Shard) -> str:
+    """OUTPUT with ``{shard}`` replaced, else with ``.shard-IIIII-of-NNNNN`` before its extension."""
+    if SHARD_PLACEHOLDER in output:
+        return output.replace(SHARD_PLACEHOLDER, shard.tag)
+    for suffix in (".jsonl", ".parquet"):
+        if output.lower().endswith(suffix):
+            return f"{output[: -len(suffix)]}.shard-{shard.tag}{output[-len(suffix) :]}"
+    return f"{output}.shard-{shard.tag}"
+
+
+def merged_output(output: str) -> str:
+    """Where ``merge`` writes: OUTPUT itself, or with ``{shard}`` replaced by ``all``."""
+    return output.replace(SHARD_PLACEHOLDER, "all")
+
+
+def shard_of_path(path: str) -> Shard | None:
+    """The shard a shard file's name says it holds (its last ``IIIII-of-NNNNN``)."""
+    tags = _TAG.findall(path)
+    return Shard(int(tags[-1][0]), int(tags[-1][1])) if tags else None
+
+
+def shard_rows(total: int, shard: Shard, limit: int | None) -> tuple[int, int | None]:
+    """(first row, stop or None = to the end) of ``shard`` over ``total`` rows (``limit`` caps them)."""
+    rows = total if limit is None else min(total, limit)
+    start = shard.index * rows // shard.count
+    stop = (shard.index + 1) * rows // shard.count
+    last = shard.index == shard.count - 1
+    return start, (None if last and limit is None else stop)
+
+
+def count_input_rows(reader: Reader) -> int:
+    """Rows of the input: Parquet from its footers; JSONL by its newlines (a pass over compressed or
+    very large files, which every shard makes alike)."""
+    count = reader.count_rows()
+    if count is None:
+        log.info("counting the rows of %s to find this shard's part (one pass over the file)", reader.path)
+        count = reader.count_rows(exact=True)
+    return count
