@@ -42,11 +42,13 @@ bench: setup
 gpu-check:
 	bash scripts/gpu_check.sh "$(OUT)"
 
-# What a bare GPU machine needs from here: the embedded model's tokenizer (a few MB, not the model wheel).
+# What a bare GPU machine needs from here: the embedded model's tokenizer (a few MB, not the model wheel)
+# and an orjson wheel for its Python (3.12), which `batchgen run` needs and the machine lacks.
 gpu-assets: setup
 	$(BIN)/python -c "from batchgen.model.loader import default_model_dir; print(default_model_dir())"
 	mkdir -p .gpu-assets/tokenizer
 	cp $$($(BIN)/python -c "from batchgen.model.loader import default_model_dir; print(default_model_dir())")/{tokenizer.json,tokenizer_config.json,chat_template.jinja} .gpu-assets/tokenizer/
+	$(BIN)/pip download -q orjson --only-binary=:all: --no-deps --python-version 3.12 --platform manylinux_2_17_x86_64 -d .gpu-assets
 
 clean:
 	rm -rf $(VENV) .pytest_cache demo-out.jsonl demo-out.jsonl.batchgen

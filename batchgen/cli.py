@@ -189,7 +189,7 @@ def run_command(input_path: str, output: str, verbose: bool, **kw: Any) -> None:
     """
     _setup_logging(verbose)
     if kw["data_parallel"] > 1:
-        sys.exit(_data_parallel(output, verbose, kw))
+        sys.exit(_data_parallel(input_path, output, verbose, kw))
     saved = {s: signal.signal(s, _exit_interrupted) for s in _STOP_SIGNALS}  # until the run's own handlers
     try:
         code = _run(input_path, output, verbose, kw)
@@ -199,16 +199,22 @@ def run_command(input_path: str, output: str, verbose: bool, **kw: Any) -> None:
     sys.exit(code)
 
 
-def _data_parallel(output: str, verbose: bool, kw: dict[str, Any]) -> int:
+def _data_parallel(input_path: str, output: str, verbose: bool, kw: dict[str, Any]) -> int:
     from batchgen.app.errors import FatalError
     from batchgen.app.parallel import run_data_parallel
+    from batchgen.app.run import finished
+    from batchgen.app.shards import slurm_shard
 
-    if kw["shard"] is not None:
-        raise click.UsageError("--data-parallel runs its own shards: drop --shard")
+    if kw["shard"] is not None or slurm_shard() is not None:
+        raise click.UsageError(
+            "--data-parallel runs its own shards: drop --shard (or run outside a Slurm array)"
+        )
     argv = sys.argv[1:]
     if not argv or argv[0] != "run":
         raise click.UsageError("--data-parallel works from the command line (batchgen run ...)")
     try:
+        if finished(_run_options(input_path, output, kw)):
+            return 0
         return run_data_parallel(argv[1:], kw["data_parallel"], output)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
@@ -320,8 +326,10 @@ def _shard(text: str | None):
 @cli.command("merge")
 @click.argument("output", metavar="OUTPUT")
 @click.option("--into", type=click.Path(dir_okay=False), help="Write here [default: OUTPUT; {shard} -> all].")
+@click.option("--count", type=click.IntRange(min=1), help="The shard count, when shards of several exist.")
+@click.option("--overwrite", is_flag=True, help="Replace a target that holds another job's output.")
 @click.option("-v", "--verbose", is_flag=True)
-def merge_command(output: str, into: str | None, verbose: bool) -> None:
+def merge_command(output: str, into: str | None, count: int | None, overwrite: bool, verbose: bool) -> None:
     """Check that every shard of OUTPUT is complete, then join them into OUTPUT in input order."""
     from batchgen.app.errors import FatalError
     from batchgen.app.merge import merge
@@ -329,11 +337,13 @@ def merge_command(output: str, into: str | None, verbose: bool) -> None:
 
     _setup_logging(verbose)
     try:
-        merge(output, into)
+        merge(output, into, count, overwrite)
     except OutputError as exc:
         raise click.BadParameter(str(exc), param_hint="'OUTPUT'") from None
     except (FatalError, RuntimeError, OSError) as exc:
         _fail(exc, verbose)
+    except Exception as exc:  # unexpected: still one line, -v for the traceback
+        _fail(exc, verbose, expected=False)
 
 
 @cli.command("status")

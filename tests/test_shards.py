@@ -89,11 +89,46 @@ def test_shard_placeholder_and_empty_shards(run_cli, tmp_path):
     out = tmp_path / "run-{shard}" / "res.jsonl"
     for i in range(3):  # 2 rows over 3 shards: one shard is empty, and still completes
         assert run_cli(src, out, "--shard", f"{i}/3")[0] == 0
-    assert CliRunner().invoke(cli, ["merge", str(out)]).exit_code == 0
+    for _ in range(2):  # merging again finds the same 3 shards, not the merged run-all as a 4th
+        assert CliRunner().invoke(cli, ["merge", str(out)]).exit_code == 0
     merged = read_records(tmp_path / "run-all" / "res.jsonl")
     assert [(r["index"], r["id"]) for r in merged] == [(0, "a"), (1, "b")]
+    assert "all 3 shards: 2/2 rows" in CliRunner().invoke(cli, ["status", str(out)]).output
     code, err = run_cli(src, out)
     assert code == 2 and "{shard}" in err
+
+
+def test_merge_refuses_mixed_jobs_counts_and_foreign_targets(run_cli, tmp_path):
+    src = write_jsonl(tmp_path / "in.jsonl", ROWS)
+    out = tmp_path / "res.jsonl"
+    assert run_cli(src, out, "--shard", "0/2", "--seed", "1")[0] == 0
+    assert run_cli(src, out, "--shard", "1/2", "--seed", "2")[0] == 0
+    mixed = CliRunner().invoke(cli, ["merge", str(out)])
+    assert mixed.exit_code == 1 and "other settings than shard 0" in mixed.stderr and "seed" in mixed.stderr
+    assert run_cli(src, out, "--shard", "1/2", "--seed", "1", "--overwrite")[0] == 0
+    assert run_cli(src, out, "--shard", "0/1", "--seed", "1")[0] == 0  # leftovers of another count
+    counts = CliRunner().invoke(cli, ["merge", str(out)])
+    assert counts.exit_code == 1 and "--count" in counts.stderr
+    out.write_text('{"precious": 1}\n')  # not batchgen's: never replaced without being asked
+    foreign = CliRunner().invoke(cli, ["merge", str(out), "--count", "2"])
+    assert foreign.exit_code == 1 and "--overwrite" in foreign.stderr and "precious" in out.read_text()
+    assert CliRunner().invoke(cli, ["merge", str(out), "--count", "2", "--overwrite"]).exit_code == 0
+    assert [r["index"] for r in read_records(out)] == [0, 1, 2, 3, 4]
+
+
+def test_worker_devices():
+    from batchgen.app.parallel import worker_args, worker_devices
+
+    assert worker_devices(2, {"CUDA_VISIBLE_DEVICES": "3,5,7"}, 8) == ["3", "5"]
+    assert worker_devices(2, {}, 4) == ["0", "1"]
+    assert worker_devices(2, {}, 0) == ["0", "1"]  # no CUDA: the workers share the CPU
+    with pytest.raises(ValueError, match="only 1 GPUs"):
+        worker_devices(2, {}, 1)
+    assert worker_args(["a", "b", "--data-parallel", "2", "--seed=1", "--data-parallel=3"]) == [
+        "a",
+        "b",
+        "--seed=1",
+    ]
 
 
 def test_data_parallel_workers_then_merge(tiny_llama, tmp_path):
@@ -108,3 +143,7 @@ def test_data_parallel_workers_then_merge(tiny_llama, tmp_path):
     whole = tmp_path / "whole.jsonl"
     assert CliRunner().invoke(cli, ["run", src, str(whole), *common]).exit_code == 0
     assert read_records(out) == by_index(read_records(whole))
+    for shard in tmp_path.glob("res.shard-*"):  # even without its shards, a finished job stays finished
+        shard.unlink() if shard.is_file() else None
+    again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and "already complete" in again.stderr

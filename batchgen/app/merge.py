@@ -20,52 +20,86 @@ import orjson
 from batchgen.app.errors import FatalError
 from batchgen.app.shards import merged_output, shard_of_path
 from batchgen.app.status import find_shards, run_phase, shard_pattern
-from batchgen.io.checkpoint import RunState, fsync_dir, save_state, sidecar_dir
-from batchgen.io.writers import output_format, sorted_parquet
+from batchgen.io.checkpoint import OutputLock, RunState, diff_fingerprints, fsync_dir, load_state, save_state
+from batchgen.io.writers import has_records, output_format, sorted_parquet
 
 log = logging.getLogger("batchgen")
 
 
-def merge(output: str, into: str | None = None) -> str:
-    """Write the merged shards of OUTPUT to ``into`` (default: OUTPUT, ``{shard}`` -> ``all``)."""
+def merge(output: str, into: str | None = None, count: int | None = None, overwrite: bool = False) -> str:
+    """Write the merged shards of OUTPUT to ``into`` (default: OUTPUT, ``{shard}`` -> ``all``).
+    ``count``: which shard count to merge when shards of several counts exist."""
     target = into or merged_output(output)
     fmt = output_format(target)
-    shards = complete_shards(output)
+    shards = complete_shards(output, count)
     paths = [p for p, s in shards if s.records or os.path.exists(p)]  # an empty shard may have no file
     if any(output_format(p) != fmt for p in paths):
         raise FatalError(f"the shards of {output} are not {fmt} files like {target}")
+    state = _merged_state([s for _, s in shards])
     Path(target).absolute().parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(f"{target}.merging")
-    if fmt == "jsonl":
-        _merge_jsonl(paths, tmp)
-    else:
-        sorted_parquet([Path(p) for p in paths], tmp)
-    os.replace(tmp, target)
-    fsync_dir(Path(target).absolute().parent)
-    sidecar_dir(target).mkdir(exist_ok=True)
-    save_state(target, _merged_state([s for _, s in shards]))
+    lock = OutputLock(target)
+    try:
+        lock.acquire()  # not while a run writes there
+    except RuntimeError as exc:
+        raise FatalError(str(exc)) from None
+    try:
+        _check_target(target, state, overwrite)
+        tmp = Path(f"{target}.merging")
+        if fmt == "jsonl":
+            _merge_jsonl(paths, tmp)
+        else:
+            sorted_parquet([Path(p) for p in paths], tmp)
+        os.replace(tmp, target)
+        fsync_dir(Path(target).absolute().parent)
+        save_state(target, state)
+    finally:
+        lock.release()
     log.info("merged %d shards of %s into %s", len(shards), output, target)
     return target
 
 
-def complete_shards(output: str) -> list[tuple[str, RunState]]:
-    """Every shard of OUTPUT, all complete and all N of one N; else a FatalError naming what is not."""
+def _check_target(target: str, state: RunState, overwrite: bool) -> None:
+    """Replace only what a run of the same job wrote (a previous merge, an unsharded run)."""
+    if overwrite or not has_records(target):
+        return
+    old = load_state(target)
+    if old is None:
+        raise FatalError(f"{target} exists but was not written by batchgen: pass --overwrite or --into")
+    diffs = diff_fingerprints(old.fingerprint, state.fingerprint)
+    if diffs:
+        raise FatalError(f"{target} holds another job ({'; '.join(diffs)}): pass --overwrite or --into")
+
+
+def complete_shards(output: str, count: int | None = None) -> list[tuple[str, RunState]]:
+    """Every shard of OUTPUT, all complete, all of one count and one job; else a FatalError saying why."""
     runs = find_shards(output)
     if not runs:
         raise FatalError(f"no shards of {output} found (looked for {shard_pattern(output)})")
     tags = {path: shard_of_path(path) for path, _ in runs}
-    counts = {t.count for t in tags.values() if t is not None}
-    if len(counts) != 1:
-        raise FatalError(f"shards of {output} disagree on the shard count: {sorted(counts)}")
-    count = counts.pop()
-    have = {t.index for t in tags.values()}
+    counts = sorted({t.count for t in tags.values()})
+    if count is None and len(counts) > 1:
+        raise FatalError(f"{output} has shards of {counts} shards each: pick one with --count")
+    count = count or counts[0]
+    runs = [r for r in runs if tags[r[0]].count == count]
+    have = {tags[p].index for p, _ in runs}
     missing = sorted(set(range(count)) - have)
     if missing:
         raise FatalError(f"{len(missing)} of {count} shards of {output} have not run: {_list(missing)}")
     unfinished = [f"{p} ({run_phase(p, s)})" for p, s in runs if not s.complete]
     if unfinished:
         raise FatalError(f"shards not complete: {'; '.join(unfinished[:3])}: re-run them, then merge")
-    return sorted(runs, key=lambda r: tags[r[0]].index)
+    runs = sorted(runs, key=lambda r: tags[r[0]].index)
+    first = _job(runs[0][1])
+    for path, st in runs[1:]:
+        diffs = diff_fingerprints(first, _job(st))
+        if diffs:
+            raise FatalError(f"{path} was run with other settings than shard 0 ({'; '.join(diffs)})")
+    return runs
+
+
+def _job(state: RunState) -> dict:
+    """A shard's fingerprint without its own part of the input (what every shard shares)."""
+    return {k: v for k, v in state.fingerprint.items() if k != "row_start"}
 
 
 def _list(indices: list[int]) -> str:

@@ -37,32 +37,38 @@ def worker_args(argv: Sequence[str]) -> list[str]:
     return out
 
 
-def worker_devices(count: int, env: dict[str, str]) -> list[str | None]:
-    """The device each worker sees: the I-th entry of CUDA_VISIBLE_DEVICES, else GPU I."""
+def worker_devices(count: int, env: dict[str, str], gpus: int) -> list[str]:
+    """The device each worker sees: the I-th entry of CUDA_VISIBLE_DEVICES, else GPU I of ``gpus``
+    (0 on a machine without CUDA: the workers then share the CPU)."""
     visible = [d.strip() for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
-    if visible and len(visible) < count:
-        raise ValueError(f"--data-parallel {count} but CUDA_VISIBLE_DEVICES lists {len(visible)} devices")
+    available = len(visible) if visible else gpus
+    if available and available < count:
+        raise ValueError(f"--data-parallel {count} but only {available} GPUs are visible")
     return [visible[i] if visible else str(i) for i in range(count)]
 
 
 def run_data_parallel(run_argv: Sequence[str], count: int, output: str) -> int:
     """Run the workers to their end, merge when all completed; the exit code (75 if any was stopped)."""
+    import torch
+
     base = worker_args(run_argv)
-    devices = worker_devices(count, dict(os.environ))
-    workers = []
-    for i, device in enumerate(devices):
-        env = dict(os.environ, CUDA_VISIBLE_DEVICES=device)
-        cmd = [sys.executable, "-m", "batchgen", "run", *base, "--shard", f"{i}/{count}"]
-        workers.append(subprocess.Popen(cmd, env=env, start_new_session=True))
-    log.info("data parallel: %d workers (pids %s)", count, ", ".join(str(w.pid) for w in workers))
+    devices = worker_devices(count, dict(os.environ), torch.cuda.device_count())
+    workers: list[subprocess.Popen] = []
 
     def forward(signum: int, frame) -> None:
         for w in workers:
             if w.poll() is None:
                 w.send_signal(signum)
 
-    saved = {s: signal.signal(s, forward) for s in _STOP_SIGNALS}
+    saved = {s: signal.signal(s, forward) for s in _STOP_SIGNALS}  # before any worker exists
     try:
+        for i, device in enumerate(devices):
+            env = dict(os.environ, CUDA_VISIBLE_DEVICES=device)
+            cmd = [sys.executable, "-m", "batchgen", "run", *base, "--shard", f"{i}/{count}"]
+            workers.append(
+                subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=_die_with_parent)
+            )
+        log.info("data parallel: %s", ", ".join(f"worker {i} on GPU {d}" for i, d in enumerate(devices)))
         codes = [w.wait() for w in workers]
     finally:
         for sig, handler in saved.items():
@@ -70,9 +76,19 @@ def run_data_parallel(run_argv: Sequence[str], count: int, output: str) -> int:
     return _finish(codes, output)
 
 
+def _die_with_parent() -> None:
+    """In the worker, before exec: a SIGTERM (drain and save) when the parent dies, SIGKILL included."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: orphaned workers finish their shard alone
+
+
 def _finish(codes: list[int], output: str) -> int:
     if all(c == EXIT_OK for c in codes):
-        merge(output)
+        merge(output, count=len(codes))
         return EXIT_OK
     failed = [i for i, c in enumerate(codes) if c != EXIT_OK]
     log.info("workers %s did not complete (exit codes %s): re-run the same command to resume", failed, codes)

@@ -66,6 +66,24 @@ def run(opts: RunOptions) -> int:
         lock.release()
 
 
+def finished(opts: RunOptions) -> bool:
+    """Whether OUTPUT already holds this whole job, complete: a --data-parallel re-run then does nothing."""
+    state = load_state(opts.output)
+    if state is None or not state.complete:
+        return False
+    model_name = opts.engine.get("model") or DEFAULT_MODEL_NAME
+    fingerprint = opts.fingerprint(model_name, open_input(opts.input).fingerprint())
+    if diff_fingerprints(state.fingerprint, fingerprint) or not state.covers(opts.limit):
+        return False  # the workers and the merge say what differs
+    log.info(
+        "%s is already complete (%d rows, %d records): nothing to do",
+        opts.output,
+        state.rows_done,
+        state.records,
+    )
+    return True
+
+
 def for_shard(opts: RunOptions, reader: Reader) -> RunOptions:
     """The options of one shard: its output file and its contiguous rows."""
     shard = opts.shard
@@ -74,7 +92,8 @@ def for_shard(opts: RunOptions, reader: Reader) -> RunOptions:
     last = "the end" if stop is None else stop
     log.info("shard %d of %d: rows %d to %s -> %s", shard.index, shard.count, start, last, output)
     limit = None if stop is None else stop - start
-    return replace(opts, output=output, row_start=start, limit=limit, shard=None)
+    stats = shard_output(opts.stats_file, shard) if opts.stats_file else None  # one per shard
+    return replace(opts, output=output, row_start=start, limit=limit, shard=None, stats_file=stats)
 
 
 def check_input(reader: Reader, opts: RunOptions) -> None:

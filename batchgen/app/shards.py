@@ -59,13 +59,21 @@ def slurm_shard(env: Mapping[str, str] = os.environ) -> Shard | None:
 
 
 def shard_output(output: str, shard: Shard) -> str:
-    """OUTPUT with ``{shard}`` replaced, else with ``.shard-IIIII-of-NNNNN`` before its extension."""
+    """OUTPUT (or a stats file) with ``{shard}`` replaced, else with ``.shard-IIIII-of-NNNNN`` before its
+    extension."""
     if SHARD_PLACEHOLDER in output:
         return output.replace(SHARD_PLACEHOLDER, shard.tag)
-    for suffix in (".jsonl", ".parquet"):
-        if output.lower().endswith(suffix):
-            return f"{output[: -len(suffix)]}.shard-{shard.tag}{output[-len(suffix) :]}"
-    return f"{output}.shard-{shard.tag}"
+    stem, ext = os.path.splitext(output)
+    return f"{stem}.shard-{shard.tag}{ext}"
+
+
+def shard_name_regex(output: str) -> re.Pattern:
+    """What OUTPUT's shard files are called, exactly (so ``{shard}`` never matches a merged ``all``)."""
+    tag = r"(\d{5,})-of-(\d{5,})"
+    if SHARD_PLACEHOLDER in output:
+        return re.compile(re.escape(output).replace(re.escape(SHARD_PLACEHOLDER), tag))
+    stem, ext = os.path.splitext(output)
+    return re.compile(re.escape(stem) + r"\.shard-" + tag + re.escape(ext))
 
 
 def merged_output(output: str) -> str:

@@ -10,6 +10,7 @@ from dataclasses import asdict
 from typing import Any
 
 from batchgen.app.errors import FatalError
+from batchgen.app.shards import shard_name_regex
 from batchgen.io.checkpoint import RunState, is_locked, load_state, sidecar_dir
 
 _SHARD_TAG = re.compile(r"\.shard-\d{5}-of-\d{5}")
@@ -37,8 +38,11 @@ def find_runs(output: str) -> list[tuple[str, RunState]]:
 def find_shards(output: str) -> list[tuple[str, RunState]]:
     """(shard output path, state) of each shard run of OUTPUT, in name (= shard) order."""
     runs = []
+    name = shard_name_regex(output)
     for side in sorted(glob.glob(shard_pattern(output) + ".batchgen")):
         path = side[: -len(".batchgen")]
+        if not name.fullmatch(path):
+            continue
         shard_state = load_state(path)
         if shard_state is not None:
             runs.append((path, shard_state))

@@ -124,5 +124,6 @@ def rope_write_kv(
             Q_HEADS=q_heads, KV_HEADS=kv_heads, Q_PAD=triton.next_power_of_2(q_heads),
             KV_PAD=triton.next_power_of_2(kv_heads), HALF=half, QK_NORM=norm,
             num_warps=4 if q_heads * dim >= 2048 else 2,
+            enable_fp_fusion=False,  # an FMA would skip rounding a * cos, unlike transformers
         )  # fmt: skip
     return qkv[:, : q_heads * dim].view(tokens, q_heads, dim)

@@ -5,7 +5,9 @@ q/k/v and gate/up projections one by one): at small batches their launch and mem
 attention and matmuls themselves. This forward runs ~10 per layer: RMSNorm fused with the residual add,
 one q|k|v and one gate|up projection, the q/k norm + rotary + KV write in one kernel, SiLU-and-multiply.
 The merged projection weights are built once and the model's own ``nn.Linear`` weights become views of
-them, so memory does not grow and transformers' forward keeps working on the same model.
+them, so memory does not grow and transformers' forward keeps working on the same model. The old
+weight tensors are freed then: CUDA graphs captured earlier on the same model by transformers' forward
+(another engine with ``model_impl="transformers"``) must not be replayed afterwards.
 Architectures or options it does not cover make ``unsupported_reason`` say why: the engine then runs
 transformers' forward instead.
 """
@@ -54,8 +56,12 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
     attn = model.model.layers[0].self_attn
     if rotary.inv_freq.numel() * 2 != attn.head_dim:
         return "partial rotary embedding"
-    if any(not p.dtype.is_floating_point for p in model.parameters()):
+    if getattr(cfg, "quantization_config", None) is not None or any(
+        not p.dtype.is_floating_point or p.dtype.itemsize < 2 for p in model.parameters()
+    ):
         return "quantized weights"
+    if getattr(model, "hf_device_map", None) or any(p.device.type == "meta" for p in model.parameters()):
+        return "weights spread over devices or offloaded (device_map)"
     for layer in model.model.layers:
         groups = [(layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj)]
         groups.append((layer.mlp.gate_proj, layer.mlp.up_proj))
@@ -75,9 +81,10 @@ def _merged(linears: list[torch.nn.Linear], name: str) -> torch.Tensor | None:
     rows = sum(p.shape[0] for p in parts)
     if _adjacent(parts):
         return parts[0].as_strided((rows, *parts[0].shape[1:]), parts[0].stride(), parts[0].storage_offset())
-    merged = torch.cat([p.detach() for p in parts])
-    for lin, view in zip(linears, merged.split([p.shape[0] for p in parts]), strict=True):
-        getattr(lin, name).data = view
+    with torch.inference_mode(False):  # normal tensors: the model stays usable outside inference mode
+        merged = torch.cat([p.detach() for p in parts])
+        for lin, view in zip(linears, merged.split([p.shape[0] for p in parts]), strict=True):
+            getattr(lin, name).data = view
     return merged
 
 

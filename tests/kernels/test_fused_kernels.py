@@ -116,3 +116,30 @@ def test_fused_ops_capture_in_a_cuda_graph():
     torch.cuda.synchronize()
     torch.testing.assert_close(act_out, reference.silu_mul(gate_up), **TOL[torch.bfloat16])
     assert torch.isfinite(norm_out).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_bf16_fused_ops_round_like_torch_on_cuda(qk_norm):
+    """On the GPU the kernels round where transformers' torch ops round (no FMA across a rounding):
+    bit-identical rotary, norm and activation outputs (the per-head norm's rsqrt may differ by an ulp)."""
+    torch.manual_seed(0)
+    case = _rope_case(256, 32, 8, 128, torch.bfloat16, qk_norm, seed=5)
+    qkv, positions, cos, sin, q_norm, k_norm, caches, slots = case
+    ref_caches = tuple(c.clone() for c in caches)
+    ref_q = reference.rope_write_kv(
+        qkv.clone(), positions, cos, sin, q_norm, k_norm, 1e-6, *ref_caches, slots, 32, 8
+    )
+    q = rope_write_kv(qkv, positions, cos, sin, q_norm, k_norm, 1e-6, *caches, slots, 32, 8)
+    for got, want in ((q, ref_q), (caches[0], ref_caches[0]), (caches[1], ref_caches[1])):
+        mismatch = (got != want).float().mean().item()
+        assert mismatch <= (1e-3 if qk_norm else 0.0), f"{mismatch:.2%} of elements differ"
+    x, residual = torch.randn(64, 4096, device="cuda", dtype=torch.bfloat16), None
+    weight = torch.randn(4096, device="cuda", dtype=torch.bfloat16)
+    residual = torch.randn_like(x)
+    ref, ref_sum = reference.rms_norm(x, weight, 1e-5, residual.clone())
+    out, _ = rms_norm(x, weight, 1e-5, residual)
+    assert torch.equal(residual, ref_sum) and (out != ref).float().mean().item() <= 1e-3
+    gate_up = torch.randn(64, 2 * 3072, device="cuda", dtype=torch.bfloat16) * 3
+    assert (silu_mul(gate_up) != reference.silu_mul(gate_up)).float().mean().item() <= 1e-3

@@ -137,6 +137,12 @@ def test_unsupported_models_run_transformers_forward():
     assert isinstance(build_forward(gpt2, "auto", 64), TransformersForward)
     with pytest.raises(ValueError, match="does not support this model: model type 'gpt2'"):
         build_forward(gpt2, "batchgen", 64)
+    quantized = _model("qwen3")
+    quantized.config.quantization_config = {"quant_method": "fp8"}
+    assert unsupported_reason(quantized) == "quantized weights"
+    mapped = _model("qwen3")
+    mapped.hf_device_map = {"model.layers.0": 0, "model.layers.1": "cpu"}
+    assert "device_map" in unsupported_reason(mapped)
     dynamic = _model("llama")
     dynamic.model.rotary_emb.rope_type = "dynamic"  # frequencies that change with the length
     assert unsupported_reason(dynamic) == "rope type 'dynamic'"
