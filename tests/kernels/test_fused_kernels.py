@@ -56,9 +56,10 @@ def _rope_case(tokens, q_heads, kv_heads, dim, dtype, qk_norm, seed=0):
     cos, sin = freqs.cos().to(DEVICE, dtype), freqs.sin().to(DEVICE, dtype)
     norms = (rand(dim), rand(dim)) if qk_norm else (None, None)
     positions = torch.randint(0, 64, (tokens,), generator=gen).to(DEVICE)
-    slots = torch.randperm(6 * 4, generator=gen)[:tokens].to(DEVICE)
+    blocks = max(6, tokens // 4 + 2)
+    slots = torch.randperm(blocks * 4, generator=gen)[:tokens].to(DEVICE)
     slots[-1] = -1  # a padding row: computed, never written to the cache
-    caches = (rand(6, 4, kv_heads, dim), rand(6, 4, kv_heads, dim))  # [blocks, block_size, Hkv, D]
+    caches = (rand(blocks, 4, kv_heads, dim), rand(blocks, 4, kv_heads, dim))  # [blocks, block_size, Hkv, D]
     return rand(tokens, width), positions, cos, sin, *norms, caches, slots
 
 
