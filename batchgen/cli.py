@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from batchgen import __version__
+from batchgen.bench.command import bench_command
 
 EXIT_FATAL, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 75
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
@@ -362,35 +363,7 @@ def status_command(output: str, as_json: bool, verbose: bool) -> None:
     click.echo(json.dumps(data, indent=2) if as_json else status_text(data))
 
 
-@cli.command("bench")
-@click.option("--workload", "workloads", multiple=True, help="B1 B1s B2 B3 B4, repeatable [B4]")
-@click.option(
-    "--mode",
-    "modes",
-    multiple=True,
-    type=click.Choice(["async", "sync", "generate_batch", "hf_loop", "hf_padded"]),
-    help="repeatable [async sync]",
-)
-@click.option(
-    "--out", "out_dir", type=click.Path(file_okay=False), help="Write bench.json and bench.md here."
-)
-@click.option("--quick", is_flag=True, help="Shorter decodes, for smoke runs.")
-@click.option("--no-compare-hf", "compare_hf", is_flag=True, flag_value=False, default=True,
-              help="Skip transformers' generate_batch baseline.")  # fmt: skip
-@click.option("--device", help="Override every workload's device (cuda, cpu, cuda:1).")
-def bench_command(workloads, modes, out_dir, quick, compare_hf, device) -> None:
-    """The benchmark workloads (B1-B4): batchgen async and sync beside transformers' generate_batch."""
-    from batchgen.bench.__main__ import failed
-    from batchgen.bench.cli_entry import run_bench
-    from batchgen.bench.workloads import WORKLOADS
-
-    unknown = [w for w in workloads if w not in WORKLOADS]
-    if unknown:
-        raise click.BadParameter(
-            f"{unknown[0]!r}; choose from {', '.join(WORKLOADS)}", param_hint="--workload"
-        )
-    records = run_bench(list(workloads) or ["B4"], list(modes), out_dir, quick, compare_hf, device)
-    sys.exit(1 if any(failed(r) for r in records) else 0)
+cli.add_command(bench_command)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -21,7 +21,7 @@ from batchgen.app.errors import FatalError
 from batchgen.app.shards import merged_output, shard_of_path
 from batchgen.app.status import find_shards, run_phase, shard_pattern
 from batchgen.io.checkpoint import OutputLock, RunState, diff_fingerprints, fsync_dir, load_state, save_state
-from batchgen.io.writers import has_records, output_format, sorted_parquet
+from batchgen.io.writers import has_records, join_parquet, output_format
 
 log = logging.getLogger("batchgen")
 
@@ -48,7 +48,7 @@ def merge(output: str, into: str | None = None, count: int | None = None, overwr
         if fmt == "jsonl":
             _merge_jsonl(paths, tmp)
         else:
-            sorted_parquet([Path(p) for p in paths], tmp)
+            join_parquet([Path(p) for p in paths], tmp, sort=True)
         os.replace(tmp, target)
         fsync_dir(Path(target).absolute().parent)
         save_state(target, state)

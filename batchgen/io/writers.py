@@ -255,8 +255,9 @@ def _as_text(value: Any) -> str:
     return value if isinstance(value, str) else orjson.dumps(value, default=str).decode()
 
 
-def join_parquet(parts: list[Path], out: Path) -> None:
-    """Stream the parts into one file under their unified schema (memory: one row group at a time)."""
+def join_parquet(parts: list[Path], out: Path, sort: bool = False) -> None:
+    """Stream the parts into one file under their unified schema (memory: one row group at a time).
+    ``sort``: each part is sorted by (index, sample) on the way (memory: one part at a time)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -265,32 +266,23 @@ def join_parquet(parts: list[Path], out: Path) -> None:
     with open(out, "wb") as f:
         with pq.ParquetWriter(f, schema) as writer:
             for part in parts:
-                with pq.ParquetFile(part) as pf:
-                    for group in range(pf.num_row_groups):
-                        writer.write_table(_conform(pf.read_row_group(group), schema))
+                for table in _part_tables(part, sort):
+                    writer.write_table(_conform(table, schema))
             if not parts:
                 writer.write_table(pa.Table.from_pylist([], schema=schema))
         f.flush()
         os.fsync(f.fileno())
 
 
-def sorted_parquet(parts: list[Path], out: Path) -> None:
-    """The parts one after another, each sorted by (index, sample), under their unified schema
-    (memory: one part at a time)."""
-    import pyarrow as pa
+def _part_tables(part: Path, sort: bool) -> Iterator[Any]:
     import pyarrow.parquet as pq
 
-    schemas = [pq.read_schema(p) for p in parts]
-    schema = _unify(schemas) if schemas else records_to_table([]).schema
-    with open(out, "wb") as f:
-        with pq.ParquetWriter(f, schema) as writer:
-            for part in parts:
-                table = pq.read_table(part).sort_by([("index", "ascending"), ("sample", "ascending")])
-                writer.write_table(_conform(table, schema))
-            if not parts:
-                writer.write_table(pa.Table.from_pylist([], schema=schema))
-        f.flush()
-        os.fsync(f.fileno())
+    if sort:
+        yield pq.read_table(part).sort_by([("index", "ascending"), ("sample", "ascending")])
+        return
+    with pq.ParquetFile(part) as pf:
+        for group in range(pf.num_row_groups):
+            yield pf.read_row_group(group)
 
 
 def _unify(schemas: list[Any]):

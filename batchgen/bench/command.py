@@ -1,0 +1,38 @@
+"""``batchgen bench``: the benchmark workloads from the command line (``make bench``)."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+
+@click.command("bench")
+@click.option("--workload", "workloads", multiple=True, help="B1 B1s B2 B3 B4, repeatable [B4]")
+@click.option(
+    "--mode",
+    "modes",
+    multiple=True,
+    type=click.Choice(["async", "sync", "generate_batch", "hf_loop", "hf_padded"]),
+    help="repeatable [async sync]",
+)
+@click.option(
+    "--out", "out_dir", type=click.Path(file_okay=False), help="Write bench.json and bench.md here."
+)
+@click.option("--quick", is_flag=True, help="Shorter decodes, for smoke runs.")
+@click.option("--no-compare-hf", "compare_hf", is_flag=True, flag_value=False, default=True,
+              help="Skip transformers' generate_batch baseline.")  # fmt: skip
+@click.option("--device", help="Override every workload's device (cuda, cpu, cuda:1).")
+def bench_command(workloads, modes, out_dir, quick, compare_hf, device) -> None:
+    """The benchmark workloads (B1-B4): batchgen async and sync beside transformers' generate_batch."""
+    from batchgen.bench.__main__ import failed
+    from batchgen.bench.cli_entry import run_bench
+    from batchgen.bench.workloads import WORKLOADS
+
+    unknown = [w for w in workloads if w not in WORKLOADS]
+    if unknown:
+        raise click.BadParameter(
+            f"{unknown[0]!r}; choose from {', '.join(WORKLOADS)}", param_hint="--workload"
+        )
+    records = run_bench(list(workloads) or ["B4"], list(modes), out_dir, quick, compare_hf, device)
+    sys.exit(1 if any(failed(r) for r in records) else 0)
