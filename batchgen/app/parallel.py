@@ -17,10 +17,9 @@ import sys
 from collections.abc import Sequence
 
 from batchgen.app.merge import merge
+from batchgen.app.run import EXIT_FATAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 
 log = logging.getLogger("batchgen")
-
-EXIT_OK, EXIT_FATAL, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 75
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
 
