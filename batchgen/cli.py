@@ -32,13 +32,15 @@ class _LogHandler(logging.Handler):
             self.handleError(record)
 
 
-def _setup_logging(verbose: bool) -> None:
+def _setup_logging(verbose: bool, tag: str | None = None) -> None:
+    """``batchgen: message`` on stderr; ``batchgen[tag]: message`` for a shard (workers share a log)."""
     logger = logging.getLogger("batchgen")
-    if not any(isinstance(h, _LogHandler) for h in logger.handlers):
+    handler = next((h for h in logger.handlers if isinstance(h, _LogHandler)), None)
+    if handler is None:
         handler = _LogHandler()
-        handler.setFormatter(logging.Formatter("batchgen: %(message)s"))
         logger.addHandler(handler)
         logger.propagate = False
+    handler.setFormatter(logging.Formatter(f"batchgen{f'[{tag}]' if tag else ''}: %(message)s"))
     logger.setLevel(logging.DEBUG if verbose else logging.INFO)
 
 
@@ -188,7 +190,7 @@ def run_command(input_path: str, output: str, verbose: bool, **kw: Any) -> None:
 
     Re-running the same command resumes; SIGTERM/SIGINT/SIGUSR1 save and exit 75.
     """
-    _setup_logging(verbose)
+    _setup_logging(verbose, tag=f"shard {kw['shard'].strip()}" if kw["shard"] else None)
     if kw["data_parallel"] > 1:
         sys.exit(_data_parallel(input_path, output, verbose, kw))
     saved = {s: signal.signal(s, _exit_interrupted) for s in _STOP_SIGNALS}  # until the run's own handlers

@@ -124,11 +124,9 @@ def test_worker_devices():
     assert worker_devices(2, {}, 0) == ["0", "1"]  # no CUDA: the workers share the CPU
     with pytest.raises(ValueError, match="only 1 GPUs"):
         worker_devices(2, {}, 1)
-    assert worker_args(["a", "b", "--data-parallel", "2", "--seed=1", "--data-parallel=3"]) == [
-        "a",
-        "b",
-        "--seed=1",
-    ]
+    args = ["a", "b", "--data-parallel", "2", "--seed=1", "--data-parallel=3"]
+    assert worker_args(args) == ["a", "b", "--seed=1", "--no-progress"]
+    assert worker_args(["a", "--progress"]) == ["a", "--progress"]
 
 
 def test_data_parallel_workers_then_merge(tiny_llama, tmp_path):
@@ -140,6 +138,7 @@ def test_data_parallel_workers_then_merge(tiny_llama, tmp_path):
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     assert (tmp_path / "res.shard-00001-of-00002.jsonl").exists()
+    assert "batchgen[shard 1/2]: complete" in done.stderr  # each worker's lines say whose they are
     whole = tmp_path / "whole.jsonl"
     assert CliRunner().invoke(cli, ["run", src, str(whole), *common]).exit_code == 0
     assert read_records(out) == by_index(read_records(whole))

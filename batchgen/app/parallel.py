@@ -24,7 +24,8 @@ _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
 
 def worker_args(argv: Sequence[str]) -> list[str]:
-    """``batchgen run`` arguments without ``--data-parallel K`` (either spelling)."""
+    """``batchgen run`` arguments without ``--data-parallel K`` (either spelling). Workers draw no
+    progress bars unless asked (K bars on one terminal garble): they log plain lines, tagged."""
     out, skip = [], False
     for arg in argv:
         if skip:
@@ -33,6 +34,8 @@ def worker_args(argv: Sequence[str]) -> list[str]:
             skip = True
         elif not arg.startswith("--data-parallel="):
             out.append(arg)
+    if "--progress" not in out and "--no-progress" not in out:
+        out.append("--no-progress")
     return out
 
 
