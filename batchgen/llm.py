@@ -140,7 +140,7 @@ class LLM:
             num_slots=2 if self.async_mode else 1,
             cuda_graphs=cfg.cuda_graphs is not False and triton,  # the torch reference syncs: not capturable
         )  # fmt: skip
-        runner.capture_all(progress=cfg.extra.get("progress", True))
+        runner.capture_all(progress=self._progress)
         return runner
 
     # --- use --------------------------------------------------------------------------------------
@@ -152,6 +152,17 @@ class LLM:
     @property
     def num_kv_blocks(self) -> int:
         return self._engine.blocks.num_blocks
+
+    @property
+    def _progress(self) -> bool:
+        return self.config.extra.get("progress", True)
+
+    def prepare(self, sampling: SamplingParams) -> None:
+        """Ready what rows sampled like ``sampling`` need before the first step: on CUDA, the decode
+        graphs of their sampling variant (otherwise captured on first use, mid-run)."""
+        capture = getattr(self._engine.runner, "capture_all", None)
+        if capture is not None and self._engine.runner.buckets:
+            capture(not sampling.greedy, sampling.logprobs, progress=self._progress)
 
     def drain(self) -> None:
         """Stop admitting rows: queued rows that have not started are dropped, started ones finish."""

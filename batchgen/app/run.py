@@ -251,7 +251,9 @@ class _Job:
             columns=opts.spec.needed_columns(columns) if columns is not None else None,
         )
         queue_size = max(64, 2 * opts.engine.get("max_num_seqs", 256))
-        preparer = Preparer(rows, self._prompt_settings(llm), copy.deepcopy(llm.tokenizer), done, sink.put,
+        settings = self._prompt_settings(llm)
+        llm.prepare(settings.base)  # CUDA graphs of the run's sampling variant, before the first step
+        preparer = Preparer(rows, settings, copy.deepcopy(llm.tokenizer), done, sink.put,
                             self.stop, queue_size)  # fmt: skip
         sink.start()
         preparer.start()

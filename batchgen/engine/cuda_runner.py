@@ -8,7 +8,9 @@ tokens. Events order the streams and guard slot reuse:
 - the compute stream overwrites a slot's device outputs only after the D2H copy that read them finished;
 - the host blocks only in ``fetch``, on the D2H event of the step whose tokens it needs.
 Carry-over: a decode's input token produced by step N-1 is gathered on the device from the other slot's
-output buffer, inside the graph. Decode-only steps replay a graph captured per (slot, batch bucket,
+output buffer, inside the graph. Graphs of the greedy variant are captured at start-up, those of the
+sampling / log-probability variants when the caller says it will need them (``LLM.prepare``), else
+lazily on first use (a device sync each). Decode-only steps replay a graph captured per (slot, batch bucket,
 sampling variant); steps with prefill chunks run eagerly on the compute stream (they are GPU-bound, so
 launch overhead does not matter there, and the host still runs ahead).
 """
@@ -239,20 +241,26 @@ class CudaRunner:
         return graph
 
     @torch.inference_mode()
-    def capture_all(self, any_sampling: bool = False, progress: bool = True) -> None:
-        """Capture every (slot, bucket) decode graph up front; record what the graphs cost in memory."""
+    def capture_all(
+        self, any_sampling: bool = False, want_logprobs: bool = False, progress: bool = True
+    ) -> None:
+        """Capture every (slot, bucket) decode graph of one sampling variant up front (those already
+        captured are kept); the first call records what the graphs cost in memory."""
         from tqdm import tqdm
 
         keys = [(s, b) for s in range(len(self.slots)) for b in reversed(self.buckets)]
+        keys = [k for k in keys if (*k, any_sampling, want_logprobs) not in self.graphs]
+        first = not self.graph_memory
         # Capturing empties the allocator's cache first: do it now, or blocks freed earlier (weights
         # replaced by merged copies, say) would vanish from the baseline and make the cost negative.
         torch.cuda.empty_cache()
         base = torch.cuda.memory_reserved(self.device)
         for slot_id, bucket in tqdm(keys, desc="capturing CUDA graphs", disable=not progress, leave=False):
-            self._graph(slot_id, bucket, any_sampling, False)
-            if slot_id == 0 and bucket == self.buckets[0]:
+            self._graph(slot_id, bucket, any_sampling, want_logprobs)
+            if first and slot_id == 0 and bucket == self.buckets[0]:
                 self.graph_memory["one_slot"] = torch.cuda.memory_reserved(self.device) - base
-        self.graph_memory["all_slots"] = torch.cuda.memory_reserved(self.device) - base
+        if first:
+            self.graph_memory["all_slots"] = torch.cuda.memory_reserved(self.device) - base
 
 
 def _rows(name: str, shape: Shape) -> int:

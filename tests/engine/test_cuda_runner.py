@@ -86,3 +86,18 @@ def test_1b_random_model_all_modes_agree():
     assert both <= 1.25 * one + (64 << 20), (
         f"graph pool: one slot {one / 2**20:.0f} MiB, both {both / 2**20:.0f} MiB"
     )
+
+
+def test_prepare_captures_the_sampling_graphs_before_the_first_step(tiny_models):
+    """``LLM.prepare`` (what ``batchgen run`` calls) captures the sampling / log-probability variants
+    up front, so a sampled run never stops mid-stream to capture a graph."""
+    llm = LLM(tiny_models["llama"], dtype="float32", max_num_seqs=8)
+    runner = llm._engine.runner
+    greedy = len(runner.graphs)
+    assert greedy == 2 * len(runner.buckets)  # both slots, every bucket, greedy only
+    params = SamplingParams(max_new_tokens=8, temperature=0.8, seed=1, logprobs=True, ignore_eos=True)
+    llm.prepare(params)
+    assert len(runner.graphs) == 2 * greedy
+    prompts = [[1, 2, 3, 4 + i] for i in range(5)]
+    outs = _outputs(llm, prompts, params)
+    assert len(outs) == 5 and len(runner.graphs) == 2 * greedy  # nothing captured mid-run
