@@ -194,6 +194,9 @@ def run_command(input_path: str, output: str, verbose: bool, **kw: Any) -> None:
     if kw["data_parallel"] > 1:
         sys.exit(_data_parallel(input_path, output, verbose, kw))
     saved = {s: signal.signal(s, _exit_interrupted) for s in _STOP_SIGNALS}  # until the run's own handlers
+    signal.pthread_sigmask(
+        signal.SIG_UNBLOCK, _STOP_SIGNALS
+    )  # a data-parallel worker starts with them blocked
     try:
         code = _run(input_path, output, verbose, kw)
     finally:
@@ -205,23 +208,23 @@ def run_command(input_path: str, output: str, verbose: bool, **kw: Any) -> None:
 def _data_parallel(input_path: str, output: str, verbose: bool, kw: dict[str, Any]) -> int:
     from batchgen.app.errors import FatalError
     from batchgen.app.parallel import run_data_parallel
-    from batchgen.app.run import finished
+    from batchgen.app.run import merged_target_done
     from batchgen.app.shards import slurm_shard
 
-    if kw["shard"] is not None or slurm_shard() is not None:
-        raise click.UsageError(
-            "--data-parallel runs its own shards: drop --shard (or run outside a Slurm array)"
-        )
-    argv = sys.argv[1:]
-    if not argv or argv[0] != "run":
-        raise click.UsageError("--data-parallel works from the command line (batchgen run ...)")
     try:
-        if finished(_run_options(input_path, output, kw)):
+        if kw["shard"] is not None or slurm_shard() is not None:
+            raise click.UsageError(
+                "--data-parallel runs its own shards: drop --shard, or run it outside a Slurm array"
+            )
+        argv = sys.argv[1:]
+        if not argv or argv[0] != "run":
+            raise click.UsageError("--data-parallel works from the command line (batchgen run ...)")
+        if merged_target_done(_run_options(input_path, output, kw)):
             return 0
-        return run_data_parallel(argv[1:], kw["data_parallel"], output)
+        return run_data_parallel(argv[1:], kw["data_parallel"], output, kw["overwrite"], kw["stats_file"])
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
-    except FatalError as exc:
+    except (FatalError, RuntimeError) as exc:
         _fail(exc, verbose)
     return EXIT_FATAL
 

@@ -1,9 +1,11 @@
 """Sharding, Slurm arrays, ``merge`` and ``--data-parallel``: every row exactly once, in input order,
 with the same records an unsharded run writes (sampled ones included)."""
 
+import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 from click.testing import CliRunner
@@ -109,6 +111,8 @@ def test_merge_refuses_mixed_jobs_counts_and_foreign_targets(run_cli, tmp_path):
     assert run_cli(src, out, "--shard", "0/1", "--seed", "1")[0] == 0  # leftovers of another count
     counts = CliRunner().invoke(cli, ["merge", str(out)])
     assert counts.exit_code == 1 and "--count" in counts.stderr
+    status = CliRunner().invoke(cli, ["status", str(out)]).output  # the newest split only, not both summed
+    assert "all 2 shards" not in status and "5/5 rows" in status
     out.write_text('{"precious": 1}\n')  # not batchgen's: never replaced without being asked
     foreign = CliRunner().invoke(cli, ["merge", str(out), "--count", "2"])
     assert foreign.exit_code == 1 and "--overwrite" in foreign.stderr and "precious" in out.read_text()
@@ -134,11 +138,15 @@ def test_data_parallel_workers_then_merge(tiny_llama, tmp_path):
     out = tmp_path / "res.jsonl"
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     common = ["--model", tiny_llama, "--max-num-seqs", "4", "--max-new-tokens", "4", *SAMPLED]
-    cmd = [sys.executable, "-m", "batchgen", "run", src, str(out), "--data-parallel", "2", *common]
+    dp = ["--data-parallel", "2", "--stats-file", str(tmp_path / "stats.json")]
+    cmd = [sys.executable, "-m", "batchgen", "run", src, str(out), *dp, *common]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     assert (tmp_path / "res.shard-00001-of-00002.jsonl").exists()
     assert "batchgen[shard 1/2]: complete" in done.stderr  # each worker's lines say whose they are
+    stats = json.loads((tmp_path / "stats.json").read_text())  # the job's, beside each shard's own
+    assert stats["status"] == "complete" and stats["records"] == 2 * len(MORE_ROWS)
+    assert (tmp_path / "stats.shard-00000-of-00002.json").exists()
     whole = tmp_path / "whole.jsonl"
     assert CliRunner().invoke(cli, ["run", src, str(whole), *common]).exit_code == 0
     assert read_records(out) == by_index(read_records(whole))
@@ -146,3 +154,61 @@ def test_data_parallel_workers_then_merge(tiny_llama, tmp_path):
         shard.unlink() if shard.is_file() else None
     again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and "already complete" in again.stderr
+
+
+def test_limits_must_tile_and_busy_shards_are_not_merged(run_cli, tmp_path):
+    """A shard's rows depend on --limit: a re-run with another limit is refused, and shards of
+    different limits (forced with --overwrite) never merge into duplicated or missing rows."""
+    from batchgen.io.checkpoint import OutputLock
+
+    src = write_jsonl(tmp_path / "in.jsonl", MORE_ROWS)
+    out = tmp_path / "res.jsonl"
+    for i in range(2):
+        assert run_cli(src, out, "--shard", f"{i}/2", "--limit", "6")[0] == 0
+    code, err = run_cli(src, out, "--shard", "0/2", "--limit", "10")
+    assert code == 1 and "part" in err
+    assert run_cli(src, out, "--shard", "0/2", "--limit", "10", "--overwrite")[0] == 0
+    tiles = CliRunner().invoke(cli, ["merge", str(out)])
+    assert tiles.exit_code == 1 and "do not tile" in tiles.stderr and "[0, 5), [3, 6)" in tiles.stderr
+    assert run_cli(src, out, "--shard", "1/2", "--limit", "10", "--overwrite")[0] == 0
+    lock = OutputLock(tmp_path / "res.shard-00001-of-00002.jsonl")
+    lock.acquire()  # as if a run still wrote that shard
+    try:
+        busy = CliRunner().invoke(cli, ["merge", str(out)])
+        assert busy.exit_code == 1 and "another batchgen run" in busy.stderr
+    finally:
+        lock.release()
+    assert CliRunner().invoke(cli, ["merge", str(out)]).exit_code == 0
+    assert [r["index"] for r in read_records(out)] == list(range(10))
+
+
+def test_data_parallel_refusals_and_exit_codes(tiny_llama, tmp_path):
+    import signal
+
+    from batchgen.app.errors import FatalError
+    from batchgen.app.options import RunOptions
+    from batchgen.app.parallel import _exit_code
+    from batchgen.app.run import merged_target_done
+
+    assert _exit_code(-signal.SIGTERM) == 75 and _exit_code(-signal.SIGKILL) == -signal.SIGKILL
+    src = write_jsonl(tmp_path / "in.jsonl", ROWS)
+    slurm = {"SLURM_ARRAY_TASK_ID": "20", "SLURM_ARRAY_TASK_COUNT": "4"}
+    args = ["run", src, str(tmp_path / "o.jsonl"), "--data-parallel", "2"]
+    refused = CliRunner(env=slurm).invoke(cli, args)
+    assert refused.exit_code == 2 and "contiguous array" in refused.output
+    out = tmp_path / "{shard}" / "res.jsonl"
+    engine = {"model": tiny_llama, "max_num_seqs": 4}
+    opts = RunOptions(input=src, output=str(out), max_new_tokens=4, engine=engine)
+    assert not merged_target_done(opts)  # nothing merged yet
+    foreign = tmp_path / "all" / "res.jsonl"
+    foreign.parent.mkdir()
+    foreign.write_text("{}\n")
+    with pytest.raises(FatalError, match="not written by batchgen"):
+        merged_target_done(opts)
+    foreign.unlink()
+    for i in range(2):
+        argv = ["run", src, str(out), "--shard", f"{i}/2", "--model", tiny_llama, "--max-num-seqs", "4"]
+        assert CliRunner().invoke(cli, [*argv, "--max-new-tokens", "4"]).exit_code == 0
+    assert CliRunner().invoke(cli, ["merge", str(out)]).exit_code == 0
+    assert merged_target_done(opts)  # the {shard} output's merged file: a re-run has nothing to do
+    assert not merged_target_done(replace(opts, overwrite=True))

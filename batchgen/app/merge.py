@@ -32,17 +32,21 @@ def merge(output: str, into: str | None = None, count: int | None = None, overwr
     target = into or merged_output(output)
     fmt = output_format(target)
     shards = complete_shards(output, count)
-    paths = [p for p, s in shards if s.records or os.path.exists(p)]  # an empty shard may have no file
-    if any(output_format(p) != fmt for p in paths):
-        raise FatalError(f"the shards of {output} are not {fmt} files like {target}")
-    state = _merged_state([s for _, s in shards])
     Path(target).absolute().parent.mkdir(parents=True, exist_ok=True)
-    lock = OutputLock(target)
+    locks = [OutputLock(p) for p in [target, *(p for p, _ in shards)]]
     try:
-        lock.acquire()  # not while a run writes there
+        for lock in locks:  # no run may write the target or a shard while they are merged
+            lock.acquire()
     except RuntimeError as exc:
+        for lock in locks:
+            lock.release()
         raise FatalError(str(exc)) from None
     try:
+        shards = complete_shards(output, count)  # as they are now that nothing else writes them
+        paths = [p for p, s in shards if s.records or os.path.exists(p)]  # an empty shard may have no file
+        if any(output_format(p) != fmt for p in paths):
+            raise FatalError(f"the shards of {output} are not {fmt} files like {target}")
+        state = _merged_state([s for _, s in shards])
         _check_target(target, state, overwrite)
         tmp = Path(f"{target}.merging")
         if fmt == "jsonl":
@@ -53,7 +57,8 @@ def merge(output: str, into: str | None = None, count: int | None = None, overwr
         fsync_dir(Path(target).absolute().parent)
         save_state(target, state)
     finally:
-        lock.release()
+        for lock in locks:
+            lock.release()
     log.info("merged %d shards of %s into %s", len(shards), output, target)
     return target
 
@@ -94,12 +99,24 @@ def complete_shards(output: str, count: int | None = None) -> list[tuple[str, Ru
         diffs = diff_fingerprints(first, _job(st))
         if diffs:
             raise FatalError(f"{path} was run with other settings than shard 0 ({'; '.join(diffs)})")
+    _check_parts(output, [st.fingerprint.get("part") for _, st in runs])
     return runs
 
 
+def _check_parts(output: str, parts: list) -> None:
+    """The shards' rows must follow each other from row 0 (one --limit for all), only the last open-ended."""
+    expected = 0
+    for i, part in enumerate(parts):
+        if part is None or part[0] != expected or (part[1] is None and i < len(parts) - 1):
+            shown = ", ".join(f"[{p[0]}, {'end' if p[1] is None else p[1]})" for p in parts if p)
+            hint = "were they run with different --limit? re-run the odd ones with --overwrite"
+            raise FatalError(f"the shards of {output} do not tile the input (rows {shown}): {hint}")
+        expected = part[1]
+
+
 def _job(state: RunState) -> dict:
-    """A shard's fingerprint without its own part of the input (what every shard shares)."""
-    return {k: v for k, v in state.fingerprint.items() if k != "row_start"}
+    """A shard's fingerprint without its own rows (what every shard of one job shares)."""
+    return {k: v for k, v in state.fingerprint.items() if k not in ("row_start", "part")}
 
 
 def _list(indices: list[int]) -> str:
@@ -140,7 +157,8 @@ def _sorted_spans(path: str) -> np.ndarray:
 def _merged_state(states: list[RunState]) -> RunState:
     """The state an unsharded run of the same job would have left (shard 0 starts at row 0)."""
     first, last = states[0], states[-1]
-    merged = RunState(first.fingerprint, n=first.n, exhausted=last.exhausted, complete=True)
+    fingerprint = {**_job(first), "row_start": 0}  # what the unsharded command's fingerprint is
+    merged = RunState(fingerprint, n=first.n, exhausted=last.exhausted, complete=True)
     known = all(s.total_rows is not None for s in states)
     merged.total_rows = sum(s.total_rows for s in states) if known else None
     for name in ("rows_done", "records", "errors", "prompt_tokens", "completion_tokens"):

@@ -19,6 +19,7 @@ class RunOptions:
     limit: int | None = None
     row_start: int = 0  # first row (global index) this run covers: sharding sets it
     shard: Shard | None = None  # resolved against the input's rows by ``run``
+    part: tuple[int, int | None] | None = None  # a resolved shard's rows [start, stop or None = the end)
     # prompts
     chat: bool | None = None  # None = auto
     system_prompt: str | None = None
@@ -53,9 +54,11 @@ class RunOptions:
         return None if self.limit is None else self.row_start + self.limit
 
     def fingerprint(self, model_name: str, input_fingerprint: dict[str, Any]) -> dict[str, Any]:
-        """What an output depends on. Not in it: --limit (a longer re-run extends a shorter one), the
-        input's path and mtime (a copy staged elsewhere is the same input), and throughput options."""
+        """What an output depends on. Not in it: --limit (a longer re-run extends a shorter one; a shard's
+        rows, which --limit moves, are in it as ``part``), the input's path and mtime (a copy staged
+        elsewhere is the same input), and throughput options."""
         spec = self.spec
+        part = {"part": list(self.part)} if self.part is not None else {}
         return {
             "model": model_name,
             "dtype": self.engine.get("dtype"),
@@ -82,4 +85,5 @@ class RunOptions:
             },
             "input": input_fingerprint,
             "row_start": self.row_start,
+            **part,
         }

@@ -9,15 +9,20 @@ means "abandon" to every worker.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from batchgen.app.merge import merge
 from batchgen.app.run import EXIT_FATAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from batchgen.app.shards import merged_output
+from batchgen.io.checkpoint import load_state
 
 log = logging.getLogger("batchgen")
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
@@ -49,37 +54,49 @@ def worker_devices(count: int, env: dict[str, str], gpus: int) -> list[str]:
     return [visible[i] if visible else str(i) for i in range(count)]
 
 
-def run_data_parallel(run_argv: Sequence[str], count: int, output: str) -> int:
+def run_data_parallel(
+    run_argv: Sequence[str], count: int, output: str, overwrite: bool = False, stats_file: str | None = None
+) -> int:
     """Run the workers to their end, merge when all completed; the exit code (75 if any was stopped)."""
     import torch
 
     base = worker_args(run_argv)
     devices = worker_devices(count, dict(os.environ), torch.cuda.device_count())
     workers: list[subprocess.Popen] = []
+    received: list[int] = []
 
     def forward(signum: int, frame) -> None:
+        received.append(signum)
         for w in workers:
             if w.poll() is None:
                 w.send_signal(signum)
 
+    started = time.time()
     saved = {s: signal.signal(s, forward) for s in _STOP_SIGNALS}  # before any worker exists
     try:
         for i, device in enumerate(devices):
             env = dict(os.environ, CUDA_VISIBLE_DEVICES=device)
             cmd = [sys.executable, "-m", "batchgen", "run", *base, "--shard", f"{i}/{count}"]
-            workers.append(
-                subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=_die_with_parent)
-            )
+            worker = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=_worker_setup)
+            workers.append(worker)
+            for signum in received:  # a stop that came while the earlier workers were starting
+                worker.send_signal(signum)
         log.info("data parallel: %s", ", ".join(f"worker {i} on GPU {d}" for i, d in enumerate(devices)))
-        codes = [w.wait() for w in workers]
+        codes = [_exit_code(w.wait()) for w in workers]
     finally:
         for sig, handler in saved.items():
             signal.signal(sig, handler)
-    return _finish(codes, output)
+    code = _finish(codes, output, overwrite)
+    if stats_file:
+        _write_stats(stats_file, output, codes, code, time.time() - started)
+    return code
 
 
-def _die_with_parent() -> None:
-    """In the worker, before exec: a SIGTERM (drain and save) when the parent dies, SIGKILL included."""
+def _worker_setup() -> None:
+    """In the worker, before exec. Stop signals stay blocked until ``batchgen run`` has its handlers
+    (a signal in between waits instead of killing it), and the parent's death sends it a SIGTERM
+    (drain and save), SIGKILL of the parent included."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
     try:
         import ctypes
 
@@ -88,12 +105,29 @@ def _die_with_parent() -> None:
         pass  # not Linux: orphaned workers finish their shard alone
 
 
-def _finish(codes: list[int], output: str) -> int:
+def _exit_code(returncode: int) -> int:
+    """A worker killed by a stop signal (before its handlers existed) was interrupted, not broken."""
+    return EXIT_INTERRUPTED if -returncode in _STOP_SIGNALS else returncode
+
+
+def _finish(codes: list[int], output: str, overwrite: bool) -> int:
     if all(c == EXIT_OK for c in codes):
-        merge(output, count=len(codes))
+        merge(output, count=len(codes), overwrite=overwrite)
         return EXIT_OK
     failed = [i for i, c in enumerate(codes) if c != EXIT_OK]
     log.info("workers %s did not complete (exit codes %s): re-run the same command to resume", failed, codes)
     if any(c == EXIT_INTERRUPTED for c in codes) and all(c in (EXIT_OK, EXIT_INTERRUPTED) for c in codes):
         return EXIT_INTERRUPTED
     return EXIT_USAGE if all(c in (EXIT_OK, EXIT_USAGE) for c in codes) else EXIT_FATAL
+
+
+def _write_stats(path: str, output: str, codes: list[int], code: int, wall_s: float) -> None:
+    """The job's summary (each worker wrote its shard's beside it): the merged state when complete."""
+    summary: dict = {"status": "complete" if code == EXIT_OK else "interrupted" if code == EXIT_INTERRUPTED
+                     else "failed", "workers": len(codes), "exit_codes": codes, "wall_s": wall_s}  # fmt: skip
+    state = load_state(merged_output(output)) if code == EXIT_OK else None
+    if state is not None:
+        summary |= {k: getattr(state, k) for k in ("rows_done", "records", "errors", "prompt_tokens",
+                                                    "completion_tokens", "finish_reasons")}  # fmt: skip
+        summary["tokens_per_s"] = state.completion_tokens / wall_s if wall_s > 0 else 0.0
+    Path(path).write_text(json.dumps(summary, indent=2) + "\n")

@@ -24,7 +24,7 @@ from batchgen.app.errors import FatalError
 from batchgen.app.options import RunOptions
 from batchgen.app.prepare import END, Preparer, PromptSettings
 from batchgen.app.progress import Counters, Progress, summary_text
-from batchgen.app.shards import SHARD_PLACEHOLDER, count_input_rows, shard_output, shard_rows
+from batchgen.app.shards import SHARD_PLACEHOLDER, count_input_rows, merged_output, shard_output, shard_rows
 from batchgen.app.signals import Interrupt, SignalControl
 from batchgen.app.sink import RecordOptions, Sink
 from batchgen.config import SamplingParams
@@ -66,20 +66,29 @@ def run(opts: RunOptions) -> int:
         lock.release()
 
 
-def finished(opts: RunOptions) -> bool:
-    """Whether OUTPUT already holds this whole job, complete: a --data-parallel re-run then does nothing."""
-    state = load_state(opts.output)
-    if state is None or not state.complete:
+def merged_target_done(opts: RunOptions) -> bool:
+    """For --data-parallel, before any worker starts: True when the merged OUTPUT already holds this
+    whole job (nothing to do); a FatalError when it holds something else (without --overwrite)."""
+    target = merged_output(opts.output)
+    if opts.overwrite or not has_records(target):
         return False
+    state = load_state(target)
+    if state is None:
+        raise FatalError(
+            f"{target} exists but was not written by batchgen: pass --overwrite or another OUTPUT"
+        )
     model_name = opts.engine.get("model") or DEFAULT_MODEL_NAME
-    fingerprint = opts.fingerprint(model_name, open_input(opts.input).fingerprint())
-    if diff_fingerprints(state.fingerprint, fingerprint) or not state.covers(opts.limit):
-        return False  # the workers and the merge say what differs
+    diffs = diff_fingerprints(
+        state.fingerprint, opts.fingerprint(model_name, open_input(opts.input).fingerprint())
+    )
+    if diffs:
+        raise FatalError(
+            f"{target} holds another job ({'; '.join(diffs)}): pass --overwrite or another OUTPUT"
+        )
+    if not state.covers(opts.limit):
+        return False
     log.info(
-        "%s is already complete (%d rows, %d records): nothing to do",
-        opts.output,
-        state.rows_done,
-        state.records,
+        "%s is already complete (%d rows, %d records): nothing to do", target, state.rows_done, state.records
     )
     return True
 
@@ -93,7 +102,9 @@ def for_shard(opts: RunOptions, reader: Reader) -> RunOptions:
     log.info("shard %d of %d: rows %d to %s -> %s", shard.index, shard.count, start, last, output)
     limit = None if stop is None else stop - start
     stats = shard_output(opts.stats_file, shard) if opts.stats_file else None  # one per shard
-    return replace(opts, output=output, row_start=start, limit=limit, shard=None, stats_file=stats)
+    return replace(
+        opts, output=output, row_start=start, limit=limit, shard=None, part=(start, stop), stats_file=stats
+    )
 
 
 def check_input(reader: Reader, opts: RunOptions) -> None:

@@ -10,7 +10,7 @@ from dataclasses import asdict
 from typing import Any
 
 from batchgen.app.errors import FatalError
-from batchgen.app.shards import shard_name_regex
+from batchgen.app.shards import shard_name_regex, shard_of_path
 from batchgen.io.checkpoint import RunState, is_locked, load_state, sidecar_dir
 
 _SHARD_TAG = re.compile(r"\.shard-\d{5}-of-\d{5}")
@@ -58,7 +58,7 @@ def run_phase(output: str, state: RunState) -> str:
 
 
 def status_data(output: str) -> dict[str, Any]:
-    runs = find_runs(output)
+    runs = _newest_shard_count(find_runs(output))
     if not runs:
         raise FatalError(f"no batchgen run found for {output} (no {sidecar_dir(output)}/state.json)")
     entries = [{"output": path, "phase": run_phase(path, st), **asdict(st)} for path, st in runs]
@@ -69,6 +69,15 @@ def status_data(output: str) -> dict[str, Any]:
     totals["total_rows"] = sum(e["total_rows"] for e in entries) if known else None
     totals["complete"] = all(e["complete"] for e in entries)
     return {"output": output, "runs": entries, "totals": totals}
+
+
+def _newest_shard_count(runs: list[tuple[str, RunState]]) -> list[tuple[str, RunState]]:
+    """Shards of one count only (leftovers of an earlier split must not add up): the latest updated."""
+    counts: dict[int, list[tuple[str, RunState]]] = {}
+    for path, st in runs:
+        shard = shard_of_path(path)
+        counts.setdefault(shard.count if shard else 0, []).append((path, st))
+    return max(counts.values(), key=lambda group: max(st.updated for _, st in group)) if counts else []
 
 
 def status_text(data: dict[str, Any]) -> str:
