@@ -5,8 +5,9 @@ import signal
 import pytest
 
 from batchgen.app.progress import Counters, Progress, summary_text
+from batchgen.app.shards import shard_pattern
 from batchgen.app.signals import Interrupt, SignalControl
-from batchgen.app.status import shard_pattern, status_data, status_text
+from batchgen.app.status import status_data, status_text
 from batchgen.io.checkpoint import RunState, save_state, sidecar_dir
 from batchgen.io.faults import Faults
 

@@ -18,8 +18,8 @@ import numpy as np
 import orjson
 
 from batchgen.app.errors import FatalError
-from batchgen.app.shards import merged_output, shard_of_path
-from batchgen.app.status import find_shards, run_phase, shard_pattern
+from batchgen.app.shards import merged_output, shard_of_path, shard_pattern
+from batchgen.app.status import find_shards, run_phase
 from batchgen.io.checkpoint import OutputLock, RunState, diff_fingerprints, fsync_dir, load_state, save_state
 from batchgen.io.writers import has_records, join_parquet, output_format
 
@@ -47,7 +47,7 @@ def merge(output: str, into: str | None = None, count: int | None = None, overwr
         if any(output_format(p) != fmt for p in paths):
             raise FatalError(f"the shards of {output} are not {fmt} files like {target}")
         state = _merged_state([s for _, s in shards])
-        _check_target(target, state, overwrite)
+        check_target(target, state.fingerprint, overwrite)
         tmp = Path(f"{target}.merging")
         if fmt == "jsonl":
             _merge_jsonl(paths, tmp)
@@ -63,16 +63,18 @@ def merge(output: str, into: str | None = None, count: int | None = None, overwr
     return target
 
 
-def _check_target(target: str, state: RunState, overwrite: bool) -> None:
-    """Replace only what a run of the same job wrote (a previous merge, an unsharded run)."""
+def check_target(target: str, fingerprint: dict, overwrite: bool) -> RunState | None:
+    """Replace only what a run of the same job wrote (a previous merge, an unsharded run): its state,
+    None when there is nothing to keep; a FatalError when the target holds anything else."""
     if overwrite or not has_records(target):
-        return
+        return None
     old = load_state(target)
     if old is None:
         raise FatalError(f"{target} exists but was not written by batchgen: pass --overwrite or --into")
-    diffs = diff_fingerprints(old.fingerprint, state.fingerprint)
+    diffs = diff_fingerprints(old.fingerprint, fingerprint)
     if diffs:
         raise FatalError(f"{target} holds another job ({'; '.join(diffs)}): pass --overwrite or --into")
+    return old
 
 
 def complete_shards(output: str, count: int | None = None) -> list[tuple[str, RunState]]:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from batchgen.app.errors import FatalError
+from batchgen.app.merge import check_target
 from batchgen.app.options import RunOptions
 from batchgen.app.prepare import END, Preparer, PromptSettings
 from batchgen.app.progress import Counters, Progress, summary_text
@@ -70,22 +71,10 @@ def merged_target_done(opts: RunOptions) -> bool:
     """For --data-parallel, before any worker starts: True when the merged OUTPUT already holds this
     whole job (nothing to do); a FatalError when it holds something else (without --overwrite)."""
     target = merged_output(opts.output)
-    if opts.overwrite or not has_records(target):
-        return False
-    state = load_state(target)
-    if state is None:
-        raise FatalError(
-            f"{target} exists but was not written by batchgen: pass --overwrite or another OUTPUT"
-        )
     model_name = opts.engine.get("model") or DEFAULT_MODEL_NAME
-    diffs = diff_fingerprints(
-        state.fingerprint, opts.fingerprint(model_name, open_input(opts.input).fingerprint())
-    )
-    if diffs:
-        raise FatalError(
-            f"{target} holds another job ({'; '.join(diffs)}): pass --overwrite or another OUTPUT"
-        )
-    if not state.covers(opts.limit):
+    fingerprint = opts.fingerprint(model_name, open_input(opts.input).fingerprint())
+    state = check_target(target, fingerprint, opts.overwrite)
+    if state is None or not state.covers(opts.limit):
         return False
     log.info(
         "%s is already complete (%d rows, %d records): nothing to do", target, state.rows_done, state.records

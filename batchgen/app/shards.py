@@ -7,6 +7,7 @@ leaves no row out. Every shard computes the same bounds from the same input, wit
 
 from __future__ import annotations
 
+import glob
 import logging
 import os
 import re
@@ -65,6 +66,14 @@ def shard_output(output: str, shard: Shard) -> str:
         return output.replace(SHARD_PLACEHOLDER, shard.tag)
     stem, ext = os.path.splitext(output)
     return f"{stem}.shard-{shard.tag}{ext}"
+
+
+def shard_pattern(output: str) -> str:
+    """The glob of OUTPUT's shard files (``shard_output``'s names, any shard)."""
+    if SHARD_PLACEHOLDER in output:
+        return glob.escape(output).replace(glob.escape(SHARD_PLACEHOLDER), "*")
+    stem, ext = os.path.splitext(output)
+    return f"{glob.escape(stem)}.shard-[0-9]*-of-[0-9]*{glob.escape(ext)}"
 
 
 def shard_name_regex(output: str) -> re.Pattern:

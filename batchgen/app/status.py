@@ -10,21 +10,10 @@ from dataclasses import asdict
 from typing import Any
 
 from batchgen.app.errors import FatalError
-from batchgen.app.shards import shard_name_regex, shard_of_path
+from batchgen.app.shards import shard_name_regex, shard_of_path, shard_pattern
 from batchgen.io.checkpoint import RunState, is_locked, load_state, sidecar_dir
 
 _SHARD_TAG = re.compile(r"\.shard-\d{5}-of-\d{5}")
-
-
-def shard_pattern(output: str) -> str:
-    """The glob of OUTPUT's shard files: ``{shard}`` or ``.shard-IIIII-of-NNNNN`` before the extension."""
-    if "{shard}" in output:
-        return glob.escape(output).replace(glob.escape("{shard}"), "*")
-    for suffix in (".jsonl", ".parquet"):
-        if output.lower().endswith(suffix):
-            stem = output[: -len(suffix)]
-            return glob.escape(stem) + ".shard-[0-9]*-of-[0-9]*" + glob.escape(output[-len(suffix) :])
-    return glob.escape(output) + ".shard-*"
 
 
 def find_runs(output: str) -> list[tuple[str, RunState]]:
