@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import sys
 import traceback
@@ -146,6 +147,10 @@ def cli() -> None:
     show_default=True,
     help="Forward pass: batchgen's fused one (Llama/Mistral/Qwen2/Qwen3) or transformers' modelling code.",
 )
+@click.option("--tensor-parallel", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Split the model over K GPUs of this node (K processes; gloo on the CPU).")  # fmt: skip
+@click.option("--quantization", type=click.Choice(["fp8"]), help="Quantize the model's projections at load.")
+@click.option("--kv-cache-dtype", type=click.Choice(["auto", "fp8"]), default="auto", show_default=True)
 # run control
 @click.option("--overwrite", is_flag=True, help="Start afresh instead of resuming an existing OUTPUT.")
 @click.option(
@@ -191,6 +196,8 @@ def run_command(input_path: str, output: str, verbose: bool, **kw: Any) -> None:
     Re-running the same command resumes; SIGTERM/SIGINT/SIGUSR1 save and exit 75.
     """
     _setup_logging(verbose, tag=f"shard {kw['shard'].strip()}" if kw["shard"] else None)
+    if kw["tensor_parallel"] > 1:
+        _tensor_parallel_worker(kw)  # a launcher (torchrun, srun) started every rank: ranks > 0 serve
     if kw["data_parallel"] > 1:
         sys.exit(_data_parallel(input_path, output, verbose, kw))
     saved = {s: signal.signal(s, _exit_interrupted) for s in _STOP_SIGNALS}  # until the run's own handlers
@@ -202,7 +209,23 @@ def run_command(input_path: str, output: str, verbose: bool, **kw: Any) -> None:
     finally:
         for sig, handler in saved.items():
             signal.signal(sig, handler)
+    if kw["tensor_parallel"] > 1:  # everything is saved: skip interpreter teardown, which can block in
+        sys.stdout.flush()  # NCCL's destructors when a rank died mid-collective
+        sys.stderr.flush()
+        os._exit(code)
     sys.exit(code)
+
+
+def _tensor_parallel_worker(kw: dict[str, Any]) -> None:
+    from batchgen.model.loader import resolve_device
+    from batchgen.parallel.launch import launched_rank
+
+    rdzv = launched_rank(kw["tensor_parallel"])
+    if rdzv is not None and rdzv.rank > 0:
+        from batchgen.parallel.worker import serve_launched
+
+        serve_launched(rdzv, resolve_device(kw["device"]).type == "cuda")
+        sys.exit(0)
 
 
 def _data_parallel(input_path: str, output: str, verbose: bool, kw: dict[str, Any]) -> int:
@@ -257,76 +280,12 @@ def _run(input_path: str, output: str, verbose: bool, kw: dict[str, Any]) -> int
 
 def _run_options(input_path: str, output: str, kw: dict[str, Any]):
     """Click values -> RunOptions; invalid combinations are usage errors (exit 2)."""
-    from batchgen.app.options import RunOptions
-    from batchgen.config import EngineConfig
-    from batchgen.io.rows import RowSpec, unescape_template
+    from batchgen.app.options import options_from_cli
 
-    keep = tuple(c.strip() for item in kw["keep_columns"] for c in item.split(",") if c.strip())
-    chat = {"auto": None, "on": True, "off": False}[kw["chat_mode"]]
-    if kw["no_chat"]:
-        chat = False
-    engine = dict(
-        model=kw["model"],
-        dtype=None if kw["dtype"] == "auto" else kw["dtype"],
-        device=kw["device"],
-        max_num_seqs=kw["max_num_seqs"],
-        max_batch_tokens=kw["max_batch_tokens"],
-        max_model_len=kw["max_model_len"],
-        gpu_memory_utilization=kw["gpu_memory_utilization"],
-        kv_cache_bytes=_byte_size(kw["kv_cache_bytes"]),
-        block_size=kw["block_size"],
-        async_mode=kw["async_mode"],
-        cuda_graphs=kw["cuda_graphs"],
-        prefix_caching=kw["prefix_caching"],
-        attention_backend=kw["attention_backend"],
-        model_impl=kw["model_impl"],
-        trust_remote_code=kw["trust_remote_code"],
-    )
     try:
-        EngineConfig(**engine)
-        spec = RowSpec(
-            prompt_column=kw["prompt_column"],
-            template=None if kw["template"] is None else unescape_template(kw["template"]),
-            id_column=kw["id_column"],
-            keep_columns=keep,
-        )
-        shard = _shard(kw["shard"])
+        return options_from_cli(input_path, output, kw, _byte_size(kw["kv_cache_bytes"]))
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
-    return RunOptions(
-        input=input_path,
-        output=output,
-        spec=spec,
-        limit=kw["limit"],
-        shard=shard,
-        chat=chat,
-        system_prompt=kw["system_prompt"],
-        max_new_tokens=kw["max_new_tokens"],
-        temperature=kw["temperature"],
-        top_p=kw["top_p"],
-        top_k=kw["top_k"],
-        seed=kw["seed"],
-        n=kw["n"],
-        stop=tuple(kw["stop"]),
-        ignore_eos=kw["ignore_eos"],
-        logprobs=kw["logprobs"],
-        return_tokens=kw["return_tokens"],
-        engine=engine,
-        overwrite=kw["overwrite"],
-        on_error=kw["on_error"],
-        flush_every=kw["flush_every"],
-        log_every=kw["log_every"],
-        drain_timeout=kw["drain_timeout"],
-        stats_file=kw["stats_file"],
-        progress_bar=kw["progress_bar"],
-    )
-
-
-def _shard(text: str | None):
-    """--shard I/N, else the Slurm array task's shard, else None."""
-    from batchgen.app.shards import parse_shard, slurm_shard
-
-    return parse_shard(text) if text is not None else slurm_shard()
 
 
 @cli.command("merge")

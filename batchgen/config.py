@@ -66,6 +66,10 @@ class EngineConfig:
     # "auto": batchgen's fused forward for the Llama family, else transformers' modelling code.
     model_impl: str = "auto"  # "auto" | "batchgen" | "transformers"
     trust_remote_code: bool = False
+    tensor_parallel: int = 1  # processes (GPUs) one model is split over
+    load_format: str = "auto"  # "auto": the checkpoint's weights; "random": random weights of its shapes
+    quantization: str | None = None  # "fp8": quantize a bf16/fp16 checkpoint's projections at load
+    kv_cache_dtype: str = "auto"  # "auto" (the model dtype) | "fp8"
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -83,3 +87,11 @@ class EngineConfig:
             raise ValueError(f"unknown attention backend {self.attention_backend!r}")
         if self.model_impl not in ("auto", "batchgen", "transformers"):
             raise ValueError(f"unknown model implementation {self.model_impl!r}")
+        if self.tensor_parallel < 1:
+            raise ValueError(f"tensor_parallel must be >= 1, got {self.tensor_parallel}")
+        if self.load_format not in ("auto", "random"):
+            raise ValueError(f"unknown load format {self.load_format!r}")
+        if self.quantization not in (None, "fp8"):
+            raise ValueError(f"unknown quantization {self.quantization!r} (supported: fp8)")
+        if self.kv_cache_dtype not in ("auto", "fp8"):
+            raise ValueError(f"unknown KV cache dtype {self.kv_cache_dtype!r} (auto or fp8)")

@@ -9,20 +9,23 @@ from typing import Any
 import torch
 
 from batchgen.config import EngineConfig, SamplingParams
-from batchgen.engine import kv_cache
 from batchgen.engine.block_manager import BlockManager
+from batchgen.engine.build import RankEngine, build_rank
 from batchgen.engine.engine import Engine, EngineStats
 from batchgen.engine.outputs import CompletionOutput, GenerationRequest
-from batchgen.engine.runner import EagerRunner
 from batchgen.engine.scheduler import Scheduler
 from batchgen.engine.stops import StopChecker
 from batchgen.model import attention
-from batchgen.model.backends import TorchBackend, TritonBackend
-from batchgen.model.forward import build_forward
-from batchgen.model.loader import LoadedModel, load_model
+from batchgen.model.build import ModelFiles
+from batchgen.model.loader import (
+    DEFAULT_MODEL_NAME,
+    load_config,
+    load_generation_config,
+    load_tokenizer,
+    local_model_dir,
+)
 from batchgen.model.tokenize import encode_prompt
-
-_ACTIVATION_RESERVE = 2 << 30  # CUDA: room for activations and logits beside the KV pool
+from batchgen.parallel.group import ParallelGroup
 
 
 def _engine_config(model: str | None, options: dict[str, Any]) -> EngineConfig:
@@ -33,60 +36,69 @@ def _engine_config(model: str | None, options: dict[str, Any]) -> EngineConfig:
 
 
 class LLM:
-    """Offline generation engine. Options are ``EngineConfig`` fields (``model`` first)."""
+    """Offline generation engine. Options are ``EngineConfig`` fields (``model`` first).
+
+    ``tensor_parallel=K`` splits the model over K processes (this one is rank 0; the others are started
+    here and stopped by ``close()``, or when this process exits)."""
 
     def __init__(self, model: str | None = None, **options: Any) -> None:
         config = _engine_config(model, options)
-        attention.register()
-        loaded = load_model(
-            model,
-            device=config.device,
-            dtype=config.dtype,
-            attn_implementation=attention.ATTN_IMPLEMENTATION,
-            trust_remote_code=config.trust_remote_code,
+        path = local_model_dir(model)
+        hf_config = load_config(path, config.trust_remote_code)
+        tokenizer = load_tokenizer(path, config.trust_remote_code)
+        files = ModelFiles(path, hf_config)
+        self._start(
+            config, files, tokenizer, load_generation_config(path, hf_config), model or DEFAULT_MODEL_NAME
         )
-        self._setup(config, loaded)
 
     @classmethod
     def from_model(cls, model: torch.nn.Module, tokenizer, **options: Any) -> LLM:
         """Wrap an already-built transformers model (benchmarks build random 8B models in place)."""
         config = _engine_config(options.pop("name", None), options)
+        if config.tensor_parallel > 1:
+            raise ValueError("a model built in memory runs in one process: tensor_parallel must be 1")
         name = attention.register()
         try:
             model.set_attn_implementation(name)
         except (AttributeError, ValueError):  # older transformers: set the config field directly
             model.config._attn_implementation = name
-        device = next(model.parameters()).device
-        loaded = LoadedModel(
-            model.eval(), tokenizer, device, next(model.parameters()).dtype, config.model or "custom"
-        )
         llm = cls.__new__(cls)
-        llm._setup(config, loaded)
+        files = ModelFiles(None, model.config, model.eval())
+        dtype = next(model.parameters()).dtype
+        llm._start(config, files, tokenizer, model.generation_config, config.model or "custom", dtype)
         return llm
 
-    def _setup(self, config: EngineConfig, loaded: LoadedModel) -> None:
-        self.config = config
-        self.model, self.tokenizer, self.device, self.dtype = (
-            loaded.model,
-            loaded.tokenizer,
-            loaded.device,
-            loaded.dtype,
-        )
-        self.model_name = loaded.name
-        self.max_model_len = self._max_model_len()
+    def _start(self, config, files: ModelFiles, tokenizer, generation_config, name: str, dtype=None) -> None:
+        self.config, self.tokenizer, self.model_name = config, tokenizer, name
+        self.hf_config, self.generation_config = files.hf_config, generation_config
+        self._workers = None
+        group = ParallelGroup.single()
+        attention.register()
+        if config.tensor_parallel > 1:
+            from batchgen.parallel.launch import start_workers
+            from batchgen.parallel.shard import config_problem
+
+            problem = config_problem(files.hf_config, config.tensor_parallel)
+            if problem is not None:  # before any process starts
+                raise ValueError(problem)
+
+            self._workers = start_workers(config, files)
+            group = self._workers.group
+        try:
+            self._rank = build_rank(config, files, group, progress=self._progress, dtype=dtype)
+        except BaseException:
+            self.close()
+            raise
+        rank = self._rank
+        self.model, self.device, self.dtype = rank.bundle.module, rank.device, rank.dtype
+        self.max_model_len, self.async_mode = rank.max_model_len, rank.async_mode
         self.default_sampling = self._default_sampling()
-        self.async_mode = config.async_mode if config.async_mode is not None else self.device.type == "cuda"
-        self._engine = self._build_engine()
+        self._engine = self._build_engine(rank)
 
     # --- construction -----------------------------------------------------------------------------
 
-    def _max_model_len(self) -> int:
-        text = self.model.config.get_text_config()
-        limit = getattr(text, "max_position_embeddings", None) or 4096
-        return min(self.config.max_model_len or limit, limit)
-
     def _default_sampling(self) -> SamplingParams:
-        gen = self.model.generation_config
+        gen = self.generation_config
         if not getattr(gen, "do_sample", False):
             return SamplingParams()
         return SamplingParams(
@@ -96,52 +108,34 @@ class LLM:
         )
 
     def _eos_ids(self) -> set[int]:
-        ids = self.model.generation_config.eos_token_id
+        ids = self.generation_config.eos_token_id
         ids = set(ids if isinstance(ids, (list, tuple)) else [ids] if ids is not None else [])
         if self.tokenizer.eos_token_id is not None:
             ids.add(self.tokenizer.eos_token_id)
         return ids
 
-    def _num_blocks(self, shape: kv_cache.KVShape) -> int:
+    def _build_engine(self, rank: RankEngine) -> Engine:
         cfg = self.config
-        if cfg.kv_cache_bytes is not None:
-            budget = cfg.kv_cache_bytes
-        elif self.device.type == "cuda":
-            budget = kv_cache.cuda_budget(self.device, cfg.gpu_memory_utilization, _ACTIVATION_RESERVE)
-        else:
-            budget = kv_cache.default_cpu_budget()
-        useful = cfg.max_num_seqs * self.max_model_len + cfg.max_batch_tokens
-        return kv_cache.num_blocks_for(shape, cfg.block_size, self.dtype, budget, useful)
-
-    def _build_engine(self) -> Engine:
-        cfg = self.config
-        shape = kv_cache.kv_shape(self.model.config)
-        num_blocks = self._num_blocks(shape)
-        caches = kv_cache.allocate(shape, num_blocks, cfg.block_size, self.dtype, self.device)
-        blocks = BlockManager(num_blocks, cfg.block_size, cfg.prefix_caching)
+        blocks = BlockManager(rank.num_blocks, cfg.block_size, cfg.prefix_caching)
         scheduler = Scheduler(blocks, cfg.max_num_seqs, cfg.max_batch_tokens)
-        runner = self._runner(caches)
+        runner = rank.runner
+        if self._workers is not None:
+            from batchgen.parallel.runner import TensorParallelRunner
+
+            runner = TensorParallelRunner(runner, self._workers)
         stops = StopChecker(self.tokenizer, self._eos_ids())
         return Engine(runner, blocks, scheduler, stops, self.max_model_len, self.async_mode)
 
-    def _runner(self, caches):
-        cfg = self.config
-        forward = build_forward(self.model, cfg.model_impl, self.max_model_len)
-        if self.device.type != "cuda":
-            return EagerRunner(forward, caches, TorchBackend(), self.device)
-        from batchgen.engine.cuda_runner import CudaRunner
+    def close(self) -> None:
+        """Stop the tensor-parallel workers (nothing to do in one process). Idempotent."""
+        if self._workers is not None:
+            self._workers.close()
 
-        triton = cfg.attention_backend != "torch"
-        backend = TritonBackend() if triton else TorchBackend()
-        runner = CudaRunner(
-            forward, caches, backend, self.device,
-            max_num_seqs=cfg.max_num_seqs, max_batch_tokens=cfg.max_batch_tokens,
-            max_model_len=self.max_model_len, block_size=cfg.block_size,
-            num_slots=2 if self.async_mode else 1,
-            cuda_graphs=cfg.cuda_graphs is not False and triton,  # the torch reference syncs: not capturable
-        )  # fmt: skip
-        runner.capture_all(progress=self._progress)
-        return runner
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     # --- use --------------------------------------------------------------------------------------
 
@@ -160,13 +154,15 @@ class LLM:
     def prepare(self, sampling: SamplingParams) -> None:
         """Ready what rows sampled like ``sampling`` need before the first step: on CUDA, the decode
         graphs of their sampling variant (otherwise captured on first use, mid-run)."""
-        capture = getattr(self._engine.runner, "capture_all", None)
-        if capture is not None and self._engine.runner.buckets:
-            capture(not sampling.greedy, sampling.logprobs, progress=self._progress)
+        runner = self._engine.runner
+        if getattr(runner, "buckets", None):  # a CUDA runner with graphs
+            runner.capture_all(not sampling.greedy, sampling.logprobs, progress=self._progress)
 
     def drain(self) -> None:
         """Stop admitting rows: queued rows that have not started are dropped, started ones finish."""
         self._engine.drain()
+        if self._workers is not None:
+            self._workers.stop_requested = True  # a rank lost from now on ends the job as interrupted
 
     def encode(self, prompt: str | list[dict], chat: bool | None = None, system_prompt: str | None = None):
         return encode_prompt(self.tokenizer, prompt, chat=chat, system_prompt=system_prompt)

@@ -62,6 +62,8 @@ class RunOptions:
         return {
             "model": model_name,
             "dtype": self.engine.get("dtype"),
+            "quantization": self.engine.get("quantization"),  # None (absent in older states) = none
+            "kv_cache_dtype": None if self.engine.get("kv_cache_dtype", "auto") == "auto" else "fp8",
             "max_model_len": self.engine.get("max_model_len"),
             "sampling": {
                 "max_new_tokens": self.max_new_tokens,
@@ -87,3 +89,40 @@ class RunOptions:
             "row_start": self.row_start,
             **part,
         }
+
+
+_ENGINE_FIELDS = (
+    "model", "device", "max_num_seqs", "max_batch_tokens", "max_model_len", "gpu_memory_utilization",
+    "block_size", "async_mode", "cuda_graphs", "prefix_caching", "attention_backend", "model_impl",
+    "trust_remote_code", "tensor_parallel", "quantization", "kv_cache_dtype",
+)  # fmt: skip
+_RUN_FIELDS = (
+    "limit", "system_prompt", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "n",
+    "ignore_eos", "logprobs", "return_tokens", "overwrite", "on_error", "flush_every", "log_every",
+    "drain_timeout", "stats_file", "progress_bar",
+)  # fmt: skip
+
+
+def options_from_cli(
+    input_path: str, output: str, kw: dict[str, Any], kv_cache_bytes: int | None
+) -> RunOptions:
+    """``batchgen run``'s option values -> RunOptions (ValueError: an invalid combination)."""
+    from batchgen.app.shards import parse_shard, slurm_shard
+    from batchgen.config import EngineConfig
+    from batchgen.io.rows import unescape_template
+
+    keep = tuple(c.strip() for item in kw["keep_columns"] for c in item.split(",") if c.strip())
+    chat = False if kw["no_chat"] else {"auto": None, "on": True, "off": False}[kw["chat_mode"]]
+    engine = {name: kw[name] for name in _ENGINE_FIELDS}
+    engine.update(dtype=None if kw["dtype"] == "auto" else kw["dtype"], kv_cache_bytes=kv_cache_bytes)
+    EngineConfig(**engine)
+    spec = RowSpec(
+        prompt_column=kw["prompt_column"],
+        template=None if kw["template"] is None else unescape_template(kw["template"]),
+        id_column=kw["id_column"],
+        keep_columns=keep,
+    )
+    shard = parse_shard(kw["shard"]) if kw["shard"] is not None else slurm_shard()
+    run = {name: kw[name] for name in _RUN_FIELDS}
+    return RunOptions(input=input_path, output=output, spec=spec, shard=shard, chat=chat,
+                      stop=tuple(kw["stop"]), engine=engine, **run)  # fmt: skip

@@ -144,7 +144,10 @@ class _Job:
             return EXIT_INTERRUPTED
         finally:
             self.signals.loading = False
-        return self._generate(llm, writer, done, totals, state)
+        try:
+            return self._generate(llm, writer, done, totals, state)
+        finally:
+            llm.close()  # tensor-parallel workers stop with the job
 
     # -- resume ----------------------------------------------------------------------------------------
     def _open_output(self) -> tuple[Writer, DoneSet, Counters, RunState] | None:
@@ -320,6 +323,13 @@ class _Job:
         log.info(summary_text(summary))
         self._write_stats(summary)
         if failure is not None:
+            if _rank_lost(failure) and self.signals.draining.is_set():
+                log.info(
+                    "%s after a stop signal: saved; re-run the same command to resume (exit 75)", failure
+                )
+                return EXIT_INTERRUPTED
+            if _rank_lost(failure):
+                raise FatalError(_one_line(failure).removeprefix("RankFailed: ")) from failure
             if isinstance(failure, FatalError | SchemaError):
                 raise failure
             raise FatalError(_one_line(failure)) from failure
@@ -368,6 +378,15 @@ class _Feed:
                 raise StopIteration
             self.faults.hit("submit")
             return item
+
+
+def _rank_lost(exc: BaseException) -> bool:
+    """A tensor-parallel rank died: RankFailed from rank 0's waits, or gloo's error in a collective."""
+    from batchgen.parallel.launch import RankFailed
+
+    return isinstance(exc, RankFailed) or (
+        isinstance(exc, RuntimeError) and "Connection closed by peer" in str(exc)
+    )
 
 
 def _one_line(exc: BaseException) -> str:

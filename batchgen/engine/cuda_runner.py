@@ -19,14 +19,15 @@ from __future__ import annotations
 
 import bisect
 import time
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
 import torch
 
 from batchgen.engine.batch import StepInputs
-from batchgen.engine.runner import StepResult, apply_carry_over, forward_and_sample
-from batchgen.engine.sampler import SamplingTensors
+from batchgen.engine.runner import Sampler, StepResult, apply_carry_over, forward_and_sample
+from batchgen.engine.sampler import SamplingTensors, sample
 from batchgen.model.attention import PagedContext
 from batchgen.model.backends import KernelBackend
 from batchgen.model.forward import ModelForward
@@ -104,8 +105,10 @@ class CudaRunner:
         block_size: int,
         num_slots: int = 2,
         cuda_graphs: bool = True,
+        sampler: Sampler = sample,
     ) -> None:
         self.forward, self.kv_caches, self.backend, self.device = forward, kv_caches, backend, device
+        self.sampler = sampler
         self.max_model_len = max_model_len
         max_blocks = -(-max_model_len // block_size)
         max_tokens = max(max_batch_tokens, max_num_seqs)
@@ -117,6 +120,9 @@ class CudaRunner:
         self.gpu_busy_s = 0.0
         self.prep_s = 0.0
         self.graph_memory: dict[str, int] = {}
+        # Tensor parallelism: raises when another rank died, so a wait on work that waits for a
+        # collective with that rank fails instead of hanging.
+        self.check_alive: Callable[[], None] | None = None
 
     # --- per step ---------------------------------------------------------------------------------
 
@@ -132,7 +138,7 @@ class CudaRunner:
             else Shape(inputs.num_tokens, len(inputs.seq_lens), len(inputs.logits_indices))
         )
         graph = self._graph(slot_id, bucket, inputs.any_sampling, inputs.want_logprobs) if bucket else None
-        slot.h2d_done.synchronize()  # the pinned inputs of this slot's last step are on the device
+        self._wait(slot.h2d_done)  # the pinned inputs of this slot's last step are on the device
         _fill_host(slot, inputs, shape)
         self._copy_inputs(slot, shape)
         with torch.cuda.stream(self.compute):
@@ -154,11 +160,19 @@ class CudaRunner:
 
     def fetch(self, handle: CudaHandle) -> StepResult:
         slot = self.slots[handle.slot]
-        slot.d2h_done.synchronize()
+        self._wait(slot.d2h_done)
         self.gpu_busy_s += slot.compute_start.elapsed_time(slot.compute_done) / 1000.0
         tokens = slot.host_tokens[: handle.samples].tolist()
         logprobs = slot.host_logprobs[: handle.samples].tolist() if handle.want_logprobs else None
         return StepResult(handle.step_id, tokens, logprobs)
+
+    def _wait(self, work: torch.cuda.Event | torch.cuda.Stream) -> None:
+        if self.check_alive is None:
+            work.synchronize()
+            return
+        while not work.query():
+            self.check_alive()
+            time.sleep(20e-6)
 
     def _bucket(self, inputs: StepInputs) -> int:
         if not self.buckets or not inputs.decode_only:
@@ -204,7 +218,9 @@ class CudaRunner:
         )
         params = SamplingTensors(*(dev[n][: shape.samples] for n in _SAMPLE_FIELDS[1:]))
         positions, kept = dev["positions"][: shape.tokens], dev["logits_indices"][: shape.samples]
-        tokens, logprobs = forward_and_sample(self.forward, ids, positions, kept, ctx, params, inputs)
+        tokens, logprobs = forward_and_sample(
+            self.forward, self.sampler, ids, positions, kept, ctx, params, inputs
+        )
         slot.out_tokens[: shape.samples].copy_(tokens)
         if logprobs is not None:
             slot.out_logprobs[: shape.samples].copy_(logprobs)
@@ -237,7 +253,7 @@ class CudaRunner:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool, stream=self.compute):
                 self._forward(slot_id, shape, dummy, bounds)
-        self.compute.synchronize()
+        self._wait(self.compute)
         return graph
 
     @torch.inference_mode()

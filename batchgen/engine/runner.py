@@ -7,6 +7,7 @@ token: it is patched in on the device from the previous step's output (carry-ove
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -39,8 +40,14 @@ def apply_carry_over(input_ids: torch.Tensor, carry_rows: torch.Tensor, prev_tok
     return torch.where(carry_rows >= 0, prev_tokens[rows], input_ids)
 
 
+# (logits [S, V / K] float32, params, any_sampling, want_logprobs) -> (tokens [S], logprobs [S] | None):
+# ``sample`` in one process, ``parallel.sampling.ShardedSampler`` over a vocabulary split across ranks.
+Sampler = Callable[[torch.Tensor, SamplingTensors, bool, bool], tuple[torch.Tensor, torch.Tensor | None]]
+
+
 def forward_and_sample(
     forward: ModelForward,
+    sampler: Sampler,
     input_ids: torch.Tensor,  # [T]
     positions: torch.Tensor,  # [T]
     logits_indices: torch.Tensor,  # [S]
@@ -49,8 +56,8 @@ def forward_and_sample(
     inputs: StepInputs,  # host-side flags: any_sampling, want_logprobs
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One step on the device: the model over the packed tokens, then sampling of the kept rows."""
-    logits = forward(input_ids, positions, logits_indices, ctx).float()  # [S, V]
-    return sample(logits, params, inputs.any_sampling, inputs.want_logprobs)
+    logits = forward(input_ids, positions, logits_indices, ctx).float()  # [S, V / K]
+    return sampler(logits, params, inputs.any_sampling, inputs.want_logprobs)
 
 
 class EagerRunner:
@@ -60,8 +67,10 @@ class EagerRunner:
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         backend: KernelBackend,
         device: torch.device,
+        sampler: Sampler = sample,
     ) -> None:
         self.forward = forward
+        self.sampler = sampler
         self.kv_caches = kv_caches
         self.backend = backend
         self.device = device
@@ -99,6 +108,7 @@ class EagerRunner:
         )
         tokens, logprobs = forward_and_sample(
             self.forward,
+            self.sampler,
             input_ids,
             self._tensor(inputs.positions),
             self._tensor(inputs.logits_indices),

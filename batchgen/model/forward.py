@@ -1,22 +1,16 @@
-"""The model forward a runner calls: batchgen's fused one where it applies, else transformers' own.
-
-Both are ``forward(input_ids [T], positions [T], logits_indices [S], ctx: PagedContext) -> logits [S, V]``
-over the packed tokens of one step; attention goes through the paged KV cache either way.
+"""The model forward a runner calls: batchgen's fused one (``model/fused.py``) where it applies, else
+transformers' own (here); ``model/build.py`` picks. Both are
+``forward(input_ids [T], positions [T], logits_indices [S], ctx: PagedContext) -> logits [S, V]`` over
+the packed tokens of one step; attention goes through the paged KV cache either way.
 """
 
 from __future__ import annotations
 
-import logging
 from typing import Protocol
 
 import torch
 
 from batchgen.model.attention import PagedContext
-from batchgen.model.fused import FusedForward, unsupported_reason
-
-log = logging.getLogger(__name__)
-
-MODEL_IMPLS = ("auto", "batchgen", "transformers")
 
 
 class ModelForward(Protocol):
@@ -44,18 +38,3 @@ class TransformersForward:
             batchgen=ctx,
         )
         return out.logits[0]
-
-
-def build_forward(model: torch.nn.Module, impl: str, max_positions: int) -> ModelForward:
-    """``impl``: "batchgen" (fail when unsupported), "transformers", or "auto" (batchgen when it can)."""
-    if impl not in MODEL_IMPLS:
-        raise ValueError(f"unknown model implementation {impl!r} (one of {', '.join(MODEL_IMPLS)})")
-    if impl == "transformers":
-        return TransformersForward(model)
-    reason = unsupported_reason(model)
-    if reason is None:
-        return FusedForward(model, max_positions)
-    if impl == "batchgen":
-        raise ValueError(f"--model-impl batchgen does not support this model: {reason}")
-    log.info("running transformers' forward: batchgen's fused forward does not cover %s", reason)
-    return TransformersForward(model)

@@ -104,6 +104,43 @@ def resolve_model_path(model: str | None) -> str:
     return str(default_model_dir()) if model is None else model
 
 
+def local_model_dir(model: str | None) -> str:
+    """A directory holding the model's files: the embedded model's, a local path, or a hub snapshot
+    (its config, tokenizer and safetensors files; nothing else is fetched)."""
+    path = resolve_model_path(model)
+    if os.path.isdir(path):
+        return path
+    from huggingface_hub import snapshot_download
+
+    patterns = ["*.json", "*.safetensors", "*.jinja", "*.model", "*.txt", "*.tiktoken"]
+    return snapshot_download(path, allow_patterns=patterns)
+
+
+def load_config(path: str, trust_remote_code: bool = False):
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+
+
+def load_generation_config(path: str, hf_config):
+    from transformers import GenerationConfig
+
+    try:
+        return GenerationConfig.from_pretrained(path)
+    except OSError:  # no generation_config.json: derive it from the model config, as transformers does
+        return GenerationConfig.from_model_config(hf_config)
+
+
+def load_tokenizer(path: str, trust_remote_code: bool = False):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+
+
+def has_safetensors(path: str) -> bool:
+    return any(Path(path).glob("*.safetensors"))
+
+
 def load_model(
     model: str | None,
     device: str | None = None,

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from batchgen import LLM, SamplingParams
-from batchgen.model.forward import FusedForward, TransformersForward
+from batchgen.model.forward import TransformersForward
+from batchgen.model.fused import FusedForward
 from tests.engine.oracle import WORDS, make_prompts, reference_greedy, with_system_prompt
 
 NEW_TOKENS = 12

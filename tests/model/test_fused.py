@@ -5,11 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
+from batchgen.config import EngineConfig
 from batchgen.model import attention
 from batchgen.model.attention import PagedContext
 from batchgen.model.backends import TorchBackend
-from batchgen.model.forward import TransformersForward, build_forward
-from batchgen.model.fused import FusedForward, unsupported_reason
+from batchgen.model.build import ModelFiles, build_model
+from batchgen.model.forward import TransformersForward
+from batchgen.model.fused import FusedForward
+from batchgen.model.spec import unsupported_reason
+from batchgen.parallel.group import ParallelGroup
 
 BASE = dict(
     vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
@@ -51,6 +55,16 @@ def _model(variant: str, dtype=torch.float32) -> torch.nn.Module:
             if name.endswith("bias") or "norm" in name:
                 p.normal_(mean=1.0 if "norm" in name else 0.0, std=0.2)
     return model.eval()
+
+
+def build_forward(model: torch.nn.Module, impl: str, max_positions: int):
+    """The forward ``LLM.from_model`` would run on ``model`` with ``--model-impl impl``."""
+    param = next(model.parameters())
+    files = ModelFiles(None, model.config, model)
+    options = EngineConfig(model_impl=impl)
+    return build_model(
+        options, files, ParallelGroup.single(), param.device, param.dtype, max_positions
+    ).forward
 
 
 def _context(start: int, length: int, caches, backend) -> PagedContext:
@@ -121,11 +135,12 @@ def test_weights_are_merged_once_and_shared():
     model = _model("llama")
     attn = model.model.layers[0].self_attn
     params_before = sum(p.numel() for p in model.parameters())
-    first = FusedForward(model, 64)
-    second = FusedForward(model, 64)  # a second engine on the same model copies nothing
-    assert first.layers[0].qkv.data_ptr() == second.layers[0].qkv.data_ptr() == attn.q_proj.weight.data_ptr()
+    first = build_forward(model, "batchgen", 64)
+    second = build_forward(model, "batchgen", 64)  # a second engine on the same model copies nothing
+    qkv = [f.layers[0].attn.qkv.weight.data_ptr() for f in (first, second)]
+    assert qkv[0] == qkv[1] == attn.q_proj.weight.data_ptr()
     assert attn.k_proj.weight.data_ptr() == attn.q_proj.weight.data_ptr() + attn.q_proj.weight.nbytes
-    assert first.layers[0].gate_up.shape == (2 * 96, 64)
+    assert first.layers[0].mlp.gate_up.weight.shape == (2 * 96, 64)
     assert sum(p.numel() for p in model.parameters()) == params_before
 
 
@@ -147,7 +162,7 @@ def test_unsupported_models_run_transformers_forward():
     dynamic.model.rotary_emb.rope_type = "dynamic"  # frequencies that change with the length
     assert unsupported_reason(dynamic) == "rope type 'dynamic'"
     with pytest.raises(ValueError, match="unknown model implementation"):
-        build_forward(dynamic, "fast", 64)
+        EngineConfig(model_impl="fast")
 
 
 @pytest.mark.gpu

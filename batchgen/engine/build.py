@@ -1,0 +1,95 @@
+"""One rank's share of an engine: the model (``model/build.py``), its paged KV pool, and the runner.
+
+Rank 0's ``LLM`` and every tensor-parallel worker process call the same functions with the same
+options, in the same order: the collectives inside (the KV pool size agreed over ranks, the warm-up runs
+before graph capture) pair up across processes.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from batchgen.config import EngineConfig
+from batchgen.engine import kv_cache
+from batchgen.model.backends import TorchBackend, TritonBackend
+from batchgen.model.build import ModelBundle, ModelFiles, build_model
+from batchgen.model.loader import resolve_device, resolve_dtype
+from batchgen.parallel.group import ParallelGroup
+
+ACTIVATION_RESERVE = 2 << 30  # CUDA: room for activations and logits beside the KV pool
+DEFAULT_MAX_MODEL_LEN = 4096
+
+
+class RankEngine(NamedTuple):
+    bundle: ModelBundle
+    runner: object  # EagerRunner or CudaRunner
+    num_blocks: int
+    device: torch.device
+    dtype: torch.dtype
+    max_model_len: int
+    async_mode: bool
+
+
+def max_model_len(options: EngineConfig, hf_config) -> int:
+    text = hf_config.get_text_config()
+    limit = getattr(text, "max_position_embeddings", None) or DEFAULT_MAX_MODEL_LEN
+    return min(options.max_model_len or limit, limit)
+
+
+def rank_device(options: EngineConfig, group: ParallelGroup) -> torch.device:
+    """Rank r of a tensor-parallel CUDA job runs on the r-th visible GPU."""
+    device = resolve_device(options.device)
+    if group.is_parallel and device.type == "cuda":
+        return torch.device("cuda", group.local_rank)
+    return device
+
+
+def build_rank(
+    options: EngineConfig, files: ModelFiles, group: ParallelGroup, progress: bool = True,
+    dtype: torch.dtype | None = None,
+) -> RankEngine:  # fmt: skip
+    device = rank_device(options, group)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dtype = dtype or resolve_dtype(options.dtype, device)
+    limit = max_model_len(options, files.hf_config)
+    bundle = build_model(options, files, group, device, dtype, limit)
+    num_blocks = group.min_int(_num_blocks(options, bundle.kv_shape, device, dtype, limit), device)
+    caches = kv_cache.allocate(bundle.kv_shape, num_blocks, options.block_size, dtype, device)
+    async_mode = options.async_mode if options.async_mode is not None else device.type == "cuda"
+    runner = _runner(options, bundle, caches, device, limit, async_mode, progress)
+    return RankEngine(bundle, runner, num_blocks, device, dtype, limit, async_mode)
+
+
+def _num_blocks(options: EngineConfig, shape: kv_cache.KVShape, device, dtype, limit: int) -> int:
+    if options.kv_cache_bytes is not None:
+        budget = options.kv_cache_bytes
+    elif device.type == "cuda":
+        budget = kv_cache.cuda_budget(device, options.gpu_memory_utilization, ACTIVATION_RESERVE)
+    else:
+        budget = kv_cache.default_cpu_budget()
+    useful = options.max_num_seqs * limit + options.max_batch_tokens
+    return kv_cache.num_blocks_for(shape, options.block_size, dtype, budget, useful)
+
+
+def _runner(
+    options: EngineConfig, bundle: ModelBundle, caches, device, limit: int, async_mode: bool, progress
+):
+    from batchgen.engine.runner import EagerRunner
+
+    if device.type != "cuda":
+        return EagerRunner(bundle.forward, caches, TorchBackend(), device, bundle.sampler)
+    from batchgen.engine.cuda_runner import CudaRunner
+
+    triton = options.attention_backend != "torch"
+    runner = CudaRunner(
+        bundle.forward, caches, TritonBackend() if triton else TorchBackend(), device,
+        max_num_seqs=options.max_num_seqs, max_batch_tokens=options.max_batch_tokens,
+        max_model_len=limit, block_size=options.block_size, num_slots=2 if async_mode else 1,
+        cuda_graphs=options.cuda_graphs is not False and triton,  # the torch reference syncs: not capturable
+        sampler=bundle.sampler,
+    )  # fmt: skip
+    runner.capture_all(progress=progress)
+    return runner

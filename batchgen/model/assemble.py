@@ -1,0 +1,104 @@
+"""Assemble batchgen's fused forward: a model's structure (``ModelSpec``) + its tensors (a
+``WeightSource``) + how projections are stored (a ``WeightFormat``) + the rank's share (``ParallelGroup``).
+
+Checkpoint names are transformers' (``model.layers.{i}.self_attn.q_proj.weight``, ...). With one
+process nothing is sliced (an in-memory model's projections merge into views, copying nothing).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from batchgen.model.fused import Attention, DenseMLP, FusedForward, Layer
+from batchgen.model.spec import ModelSpec, describe, rope_tables
+from batchgen.model.weights.formats import Linear, WeightFormat
+from batchgen.model.weights.sources import Part, WeightSource
+from batchgen.parallel.group import ParallelGroup
+from batchgen.parallel.layers import LMHead, RowParallel, VocabEmbedding
+from batchgen.parallel.shard import HeadShard, Span, config_problem, even_span, head_shard, vocab_span
+
+
+class Assembled(NamedTuple):
+    forward: FusedForward
+    spec: ModelSpec
+    heads: HeadShard  # this rank's query and KV heads
+    vocab: Span  # this rank's vocabulary range
+
+
+class Loader(NamedTuple):
+    """What every part of the build reads from."""
+
+    source: WeightSource
+    fmt: WeightFormat
+    group: ParallelGroup
+    dtype: torch.dtype
+
+    def span(self, span: Span) -> Span | None:
+        """A slice only when sharded: unsliced parts let an in-memory model merge into views."""
+        return span if self.group.is_parallel else None
+
+    def dense(self, name: str, rows: Span | None = None) -> torch.Tensor:
+        return self.source.get(Part(name, rows)).to(self.dtype)
+
+    def row_parallel(self, name: str, cols: Span) -> Linear:
+        """A projection split by input features: partial sums, all-reduced; rank 0 adds the bias."""
+        local = self.fmt.linear(self.source, [Part(name, None, self.span(cols))], bias=self.group.rank == 0)
+        return RowParallel(local, self.group) if self.group.is_parallel else local
+
+
+def assemble(
+    skeleton: torch.nn.Module, source: WeightSource, fmt: WeightFormat, group: ParallelGroup,
+    dtype: torch.dtype, max_positions: int,
+) -> Assembled:  # fmt: skip
+    spec = describe(skeleton)
+    problem = config_problem(skeleton.config, group.size)
+    if problem is not None:
+        raise ValueError(problem)
+    heads = head_shard(spec.q_heads, spec.kv_heads, group.rank, group.size)
+    vocab = vocab_span(spec.vocab, group.rank, group.size)
+    load = Loader(source, fmt, group, dtype)
+    layers = [_layer(load, spec, skeleton.model.layers[i], i, heads) for i in range(spec.num_layers)]
+    embed = load.dense("model.embed_tokens.weight", load.span(vocab))
+    head_name = "model.embed_tokens.weight" if spec.tied_embeddings else "lm_head.weight"
+    head = embed if spec.tied_embeddings else load.dense(head_name, load.span(vocab))
+    bias = load.dense("lm_head.bias", load.span(vocab)) if source.has("lm_head.bias") else None
+    rope = rope_tables(spec, max_positions, dtype, source.device)
+    embedding, lm_head = VocabEmbedding(embed, vocab, group), LMHead(head, bias, vocab)
+    forward = FusedForward(
+        layers, embedding, load.dense("model.norm.weight"), lm_head, rope, (heads.q.size, heads.kv.size),
+        spec.scale, spec.eps,
+    )  # fmt: skip
+    return Assembled(forward, spec, heads, vocab)
+
+
+def _layer(load: Loader, spec: ModelSpec, module: torch.nn.Module, i: int, heads: HeadShard) -> Layer:
+    prefix = f"model.layers.{i}."
+    return Layer(
+        load.dense(prefix + "input_layernorm.weight"),
+        _attention(load, spec, prefix + "self_attn.", heads, spec.sliding_windows[i]),
+        load.dense(prefix + "post_attention_layernorm.weight"),
+        _dense_mlp(load, spec, prefix + "mlp."),
+    )
+
+
+def _attention(load: Loader, spec: ModelSpec, prefix: str, heads: HeadShard, window: int | None) -> Attention:
+    q_rows, kv_rows = load.span(heads.q.scaled(spec.head_dim)), load.span(heads.kv.scaled(spec.head_dim))
+    parts = [Part(prefix + "q_proj.weight", q_rows), Part(prefix + "k_proj.weight", kv_rows),
+             Part(prefix + "v_proj.weight", kv_rows)]  # fmt: skip
+    qkv = load.fmt.linear(load.source, parts, bias=True)
+    norms = [load.dense(prefix + n) if spec.qk_norm else None for n in ("q_norm.weight", "k_norm.weight")]
+    o_proj = load.row_parallel(prefix + "o_proj.weight", heads.q.scaled(spec.head_dim))
+    return Attention(qkv, *norms, o_proj, window)
+
+
+def _dense_mlp(load: Loader, spec: ModelSpec, prefix: str) -> DenseMLP:
+    rows = even_span(spec.intermediate, load.group.rank, load.group.size)
+    parts = [
+        Part(prefix + "gate_proj.weight", load.span(rows)),
+        Part(prefix + "up_proj.weight", load.span(rows)),
+    ]
+    return DenseMLP(
+        load.fmt.linear(load.source, parts, bias=True), load.row_parallel(prefix + "down_proj.weight", rows)
+    )

@@ -1,0 +1,113 @@
+"""Engine options + a model (a checkpoint directory or a module in memory) -> what a runner executes.
+
+batchgen's fused forward when the architecture allows it (``--model-impl auto``), built straight from
+the checkpoint's safetensors on the target device, each rank reading only its shard; else transformers'
+modelling code on a model it loads itself.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import torch
+
+from batchgen.config import EngineConfig
+from batchgen.engine import kv_cache
+from batchgen.engine.sampler import sample
+from batchgen.model import attention
+from batchgen.model.assemble import assemble
+from batchgen.model.forward import ModelForward, TransformersForward
+from batchgen.model.loader import has_safetensors
+from batchgen.model.spec import unsupported_reason
+from batchgen.model.weights.formats import weight_format
+from batchgen.model.weights.sources import ModuleSource, RandomSource, SafetensorsSource, WeightSource
+from batchgen.parallel.group import ParallelGroup
+from batchgen.parallel.sampling import ShardedSampler
+
+log = logging.getLogger(__name__)
+
+LOAD_FORMATS = ("auto", "random")
+
+
+class ModelBundle(NamedTuple):
+    forward: ModelForward
+    sampler: Callable  # (logits [S, V / K], SamplingTensors, any_sampling, want_logprobs) -> tokens, logprobs
+    kv_shape: kv_cache.KVShape  # this rank's
+    module: torch.nn.Module | None  # the transformers model, when one was built or given
+
+
+class ModelFiles(NamedTuple):
+    path: str | None  # a local directory (None: the model exists only in memory)
+    hf_config: Any
+    module: torch.nn.Module | None = None
+
+
+def meta_skeleton(hf_config, trust_remote_code: bool = False) -> torch.nn.Module:
+    """The model's modules on the meta device: structure and constants, no memory."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(hf_config, trust_remote_code=trust_remote_code)
+
+
+def load_transformers_model(path: str, options: EngineConfig, device: torch.device, dtype: torch.dtype):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        path,
+        dtype=dtype,
+        attn_implementation=attention.register(),
+        trust_remote_code=options.trust_remote_code,
+    )
+    return model.to(device).eval()
+
+
+def build_model(
+    options: EngineConfig, files: ModelFiles, group: ParallelGroup, device: torch.device, dtype: torch.dtype,
+    max_positions: int,
+) -> ModelBundle:  # fmt: skip
+    skeleton = (
+        files.module
+        if files.module is not None
+        else meta_skeleton(files.hf_config, options.trust_remote_code)
+    )
+    reason = unsupported_reason(skeleton)
+    impl = options.model_impl
+    if impl == "transformers" or (impl == "auto" and reason is not None):
+        if reason is not None:
+            log.info("running transformers' forward: batchgen's fused forward does not cover %s", reason)
+        return _transformers_bundle(options, files, group, device, dtype)
+    if reason is not None:
+        raise ValueError(f"--model-impl batchgen does not support this model: {reason}")
+    source = _source(options, files, skeleton, group, device, dtype)
+    fmt = weight_format(files.hf_config, dtype, options.quantization)
+    built = assemble(skeleton, source, fmt, group, dtype, max_positions)
+    spec = built.spec
+    sampler = ShardedSampler(group, built.vocab, spec.vocab) if group.is_parallel else sample
+    shape = kv_cache.KVShape(spec.num_layers, built.heads.kv.size, spec.head_dim)
+    return ModelBundle(built.forward, sampler, shape, files.module)
+
+
+def _transformers_bundle(options, files: ModelFiles, group, device, dtype) -> ModelBundle:
+    if group.is_parallel:
+        raise ValueError("--tensor-parallel needs batchgen's own forward (--model-impl auto or batchgen)")
+    module = (
+        files.module
+        if files.module is not None
+        else load_transformers_model(files.path, options, device, dtype)
+    )
+    return ModelBundle(TransformersForward(module), sample, kv_cache.kv_shape(module.config), module)
+
+
+def _source(options, files: ModelFiles, skeleton, group, device, dtype) -> WeightSource:
+    if files.module is not None:
+        return ModuleSource(files.module)
+    if options.load_format == "random":
+        return RandomSource.for_model(skeleton, device, dtype)
+    if has_safetensors(files.path):
+        return SafetensorsSource(files.path, device)
+    if group.is_parallel:
+        raise ValueError(f"--tensor-parallel reads safetensors checkpoints; {files.path} has none")
+    return ModuleSource(load_transformers_model(files.path, options, device, dtype))

@@ -1,0 +1,49 @@
+"""Rank 0's runner in a tensor-parallel job: every order goes to the workers first, then runs here.
+
+The workers receive a step's host inputs while rank 0 copies its own to the device, and each rank runs
+the seed's pipeline itself (streams, two slots, the step's graph, carry-over from its own sampled
+tokens): no host round trip per step, and nothing comes back but at the end (their busy time).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from batchgen.engine.batch import StepInputs
+from batchgen.engine.runner import StepResult
+from batchgen.parallel.launch import WorkerPool
+
+
+class TensorParallelRunner:
+    def __init__(self, local, pool: WorkerPool) -> None:
+        self.local, self.pool = local, pool
+        local.check_alive = pool.check  # rank 0's waits notice a dead rank instead of hanging
+
+    def __getattr__(self, name: str) -> Any:  # forward, kv_caches, buckets, gpu_busy_s, ...
+        return getattr(self.local, name)
+
+    def launch(self, inputs: StepInputs):
+        self.pool.send(("launch", inputs))
+        return self.local.launch(inputs)
+
+    def fetch(self, handle) -> StepResult:
+        self.pool.check()
+        return self.local.fetch(handle)
+
+    def reset(self) -> None:
+        self.pool.send(("reset",))
+        self.local.reset()
+
+    def capture_all(
+        self, any_sampling: bool = False, want_logprobs: bool = False, progress: bool = True
+    ) -> None:
+        self.pool.send(("capture", any_sampling, want_logprobs))
+        self.local.capture_all(any_sampling, want_logprobs, progress=progress)
+
+    def rank_stats(self) -> list[dict]:
+        """Every rank's busy and host-prep time (rank 0 first); the workers stop listening after."""
+        own = {
+            "gpu_busy_s": getattr(self.local, "gpu_busy_s", 0.0),
+            "prep_s": getattr(self.local, "prep_s", 0.0),
+        }
+        return [own, *self.pool.request(("stats",))]

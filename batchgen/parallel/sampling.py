@@ -1,0 +1,43 @@
+"""Sampling over a vocabulary split across ranks. Every rank ends with the same tokens, so each keeps
+its own carry-over of sampled tokens into the next step (no broadcast from rank 0).
+
+Greedy steps reduce per rank: each sends its best (logit, token id) per row, [S, 2] instead of the
+[S, V / K] logits. Steps that sample or want log-probabilities gather the whole logits and run the
+one-process sampler on every rank (its noise is a function of row, step and token id: identical).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from batchgen.engine.sampler import SamplingTensors, sample
+from batchgen.parallel.group import ParallelGroup
+from batchgen.parallel.shard import Span
+
+
+class ShardedSampler:
+    def __init__(self, group: ParallelGroup, vocab: Span, vocab_size: int) -> None:
+        self.group, self.vocab, self.vocab_size = group, vocab, vocab_size
+        self.width = -(-vocab_size // group.size)  # every rank's padded share
+
+    def __call__(
+        self, logits: torch.Tensor, params: SamplingTensors, any_sampling: bool, want_logprobs: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:  # logits: [S, vocab.size] float32
+        if any_sampling or want_logprobs:
+            return sample(self._gather(logits), params, any_sampling, want_logprobs)
+        return self._greedy(logits), None
+
+    def _greedy(self, logits: torch.Tensor) -> torch.Tensor:
+        best, index = logits.max(dim=-1)  # [S]: the first maximum, like argmax
+        # Token ids < 2**24 are exact in float32; ties go to the lowest rank, i.e. the lowest id.
+        ids = (index + self.vocab.start).to(torch.float32)
+        candidates = self.group.all_gather(torch.stack([best, ids], dim=-1))  # [K, S, 2]
+        rank = candidates[..., 0].argmax(dim=0, keepdim=True)  # [1, S]
+        return candidates[..., 1].gather(0, rank).squeeze(0).to(torch.int64)
+
+    def _gather(self, logits: torch.Tensor) -> torch.Tensor:  # -> [S, V]
+        pad = self.width - logits.shape[1]
+        if pad:
+            logits = torch.nn.functional.pad(logits, (0, pad), value=float("-inf"))
+        parts = self.group.all_gather(logits)  # [K, S, width]
+        return parts.permute(1, 0, 2).reshape(logits.shape[0], -1)[:, : self.vocab_size]

@@ -1,0 +1,101 @@
+"""A tensor-parallel worker (ranks 1..K-1): build the same engine rank as rank 0, then run every step
+rank 0 sends, on this rank's shard.
+
+A worker keeps one step in flight like rank 0's engine (it fetches step N-1 after launching N), so its
+host never runs far ahead of its GPU, and its busy time is measured the same way. It has no scheduler,
+no sampler output to read and no files: its sampled tokens equal rank 0's and only feed the carry-over.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import signal
+from collections import deque
+from multiprocessing.connection import Connection
+
+from batchgen.parallel.launch import Rendezvous, connect, init_group
+
+log = logging.getLogger("batchgen")
+
+
+def serve(conn: Connection, runner) -> None:
+    """Run rank 0's orders until it says stop or goes away."""
+    inflight: deque = deque()
+    while True:
+        try:
+            kind, *args = conn.recv()
+        except (EOFError, OSError):
+            return  # rank 0 is gone
+        if kind == "launch":
+            inflight.append(runner.launch(args[0]))
+            if len(inflight) > 1:
+                runner.fetch(inflight.popleft())
+            continue
+        while inflight:
+            runner.fetch(inflight.popleft())
+        if kind == "reset":
+            runner.reset()
+        elif kind == "capture":
+            runner.capture_all(*args, progress=False)
+        elif kind == "stats":
+            conn.send(
+                {"gpu_busy_s": getattr(runner, "gpu_busy_s", 0.0), "prep_s": getattr(runner, "prep_s", 0.0)}
+            )
+        elif kind == "stop":
+            return
+
+
+def run_worker(conn: Connection, rdzv: Rendezvous | None, rank: int) -> None:
+    """Receive the job from rank 0, join the group, build this rank, serve."""
+    import torch
+
+    from batchgen.engine.build import build_rank
+    from batchgen.model import attention
+    from batchgen.parallel.launch import _uses_cuda
+
+    kind, config, files, rank0 = conn.recv()
+    assert kind == "init", kind
+    if rdzv is None:  # started by rank 0: same store, this rank, the rank-th visible GPU
+        rdzv = dataclasses.replace(rank0, rank=rank, local_rank=rank)
+        group = init_group(rdzv, _uses_cuda(config))
+    else:
+        import torch.distributed as dist
+
+        from batchgen.parallel.group import ParallelGroup
+
+        group = ParallelGroup(rdzv.rank, rdzv.size, dist.group.WORLD, rdzv.local_rank)
+    attention.register()
+    with torch.inference_mode():
+        engine = build_rank(config, files, group, progress=False)
+    serve(conn, engine.runner)
+
+
+def ignore_stop_signals() -> None:
+    """Rank 0 alone handles stop signals (a terminal's Ctrl-C, Slurm's SIGTERM to the whole step)."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(sig, signal.SIG_IGN)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m batchgen.parallel.worker")
+    parser.add_argument("--control", required=True, help="host:port of rank 0's control listener")
+    parser.add_argument("--rank", type=int, required=True)
+    args = parser.parse_args(argv)
+    ignore_stop_signals()
+    logging.basicConfig(format=f"batchgen[rank {args.rank}]: %(message)s", level=logging.INFO)
+    conn = connect(None, args.control, args.rank)
+    run_worker(conn, None, args.rank)
+
+
+def serve_launched(rdzv: Rendezvous, cuda: bool) -> None:
+    """A rank > 0 that a launcher (torchrun, srun) started with the same command as rank 0."""
+    ignore_stop_signals()
+    init_group(rdzv, cuda)
+    conn = connect(rdzv, None, rdzv.rank)
+    run_worker(conn, rdzv, rdzv.rank)
+
+
+if __name__ == "__main__":
+    main()
