@@ -118,7 +118,7 @@ def _check_parts(output: str, parts: list) -> None:
 
 def _job(state: RunState) -> dict:
     """A shard's fingerprint without its own rows (what every shard of one job shares)."""
-    return {k: v for k, v in state.fingerprint.items() if k not in ("row_start", "part")}
+    return {k: v for k, v in state.fingerprint.items() if k not in ("row_start", "part", "split")}
 
 
 def _list(indices: list[int]) -> str:

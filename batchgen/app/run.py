@@ -25,7 +25,7 @@ from batchgen.app.merge import check_target
 from batchgen.app.options import RunOptions
 from batchgen.app.prepare import END, Preparer, PromptSettings
 from batchgen.app.progress import Counters, Progress, summary_text
-from batchgen.app.shards import SHARD_PLACEHOLDER, count_input_rows, merged_output, shard_output, shard_rows
+from batchgen.app.shards import SHARD_PLACEHOLDER, merged_output, plan_shard, shard_output
 from batchgen.app.signals import Interrupt, SignalControl
 from batchgen.app.sink import RecordOptions, Sink
 from batchgen.config import SamplingParams
@@ -85,15 +85,14 @@ def merged_target_done(opts: RunOptions) -> bool:
 def for_shard(opts: RunOptions, reader: Reader) -> RunOptions:
     """The options of one shard: its output file and its contiguous rows."""
     shard = opts.shard
-    start, stop = shard_rows(count_input_rows(reader), shard, opts.limit)
+    start, stop, split = plan_shard(reader, shard, opts.limit)
     output = shard_output(opts.output, shard)
     last = "the end" if stop is None else stop
     log.info("shard %d of %d: rows %d to %s -> %s", shard.index, shard.count, start, last, output)
     limit = None if stop is None else stop - start
     stats = shard_output(opts.stats_file, shard) if opts.stats_file else None  # one per shard
-    return replace(
-        opts, output=output, row_start=start, limit=limit, shard=None, part=(start, stop), stats_file=stats
-    )
+    return replace(opts, output=output, row_start=start, limit=limit, shard=None, part=(start, stop),
+                   split=split, stats_file=stats)  # fmt: skip
 
 
 def check_input(reader: Reader, opts: RunOptions) -> None:
