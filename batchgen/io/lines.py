@@ -9,6 +9,7 @@ line), which is what lets a shard start in the middle of a file with its rows' g
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from typing import BinaryIO
 
 import numpy as np
@@ -55,7 +56,7 @@ def _any_text(a: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray
     return text
 
 
-def iter_chunks(f: BinaryIO, start: int, end: int | None = None):
+def iter_chunks(f: BinaryIO, start: int, end: int | None = None) -> Iterator[tuple[int, np.ndarray]]:
     """(offset, bytes as uint8) of [start, end) in pieces of whole lines (``start`` is a line start);
     each piece ends after a newline, except the last one of the range."""
     pos = f.seek(start)
