@@ -20,12 +20,12 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from batchgen.app.errors import FatalError
+from batchgen.app.errors import FatalError, storage_failure
 from batchgen.app.merge import check_target
 from batchgen.app.options import RunOptions
 from batchgen.app.prepare import END, Preparer, PromptSettings
 from batchgen.app.progress import Counters, Progress, summary_text
-from batchgen.app.shards import SHARD_PLACEHOLDER, count_input_rows, merged_output, shard_output, shard_rows
+from batchgen.app.shards import SHARD_PLACEHOLDER, merged_output, plan_shard, shard_output
 from batchgen.app.signals import Interrupt, SignalControl
 from batchgen.app.sink import RecordOptions, Sink
 from batchgen.config import SamplingParams
@@ -45,6 +45,13 @@ _SCHEMA_ROWS = 100  # rows looked at before the model loads, to fail fast on an 
 
 def run(opts: RunOptions) -> int:
     """Run (or resume) one job; the exit code. Raises InputError/OutputError (usage) or FatalError."""
+    try:
+        return _run(opts)
+    except OSError as exc:  # a full disk, an I/O error, a vanished directory: one line naming the file
+        raise storage_failure(exc) from exc
+
+
+def _run(opts: RunOptions) -> int:
     reader = open_input(opts.input)
     output_format(opts.output)
     check_input(reader, opts)  # the whole input's head, before an empty shard could hide a bad input
@@ -85,15 +92,14 @@ def merged_target_done(opts: RunOptions) -> bool:
 def for_shard(opts: RunOptions, reader: Reader) -> RunOptions:
     """The options of one shard: its output file and its contiguous rows."""
     shard = opts.shard
-    start, stop = shard_rows(count_input_rows(reader), shard, opts.limit)
+    start, stop, split = plan_shard(reader, shard, opts.limit)
     output = shard_output(opts.output, shard)
     last = "the end" if stop is None else stop
     log.info("shard %d of %d: rows %d to %s -> %s", shard.index, shard.count, start, last, output)
     limit = None if stop is None else stop - start
     stats = shard_output(opts.stats_file, shard) if opts.stats_file else None  # one per shard
-    return replace(
-        opts, output=output, row_start=start, limit=limit, shard=None, part=(start, stop), stats_file=stats
-    )
+    return replace(opts, output=output, row_start=start, limit=limit, shard=None, part=(start, stop),
+                   split=split, stats_file=stats)  # fmt: skip
 
 
 def check_input(reader: Reader, opts: RunOptions) -> None:
@@ -184,7 +190,7 @@ class _Job:
         state = RunState(self.fingerprint, n=opts.n)
         if old is not None:
             state.started = old.started
-        save_state(out, state)  # before the first record: an output with records always has a state
+        save_state(out, state, self.faults.open_small)  # before the first record: records always have a state
         return writer, done, totals, state
 
     def _check_resumable(self, old: RunState | None) -> None:
@@ -332,6 +338,8 @@ class _Job:
                 raise FatalError(_one_line(failure).removeprefix("RankFailed: ")) from failure
             if isinstance(failure, FatalError | SchemaError):
                 raise failure
+            if isinstance(failure, OSError):
+                raise storage_failure(failure) from failure
             raise FatalError(_one_line(failure)) from failure
         if not complete:
             log.info("saved; re-run the same command to resume (exit 75)")
@@ -339,8 +347,12 @@ class _Job:
         return EXIT_OK
 
     def _write_stats(self, summary: dict[str, Any]) -> None:
-        if self.opts.stats_file:
+        if not self.opts.stats_file:
+            return
+        try:
             Path(self.opts.stats_file).write_text(json.dumps(summary, indent=2) + "\n")
+        except OSError as exc:  # e.g. the same full disk: the run's own outcome matters more
+            log.warning("could not write the stats file %s: %s", self.opts.stats_file, exc)
 
 
 class _Feed:
