@@ -244,7 +244,9 @@ def _data_parallel(input_path: str, output: str, verbose: bool, kw: dict[str, An
             raise click.UsageError("--data-parallel works from the command line (batchgen run ...)")
         if merged_target_done(_run_options(input_path, output, kw)):
             return 0
-        return run_data_parallel(argv[1:], kw["data_parallel"], output, kw["overwrite"], kw["stats_file"])
+        return run_data_parallel(
+            argv[1:], kw["data_parallel"], output, kw["overwrite"], kw["stats_file"], kw["tensor_parallel"]
+        )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     except (FatalError, RuntimeError) as exc:

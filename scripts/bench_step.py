@@ -23,14 +23,15 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from batchgen.bench import metrics  # noqa: E402
-from batchgen.bench.workloads import build_random_model  # noqa: E402
+from batchgen.bench.workloads import ARCHS, build_random_model  # noqa: E402
 from batchgen.engine.batch import StepInputs  # noqa: E402
 from batchgen.llm import LLM  # noqa: E402
 from batchgen.testing.models import tokenizer_path  # noqa: E402
 
-PRESETS = {  # name -> (arch, batch, context): B1 at 4K context, B3 at its mean context
-    "B1": ("llama3-8b", 32, 4096),
-    "B3": ("qwen3-0.6b", 256, 640),
+PRESETS = {  # name -> (arch, batch, context, GPUs): B1 at 4K context, B3 and B5 at their mean context
+    "B1": ("llama3-8b", 32, 4096, 1),
+    "B3": ("qwen3-0.6b", 256, 640, 1),
+    "B5": ("llama3-70b", 64, 1024, 2),
 }
 
 
@@ -67,9 +68,81 @@ def time_steps(llm: LLM, batch: int, context: int, steps: int) -> dict:
     return {"gpu_ms": (runner.gpu_busy_s - busy0) / steps * 1e3, "wall_ms": wall / steps * 1e3}
 
 
+def _allreduce_worker(rank: int, size: int, port: int, shape: tuple, count: int, out: str) -> None:
+    """One rank of the all-reduce measurement: ``count`` all-reduces of ``shape`` in one CUDA graph."""
+    import torch.distributed as dist
+
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size)
+    x = torch.randn(shape, dtype=torch.bfloat16, device="cuda")
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            dist.all_reduce(x)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            for _ in range(count):
+                dist.all_reduce(x)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(20):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    if rank == 0:
+        Path(out).write_text(json.dumps(sorted(times)[len(times) // 2]))
+    dist.destroy_process_group()
+
+
+def allreduce_ms(size: int, shape: tuple, count: int) -> float:
+    """Median time of ``count`` graph-captured NCCL all-reduces of ``shape`` (bf16) over ``size`` GPUs."""
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    from batchgen.parallel.launch import _free_port
+
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        mp.spawn(_allreduce_worker, args=(size, _free_port(), shape, count, f.name), nprocs=size)
+        return json.loads(Path(f.name).read_text())
+
+
+def sharded_step(name: str, arch: str, batch: int, context: int, gpus: int, steps: int, bandwidth: float):
+    """A decode step of a model split over ``gpus`` GPUs, against its roofline: each GPU reads its share
+    of the weights and KV at full bandwidth, plus the step's all-reduces (2 per layer + the embedding's)
+    timed alone."""
+    from batchgen.bench.cli_entry import _prepare_sharded
+    from batchgen.bench.workloads import Workload
+
+    cfg = ARCHS[arch]
+    reduces = 2 * cfg["num_hidden_layers"] + 1
+    comm_ms = allreduce_ms(gpus, (batch, cfg["hidden_size"]), reduces)
+    p = _prepare_sharded(Workload(name, arch, batch, context, 64, tensor_parallel=gpus), torch.device("cuda"))
+    sizes = metrics.model_bytes(p.model)
+    kv_bytes = int(batch * (context + 64) * sizes["kv_per_token"] / gpus * 1.05) + (64 << 20)
+    llm = p.make_llm(max_num_seqs=batch, max_model_len=context + 64, kv_cache_bytes=kv_bytes,
+                     extra={"progress": False})  # fmt: skip
+    try:
+        r = time_steps(llm, batch, context, steps)
+    finally:
+        llm.close()
+    bytes_per_gpu = (sizes["weights"] + batch * context * sizes["kv_per_token"]) / gpus
+    roofline_ms = bytes_per_gpu / bandwidth * 1e3 + comm_ms
+    r.update(preset=name, arch=arch, batch=batch, context=context, impl="batchgen", gpus=gpus,
+             allreduce_ms=comm_ms, roofline_ms=roofline_ms, bandwidth_gbs=bandwidth / 1e9)  # fmt: skip
+    r["vs_roofline"] = r["gpu_ms"] / roofline_ms
+    print(f"{name} batchgen TP={gpus} {batch} x {context}: GPU {r['gpu_ms']:.3f} ms/step (rank 0), wall "
+          f"{r['wall_ms']:.3f}; roofline {roofline_ms:.3f} ms ({comm_ms:.3f} of {reduces} all-reduces) -> "
+          f"{r['vs_roofline']:.3f}x", flush=True)  # fmt: skip
+    return r
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--preset", action="append", choices=list(PRESETS), help="repeatable [B1 B3]")
+    ap.add_argument("--preset", action="append", choices=list(PRESETS), help="repeatable [B1 B3]; B5: 2 GPUs")
     ap.add_argument("--impl", action="append", choices=["batchgen", "transformers"])
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--out", help="write the results as JSON to this file")
@@ -82,7 +155,10 @@ def main() -> int:
     bandwidth = metrics.measure_bandwidth(device)
     results = []
     for name in args.preset or ["B1", "B3"]:
-        arch, batch, context = PRESETS[name]
+        arch, batch, context, gpus = PRESETS[name]
+        if gpus > 1:
+            results.append(sharded_step(name, arch, batch, context, gpus, args.steps, bandwidth))
+            continue
         model = build_random_model(arch, "cuda", torch.bfloat16)
         sizes = metrics.model_bytes(model)
         roofline_ms = (sizes["weights"] + batch * context * sizes["kv_per_token"]) / bandwidth * 1e3

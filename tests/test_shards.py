@@ -182,6 +182,11 @@ def test_worker_devices():
     assert worker_devices(2, {}, 0) == ["0", "1"]  # no CUDA: the workers share the CPU
     with pytest.raises(ValueError, match="only 1 GPUs"):
         worker_devices(2, {}, 1)
+    # --data-parallel 2 --tensor-parallel 2: each worker gets two GPUs
+    assert worker_devices(2, {"CUDA_VISIBLE_DEVICES": "3,5,7,9"}, 8, 2) == ["3,5", "7,9"]
+    assert worker_devices(2, {}, 4, 2) == ["0,1", "2,3"]
+    with pytest.raises(ValueError, match="2 x 2 GPUs but only 3"):
+        worker_devices(2, {}, 3, 2)
     args = ["a", "b", "--data-parallel", "2", "--seed=1", "--data-parallel=3"]
     assert worker_args(args) == ["a", "b", "--seed=1", "--no-progress"]
     assert worker_args(["a", "--progress"]) == ["a", "--progress"]

@@ -19,6 +19,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true", help="shorter decodes, for smoke runs")
     ap.add_argument("--no-compare-hf", dest="compare_hf", action="store_false", help="skip the baselines")
     ap.add_argument("--device", help="override every workload's device (cuda, cpu, cuda:1)")
+    ap.add_argument("--tensor-parallel", type=int, help="override every workload's GPU count (B5: 2)")
     return ap.parse_args(argv)
 
 
@@ -32,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
         quick=args.quick,
         compare_hf=args.compare_hf,
         device=args.device,
+        tensor_parallel=args.tensor_parallel,
     )
     return 1 if any(failed(r) for r in records) else 0
 

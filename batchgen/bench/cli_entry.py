@@ -19,6 +19,7 @@ from batchgen.bench.workloads import (
     ARCHS,
     EMBEDDED,
     Workload,
+    arch_config,
     build_random_model,
     get_workload,
     load_tokenizer,
@@ -92,6 +93,8 @@ def prepare(w: Workload) -> Prepared:
 
     device = resolve_device(w.device)
     holder: list = []
+    if w.tensor_parallel > 1:
+        return _prepare_sharded(w, device)
     if w.arch in ARCHS:
         model = build_random_model(w.arch, str(device), _torch_dtype(w.dtype), w.seed)
         tokenizer = load_tokenizer()
@@ -104,6 +107,30 @@ def prepare(w: Workload) -> Prepared:
     prompts, warmup = _prompts(w, model, tokenizer, device)
     make = _llm_factory(model, tokenizer, fallback)
     return Prepared(w, model, tokenizer, make, prompts, warmup, device, holder[0] if holder else None)
+
+
+def _prepare_sharded(w: Workload, device: torch.device) -> Prepared:
+    """A model split over ``w.tensor_parallel`` GPUs: a directory with only its config and tokenizer,
+    loaded with random weights (each rank creates its own shard on its GPU); sizes come from a
+    skeleton on the meta device."""
+    from batchgen.llm import LLM
+    from batchgen.model.build import meta_skeleton
+
+    if w.arch not in ARCHS:
+        raise ValueError(f"tensor-parallel workloads use a built-in architecture, not {w.arch!r}")
+    tmp = tempfile.TemporaryDirectory(prefix="batchgen-bench-")
+    config, tokenizer = arch_config(w.arch), load_tokenizer()
+    config.save_pretrained(tmp.name)
+    tokenizer.save_pretrained(tmp.name)
+    skeleton = meta_skeleton(config)
+    skeleton.to(_torch_dtype(w.dtype))
+
+    def make(**opts):
+        return LLM(tmp.name, load_format="random", tensor_parallel=w.tensor_parallel, dtype=w.dtype,
+                   device=str(device), **opts)  # fmt: skip
+
+    prompts, warmup = _prompts(w, skeleton, tokenizer, device)
+    return Prepared(w, skeleton, tokenizer, make, prompts, warmup, device, tmp)
 
 
 def _torch_dtype(name: str) -> torch.dtype:
@@ -142,6 +169,7 @@ def run_mode(p: Prepared, mode: str) -> dict[str, Any]:
         try:
             return runners.run_batchgen(llm, mode, p.prompts, w.max_new_tokens, p.warmup)
         finally:
+            llm.close()  # tensor-parallel workers release their GPUs before the next mode starts
             del llm
             free(p.device)
     new = w.hf_max_new_tokens or w.max_new_tokens
@@ -184,7 +212,7 @@ def modes_for(w: Workload, modes: list[str], compare_hf: bool) -> list[str]:
     """The engine modes asked for, then the baselines: generate_batch always, the hand-written
     ``model.generate`` loops on CPU only (on a GPU they would take longer than the rest together)."""
     out = list(dict.fromkeys(modes))
-    if compare_hf:
+    if compare_hf and w.tensor_parallel == 1:  # a split model exists whole in no process
         extra = ["generate_batch"] + (["hf_loop", "hf_padded"] if w.device == "cpu" else [])
         out += [m for m in extra if m not in out]
     return out
@@ -193,7 +221,7 @@ def modes_for(w: Workload, modes: list[str], compare_hf: bool) -> list[str]:
 def run_workload(w: Workload, modes: list[str], compare_hf: bool = True) -> list[dict[str, Any]]:
     log(f"{w.name}: preparing {w.arch} on {w.device} ({w.dtype})")
     p = prepare(w)
-    bandwidth = metrics.measure_bandwidth(p.device)
+    bandwidth = metrics.measure_bandwidth(p.device) * w.tensor_parallel  # K GPUs read their shards at once
     sizes = metrics.model_bytes(p.model)
     log(f"{w.name}: {p.shape}; copy bandwidth {bandwidth / 1e9:.0f} GB/s")
     records = []
@@ -256,9 +284,10 @@ def run_bench(
     quick: bool,
     compare_hf: bool,
     device: str | None,
+    tensor_parallel: int | None = None,
 ) -> list[dict]:
     """Run each workload in each mode (plus the transformers baselines), print and write the tables."""
-    specs = [get_workload(name, device) for name in workloads]
+    specs = [get_workload(name, device, tensor_parallel) for name in workloads]
     records: list[dict] = []
     for w in specs:
         w = quick_workload(w) if quick else w

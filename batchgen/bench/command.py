@@ -8,7 +8,7 @@ import click
 
 
 @click.command("bench")
-@click.option("--workload", "workloads", multiple=True, help="B1 B1s B2 B3 B4, repeatable [B4]")
+@click.option("--workload", "workloads", multiple=True, help="B1 B1s B2 B3 B4 B5, repeatable [B4]")
 @click.option(
     "--mode",
     "modes",
@@ -23,7 +23,8 @@ import click
 @click.option("--no-compare-hf", "compare_hf", is_flag=True, flag_value=False, default=True,
               help="Skip transformers' generate_batch baseline.")  # fmt: skip
 @click.option("--device", help="Override every workload's device (cuda, cpu, cuda:1).")
-def bench_command(workloads, modes, out_dir, quick, compare_hf, device) -> None:
+@click.option("--tensor-parallel", type=click.IntRange(min=1), help="Override every workload's GPU count.")
+def bench_command(workloads, modes, out_dir, quick, compare_hf, device, tensor_parallel) -> None:
     """The benchmark workloads (B1-B4): batchgen async and sync beside transformers' generate_batch."""
     from batchgen.bench.__main__ import failed
     from batchgen.bench.cli_entry import run_bench
@@ -34,5 +35,7 @@ def bench_command(workloads, modes, out_dir, quick, compare_hf, device) -> None:
         raise click.BadParameter(
             f"{unknown[0]!r}; choose from {', '.join(WORKLOADS)}", param_hint="--workload"
         )
-    records = run_bench(list(workloads) or ["B4"], list(modes), out_dir, quick, compare_hf, device)
+    records = run_bench(
+        list(workloads) or ["B4"], list(modes), out_dir, quick, compare_hf, device, tensor_parallel
+    )
     sys.exit(1 if any(failed(r) for r in records) else 0)

@@ -43,7 +43,11 @@ QWEN3_0_6B: dict = dict(
     max_position_embeddings=40960,
     tie_word_embeddings=True,
 )
-ARCHS: dict[str, dict] = {"llama3-8b": LLAMA3_8B, "qwen3-0.6b": QWEN3_0_6B}
+LLAMA3_70B: dict = dict(
+    LLAMA3_8B, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
+    max_position_embeddings=8192,
+)  # fmt: skip
+ARCHS: dict[str, dict] = {"llama3-8b": LLAMA3_8B, "qwen3-0.6b": QWEN3_0_6B, "llama3-70b": LLAMA3_70B}
 
 EMBEDDED = "embedded"  # the embedded default model, loaded by LLM(None)
 _BUILTIN_PROMPTS = [
@@ -79,6 +83,9 @@ class Workload:
     dtype: str = "bfloat16"
     hf_max_new_tokens: int | None = None  # generate_batch runs shorter when it is too slow for the budget
     seed: int = 0
+    # > 1: the model is split over this many GPUs, each rank creating only its own random shard (no
+    # whole model in one process, so no transformers baselines).
+    tensor_parallel: int = 1
 
     @property
     def label(self) -> str:
@@ -92,6 +99,7 @@ WORKLOADS: dict[str, Workload] = {
     "B2": Workload("B2", "llama3-8b", 1024, 512, 512, hf_max_new_tokens=128),
     "B3": Workload("B3", "qwen3-0.6b", 256, 128, 1024, hf_max_new_tokens=256),
     "B4": Workload("B4", EMBEDDED, 0, 0, 64, device="cpu", dtype="float32"),
+    "B5": Workload("B5", "llama3-70b", 64, 512, 1024, tensor_parallel=2),
 }
 
 
@@ -104,12 +112,13 @@ def quick(w: Workload) -> Workload:
     return replace(w, num_requests=min(w.num_requests, 256), max_new_tokens=new, hf_max_new_tokens=hf_new)
 
 
-def get_workload(name: str, device: str | None = None) -> Workload:
+def get_workload(name: str, device: str | None = None, tensor_parallel: int | None = None) -> Workload:
     try:
         w = WORKLOADS[name]
     except KeyError:
         raise ValueError(f"unknown workload {name!r}; choose from {', '.join(WORKLOADS)}") from None
-    return replace(w, device=device) if device else w
+    w = replace(w, device=device) if device else w
+    return replace(w, tensor_parallel=tensor_parallel) if tensor_parallel else w
 
 
 def random_prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
@@ -137,14 +146,20 @@ def build_random_model(arch: str, device: str, dtype: torch.dtype, seed: int = 0
     start on the device, and transformers' own init (normal, std=initializer_range) runs there too: an
     8B model initialises in about a second on a GPU instead of minutes on the CPU.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    fields = dict(ARCHS[arch])
-    config = AutoConfig.for_model(fields.pop("model_type"), **fields)
+    config = arch_config(arch)
     torch.manual_seed(seed)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
     return model.eval()
+
+
+def arch_config(arch: str):
+    from transformers import AutoConfig
+
+    fields = dict(ARCHS[arch])
+    return AutoConfig.for_model(fields.pop("model_type"), **fields)
 
 
 def load_tokenizer():

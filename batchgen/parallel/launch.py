@@ -94,6 +94,7 @@ class WorkerPool:
         self.failure: str | None = None
         self.stop_requested = False
         self._closing = False
+        self._lock = threading.Lock()
         threading.Thread(target=self._watch, name="batchgen-tp-watch", daemon=True).start()
 
     def send(self, message: tuple) -> None:
@@ -110,10 +111,14 @@ class WorkerPool:
             raise RankFailed(self.failure)
 
     def request(self, message: tuple) -> list[Any]:
-        """Send to every worker and collect one reply each (only at the end: the watch stops)."""
-        self._closing = True
-        self.send(message)
-        return [conn.recv() for conn in self.conns]
+        """Send to every worker and collect one reply each."""
+        with self._lock:  # the watch must not take a reply for a closed connection
+            self.send(message)
+            try:
+                return [conn.recv() for conn in self.conns]
+            except (EOFError, OSError) as exc:
+                self._fail(f"lost the connection to a tensor-parallel rank ({exc})")
+                raise RankFailed(self.failure) from exc
 
     def close(self) -> None:
         if self._closing and not self.conns:
@@ -128,7 +133,7 @@ class WorkerPool:
         self.conns = []
         for proc in self.procs:
             try:
-                proc.wait(timeout=30)
+                proc.wait(timeout=0.1 if self.failure else 30)  # after a failure they may be stuck
             except subprocess.TimeoutExpired:
                 proc.kill()
         _destroy_group()
@@ -137,8 +142,10 @@ class WorkerPool:
         """A worker's connection becomes readable only when it closes (workers speak when asked)."""
         while not self._closing and self.failure is None:
             ready = wait(self.conns, timeout=0.5)
-            if ready and not self._closing:
-                rank = self.conns.index(ready[0]) + 1
+            with self._lock:  # a reply to ``request`` is read there, not taken for a closed connection
+                closed = [c for c in ready if not self._closing and not c.closed and c.poll()]
+            if closed:
+                rank = self.conns.index(closed[0]) + 1
                 self._fail(f"tensor-parallel rank {rank} exited{self._exit_status(rank)}")
 
     def _exit_status(self, rank: int) -> str:
