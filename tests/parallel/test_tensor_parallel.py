@@ -17,7 +17,9 @@ from tests.engine.oracle import make_prompts, reference_greedy
 
 NEW_TOKENS = 10
 GREEDY = SamplingParams(max_new_tokens=NEW_TOKENS)
-SAMPLED = SamplingParams(max_new_tokens=NEW_TOKENS, temperature=0.9, top_p=0.8, top_k=40, seed=3, logprobs=True)
+SAMPLED = SamplingParams(
+    max_new_tokens=NEW_TOKENS, temperature=0.9, top_p=0.8, top_k=40, seed=3, logprobs=True
+)
 # Small batches and chunks: queueing and chunked prefill happen under tensor parallelism too.
 ENGINE = dict(max_num_seqs=4, max_batch_tokens=48)
 
