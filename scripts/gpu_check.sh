@@ -2,7 +2,8 @@
 # GPU check on a CUDA machine: GPU tests, kernel benchmark, decode-step rooflines, B1s + B3, and on a
 # machine with 2+ GPUs tensor parallelism (B5, B1s at TP=2) and --data-parallel.
 #   bash scripts/gpu_check.sh OUTDIR        (or: make gpu-check OUT=OUTDIR)
-#   STAGES="tests bench" BENCH_ARGS="--workload B3" bash scripts/gpu_check.sh OUTDIR   (a subset)
+#   STAGES="tests bench" BENCH_ARGS="--workload B3" bash scripts/gpu_check.sh OUTDIR   (a subset; also
+#   STEP_ARGS, TP_ARGS, TESTS_LIMIT)
 # Runs from the repository root without installing it (PYTHONPATH=.). Every stage runs even when an
 # earlier one failed; the exit status is non-zero when any failed. OUTDIR gets summary.txt and
 # logs.tgz (every stage's log, bench.json/bench.md per bench stage): a device tool returns few files.
@@ -55,10 +56,10 @@ has() { [[ " $STAGES " == *" $1 "* ]]; }
 has tests && stage gpu-tests "${TESTS_LIMIT:-300}" "$RUN/gpu-tests.log" "$PY" -m pytest -q -m gpu tests/engine \
     tests/kernels tests/model tests/bench tests/parallel -p no:cacheprovider
 has kernels && stage kernels 100 "$RUN/kernels.log" "$PY" scripts/bench_kernels.py
-STEP_PRESETS="--preset B1 --preset B3"
-[ "$GPUS" -ge 2 ] && STEP_PRESETS="$STEP_PRESETS --preset B5"
+STEP_ARGS="${STEP_ARGS:---preset B1 --preset B3}"
+[ "$GPUS" -ge 2 ] && [[ "$STEP_ARGS" != *B5* ]] && STEP_ARGS="$STEP_ARGS --preset B5"
 # shellcheck disable=SC2086
-has step && stage step 300 "$RUN/step.log" "$PY" scripts/bench_step.py $STEP_PRESETS --out "$RUN/step.json"
+has step && stage step 300 "$RUN/step.log" "$PY" scripts/bench_step.py $STEP_ARGS --out "$RUN/step.json"
 BENCH_ARGS="${BENCH_ARGS:---workload B1s --workload B3}"
 # shellcheck disable=SC2086
 has bench && stage bench 300 "$RUN/bench.log" "$PY" -m batchgen.bench $BENCH_ARGS --out "$RUN/bench"
