@@ -119,7 +119,11 @@ def sharded_step(name: str, arch: str, batch: int, context: int, gpus: int, step
 
     cfg = ARCHS[arch]
     reduces = 2 * cfg["num_hidden_layers"] + 1
+    print(
+        f"{name}: timing {reduces} all-reduces of [{batch}, {cfg['hidden_size']}] on {gpus} GPUs", flush=True
+    )
     comm_ms = allreduce_ms(gpus, (batch, cfg["hidden_size"]), reduces)
+    print(f"{name}: {comm_ms:.3f} ms; building the sharded model", flush=True)
     p = _prepare_sharded(Workload(name, arch, batch, context, 64, tensor_parallel=gpus), torch.device("cuda"))
     sizes = metrics.model_bytes(p.model)
     kv_bytes = int(batch * (context + 64) * sizes["kv_per_token"] / gpus * 1.05) + (64 << 20)
@@ -147,7 +151,11 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--out", help="write the results as JSON to this file")
     ap.add_argument("--json", action="store_true", help="also print the results as JSON")
+    ap.add_argument("--dump-after", type=float, default=280, help="print every thread's stack after S s")
     args = ap.parse_args()
+    import faulthandler
+
+    faulthandler.dump_traceback_later(args.dump_after, exit=False)  # where a hung run is stuck
     from transformers import AutoTokenizer
 
     device = torch.device("cuda")

@@ -53,8 +53,10 @@ stage() {
 }
 
 has() { [[ " $STAGES " == *" $1 "* ]]; }
-has tests && stage gpu-tests "${TESTS_LIMIT:-300}" "$RUN/gpu-tests.log" "$PY" -m pytest -q -m gpu tests/engine \
-    tests/kernels tests/model tests/bench tests/parallel -p no:cacheprovider
+TESTS="${TESTS:-tests/engine tests/kernels tests/model tests/bench tests/parallel}"
+# shellcheck disable=SC2086
+has tests && stage gpu-tests "${TESTS_LIMIT:-300}" "$RUN/gpu-tests.log" "$PY" -m pytest -q -m gpu $TESTS \
+    -p no:cacheprovider -o faulthandler_timeout=150
 has kernels && stage kernels 100 "$RUN/kernels.log" "$PY" scripts/bench_kernels.py
 STEP_ARGS="${STEP_ARGS:---preset B1 --preset B3}"
 [ "$GPUS" -ge 2 ] && [[ "$STEP_ARGS" != *B5* ]] && STEP_ARGS="$STEP_ARGS --preset B5"
