@@ -68,62 +68,15 @@ def time_steps(llm: LLM, batch: int, context: int, steps: int) -> dict:
     return {"gpu_ms": (runner.gpu_busy_s - busy0) / steps * 1e3, "wall_ms": wall / steps * 1e3}
 
 
-def _allreduce_worker(rank: int, size: int, port: int, shape: tuple, count: int, out: str) -> None:
-    """One rank of the all-reduce measurement: ``count`` all-reduces of ``shape`` in one CUDA graph."""
-    import torch.distributed as dist
-
-    torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size)
-    x = torch.randn(shape, dtype=torch.bfloat16, device="cuda")
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            dist.all_reduce(x)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream):
-            for _ in range(count):
-                dist.all_reduce(x)
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(20):
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    if rank == 0:
-        Path(out).write_text(json.dumps(sorted(times)[len(times) // 2]))
-    dist.destroy_process_group()
-
-
-def allreduce_ms(size: int, shape: tuple, count: int) -> float:
-    """Median time of ``count`` graph-captured NCCL all-reduces of ``shape`` (bf16) over ``size`` GPUs."""
-    import tempfile
-
-    import torch.multiprocessing as mp
-
-    from batchgen.parallel.launch import _free_port
-
-    with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        mp.spawn(_allreduce_worker, args=(size, _free_port(), shape, count, f.name), nprocs=size)
-        return json.loads(Path(f.name).read_text())
-
-
 def sharded_step(name: str, arch: str, batch: int, context: int, gpus: int, steps: int, bandwidth: float):
     """A decode step of a model split over ``gpus`` GPUs, against its roofline: each GPU reads its share
     of the weights and KV at full bandwidth, plus the step's all-reduces (2 per layer + the embedding's)
-    timed alone."""
+    timed alone on the job's own process group."""
     from batchgen.bench.cli_entry import _prepare_sharded
     from batchgen.bench.workloads import Workload
 
     cfg = ARCHS[arch]
     reduces = 2 * cfg["num_hidden_layers"] + 1
-    print(
-        f"{name}: timing {reduces} all-reduces of [{batch}, {cfg['hidden_size']}] on {gpus} GPUs", flush=True
-    )
-    comm_ms = allreduce_ms(gpus, (batch, cfg["hidden_size"]), reduces)
-    print(f"{name}: {comm_ms:.3f} ms; building the sharded model", flush=True)
     p = _prepare_sharded(Workload(name, arch, batch, context, 64, tensor_parallel=gpus), torch.device("cuda"))
     sizes = metrics.model_bytes(p.model)
     kv_bytes = int(batch * (context + 64) * sizes["kv_per_token"] / gpus * 1.05) + (64 << 20)
@@ -131,6 +84,7 @@ def sharded_step(name: str, arch: str, batch: int, context: int, gpus: int, step
                      extra={"progress": False})  # fmt: skip
     try:
         r = time_steps(llm, batch, context, steps)
+        comm_ms = max(llm._engine.runner.time_all_reduce((batch, cfg["hidden_size"]), reduces))
     finally:
         llm.close()
     bytes_per_gpu = (sizes["weights"] + batch * context * sizes["kv_per_token"]) / gpus

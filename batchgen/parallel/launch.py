@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import Client, Connection, Listener, wait
@@ -110,12 +111,13 @@ class WorkerPool:
         if self.failure is not None:
             raise RankFailed(self.failure)
 
-    def request(self, message: tuple) -> list[Any]:
-        """Send to every worker and collect one reply each."""
+    def request(self, message: tuple, local: Callable[[], Any] | None = None) -> list[Any]:
+        """Send to every worker, run ``local`` here meanwhile (its result first), collect one reply each."""
         with self._lock:  # the watch must not take a reply for a closed connection
             self.send(message)
+            own = [local()] if local is not None else []
             try:
-                return [conn.recv() for conn in self.conns]
+                return own + [conn.recv() for conn in self.conns]
             except (EOFError, OSError) as exc:
                 self._fail(f"lost the connection to a tensor-parallel rank ({exc})")
                 raise RankFailed(self.failure) from exc
@@ -172,9 +174,16 @@ class WorkerPool:
 
 
 def _destroy_group() -> None:
+    """Leave the process group. NCCL's orderly destroy waited forever for ranks that had already exited
+    (torch 2.11 on the H200): abort it instead, which frees the communicators without waiting."""
     import torch.distributed as dist
 
-    if dist.is_initialized():
+    if not dist.is_initialized():
+        return
+    abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
+    if dist.get_backend() == "nccl" and abort is not None:
+        abort()
+    else:
         dist.destroy_process_group()
 
 
