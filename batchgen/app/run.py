@@ -226,6 +226,7 @@ class _Job:
         progress = Progress(totals, self._total_rows(), self.opts.log_every, self.opts.progress_bar)
         sink, preparer = self._start_threads(llm, writer, done, state, progress)
         feed = _Feed(preparer, self.signals, self.stop, self.faults, lambda: preparer.error or sink.error)
+        feed.snapshot = llm.snapshot  # what the 'submit' fault point reports
         failure: BaseException | None = None
         try:
             self._drive(llm, feed, sink)
@@ -284,7 +285,7 @@ class _Job:
                     return
                 finally:
                     signals.interruptible = False
-                self.faults.hit("output")
+                self.faults.hit("output", llm.snapshot)
                 sink.put(out)
                 if sink.error is not None:  # e.g. --on-error fail: abandon, do not drain
                     return
@@ -369,6 +370,7 @@ class _Feed:
         self.preparer, self.signals, self.stop, self.faults = preparer, signals, stop, faults
         self.failure = failure
         self.ended = False
+        self.snapshot: Callable[[], dict[str, Any]] | None = None
 
     def __iter__(self) -> Iterator[GenerationRequest]:
         return self
@@ -388,7 +390,7 @@ class _Feed:
                     raise exc
                 self.ended = True
                 raise StopIteration
-            self.faults.hit("submit")
+            self.faults.hit("submit", self.snapshot)
             return item
 
 

@@ -6,6 +6,10 @@ request: its batch is about to prefill), ``output`` (the k-th finished output: o
 file written, not yet renamed), ``part`` (a Parquet part written, not yet renamed), ``finalize`` (the
 final Parquet file in place, parts not yet removed).
 
+``BATCHGEN_FAULT_REPORT=path`` makes the kill write, just before it, a JSON report there: the point and a
+snapshot from the caller (what the engine held for ``submit`` and ``output``, the fsynced size for
+``flush``). The tests read it to check that the fault fired, in the state it is named for.
+
 ``BATCHGEN_FAULT=nospace:N`` (or ``quota:N``, ``eio:N``) is a disk that takes N more bytes of the files
 the run writes through ``Faults.open`` (the output, its Parquet parts and final file), then fails every
 write with ENOSPC (EDQUOT, EIO), after a short write, as a real one does. Small files rewritten at every
@@ -19,26 +23,28 @@ from __future__ import annotations
 
 import errno
 import io
+import json
 import os
 import signal
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 DISK_ERRORS = {"nospace": errno.ENOSPC, "quota": errno.EDQUOT, "eio": errno.EIO}
 
 
 class Faults:
-    def __init__(self, spec: str | None = None) -> None:
+    def __init__(self, spec: str | None = None, report: str | None = None) -> None:
         self.point, self.at = None, 0
         if spec:
             point, _, at = spec.partition(":")
             self.point, self.at = point, int(at or 1)
+        self.report = report
         self._seen = 0
         self.disk_left = self.at if self.point in DISK_ERRORS else None  # bytes the disk still takes
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> Faults:
-        return cls(env.get("BATCHGEN_FAULT"))
+        return cls(env.get("BATCHGEN_FAULT"), env.get("BATCHGEN_FAULT_REPORT"))
 
     def due(self, point: str) -> bool:
         """True when this call is the k-th visit of the armed point."""
@@ -47,12 +53,15 @@ class Faults:
         self._seen += 1
         return self._seen == self.at
 
-    def hit(self, point: str) -> None:
+    def hit(self, point: str, snapshot: Callable[[], dict[str, Any]] | None = None) -> None:
+        """``snapshot``: the caller's state at the kill, for the report (called only when it fires)."""
         if self.due(point):
-            self.kill()
+            self.kill(snapshot() if snapshot is not None else None)
 
-    @staticmethod
-    def kill() -> None:
+    def kill(self, snapshot: dict[str, Any] | None = None) -> None:
+        if self.report:  # written before the kill; the page cache keeps it through SIGKILL
+            with open(self.report, "w") as f:
+                json.dump({"point": self.point, "at": self.at, "snapshot": snapshot}, f)
         os.kill(os.getpid(), signal.SIGKILL)
 
     def open(self, path: str | os.PathLike, mode: str = "wb", buffering: int = -1, small: bool = False):

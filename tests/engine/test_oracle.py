@@ -53,7 +53,10 @@ def _check_model(path: str, prompts: list[list[int]], regime: str, expected: lis
     if regime == "tiny_kv":
         assert llm.stats.preemptions > 0, "the tiny KV pool should have forced preemption"
     if regime == "chunked_prefill":
-        assert llm.stats.steps > len(prompts) + NEW_TOKENS
+        budget = REGIMES[regime]["max_batch_tokens"]
+        assert max(len(p) for p in prompts) > budget  # so some prompt cannot fit one step
+        assert llm.stats.partial_prefills > 0, "no prefill was split over several steps"
+        assert llm.stats.max_step_tokens <= budget, f"a step ran {llm.stats.max_step_tokens} tokens"
 
 
 @pytest.fixture(scope="module")

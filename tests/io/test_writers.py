@@ -60,6 +60,21 @@ def test_jsonl_write_flush_recover(tmp_path):
     assert [r["index"] for r in open_output(path).recover()] == [0, 1, 2]
 
 
+def test_jsonl_flush_point_counts_only_flushes_with_new_records(tmp_path):
+    """``flush:k`` (the resume tests' "during flush" kill) always leaves un-fsynced records behind."""
+    path = tmp_path / "o.jsonl"
+    faults = Faults("flush:3")  # never reached by the writer here: a third visit would kill pytest
+    w = open_output(str(path), faults)
+    w.flush()  # nothing written yet: not a visit
+    w.write(_rec(0))
+    assert w.synced_bytes == 0
+    w.flush()  # visit 1
+    w.flush()  # nothing new since the last fsync: not a visit
+    assert [faults.due("flush"), faults.due("flush")] == [False, True]  # visits 2 and 3
+    assert w.synced_bytes == path.stat().st_size > 0
+    w.close()
+
+
 @pytest.mark.parametrize("tail", [b'{"id":"r3","index":3,"sam', b"\x00\x00\x00\x00", b'{"index": 9}'])
 def test_jsonl_recover_cuts_a_torn_tail(tmp_path, tail):
     path = tmp_path / "o.jsonl"
