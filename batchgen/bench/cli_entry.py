@@ -144,6 +144,8 @@ def run_mode(p: Prepared, mode: str) -> dict[str, Any]:
         finally:
             del llm
             free(p.device)
+    if mode == "hf_forward":
+        return _run_hf_forward(p)
     new = w.hf_max_new_tokens or w.max_new_tokens
     fn = {
         "generate_batch": runners.run_generate_batch,
@@ -154,6 +156,23 @@ def run_mode(p: Prepared, mode: str) -> dict[str, Any]:
     if new < w.max_new_tokens:
         notes = [record["note"], f"shorter decode: {new} new tokens (time budget)"]
         record["note"] = "; ".join(n for n in notes if n)
+    return record
+
+
+def _run_hf_forward(p: Prepared) -> dict[str, Any]:
+    """batchgen's engine (async, CUDA graphs, paged attention) on transformers' modelling code: what the
+    fused forward alone gains. On the first ``hf_num_requests`` requests; compared as rates."""
+    w = p.workload
+    n = w.hf_num_requests or len(p.prompts)
+    new = w.hf_max_new_tokens or w.max_new_tokens
+    llm = p.make_llm(async_mode=True, model_impl="transformers")
+    try:
+        record = runners.run_batchgen(llm, "hf_forward", p.prompts[:n], new, p.warmup[:n])
+    finally:
+        del llm
+        free(p.device)
+    record["engine"] = "transformers"
+    record["note"] = f"batchgen engine, transformers' forward; first {n} requests, {new} new tokens"
     return record
 
 
@@ -181,11 +200,13 @@ def _safe_run(p: Prepared, mode: str, bandwidth: float, sizes: dict) -> dict[str
 
 
 def modes_for(w: Workload, modes: list[str], compare_hf: bool) -> list[str]:
-    """The engine modes asked for, then the baselines: generate_batch always, the hand-written
-    ``model.generate`` loops on CPU only (on a GPU they would take longer than the rest together)."""
+    """The engine modes asked for, then the baselines: the workload's (generate_batch, or transformers'
+    forward for B6), and beside generate_batch the hand-written ``model.generate`` loops on CPU only
+    (on a GPU they would take longer than the rest together)."""
     out = list(dict.fromkeys(modes))
     if compare_hf:
-        extra = ["generate_batch"] + (["hf_loop", "hf_padded"] if w.device == "cpu" else [])
+        loops = w.device == "cpu" and "generate_batch" in w.baselines
+        extra = list(w.baselines) + (["hf_loop", "hf_padded"] if loops else [])
         out += [m for m in extra if m not in out]
     return out
 
