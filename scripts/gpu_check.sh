@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # GPU check on a CUDA machine (made for one H200, ~9 minutes): GPU tests, kernel benchmark, decode-step
 # roofline (fused vs transformers forward), B1s + B3, and --data-parallel when the machine has 2+ GPUs.
+# The mixture-of-experts stage (~4 minutes) runs only when asked: STAGES="moe" (its GPU tests, the B6
+# decode step against its roofline, B6 async beside transformers' forward; logs moe-*.log, moe/bench.*).
 #   bash scripts/gpu_check.sh OUTDIR        (or: make gpu-check OUT=OUTDIR)
 # Runs from the repository root without installing it (PYTHONPATH=.). Every stage runs even when an
 # earlier one failed; the exit status is non-zero when any failed. At most 8 files land in OUTDIR:
@@ -46,7 +48,8 @@ stage() {
 }
 
 has() { [[ " $STAGES " == *" $1 "* ]]; }
-has tests && stage gpu-tests 240 "$OUT/gpu-tests.log" "$PY" -m pytest -q -m gpu tests/engine tests/kernels tests/model tests/bench -p no:cacheprovider
+MOE_TESTS="moe or mixtral or olmoe"  # in the moe stage
+has tests && stage gpu-tests 240 "$OUT/gpu-tests.log" "$PY" -m pytest -q -m gpu -k "not ($MOE_TESTS)" tests/engine tests/kernels tests/model tests/bench -p no:cacheprovider
 has kernels && stage kernels 100 "$OUT/kernels.log" "$PY" scripts/bench_kernels.py
 has step && stage step 180 "$OUT/step.log" "$PY" scripts/bench_step.py --json
 BENCH_ARGS="${BENCH_ARGS:---workload B1s --workload B3}"
@@ -54,6 +57,12 @@ BENCH_ARGS="${BENCH_ARGS:---workload B1s --workload B3}"
 has bench && stage bench 300 "$OUT/bench.log" "$PY" -m batchgen.bench $BENCH_ARGS --out "$OUT"
 # --data-parallel over every visible GPU vs one GPU (skips itself on a one-GPU machine).
 has dp && stage dp 240 "$OUT/dp.log" "$PY" scripts/dp_check.py
+if has moe; then
+    stage moe-tests 180 "$OUT/moe-tests.log" "$PY" -m pytest -q -m gpu -k "$MOE_TESTS" \
+        tests/kernels/test_moe_kernels.py tests/model/test_moe.py tests/engine/test_cuda_runner.py -p no:cacheprovider
+    stage moe-step 200 "$OUT/moe-step.log" "$PY" scripts/bench_step.py --preset B6 --json
+    stage moe-bench 420 "$OUT/moe-bench.log" "$PY" -m batchgen.bench --workload B6 --mode async --out "$OUT/moe"
+fi
 
 if [ "${#FAILED[@]}" -gt 0 ]; then
     echo "FAILED: ${FAILED[*]}" | tee -a "$SUMMARY"
