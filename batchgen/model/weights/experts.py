@@ -40,6 +40,21 @@ def expert_stacks(
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """(gate_up [E, 2 * I_r, H], down [E, H, I_r]) of layer ``layer_prefix`` (``model.layers.{i}.``),
     I_r = ``rows.size`` (all ``inter`` rows when None)."""
+    gate_up, down = _read(source, layer_prefix, num_experts, inter, rows, dtype)
+    width = inter if rows is None else rows.size
+    expected = (num_experts, 2 * width, num_experts, width)
+    if (*gate_up.shape[:2], down.shape[0], down.shape[2]) != expected:  # e.g. a transposed fused layout
+        raise ValueError(
+            f"{layer_prefix}: expert weights of shapes {tuple(gate_up.shape)} and {tuple(down.shape)}, "
+            f"expected [{num_experts}, {2 * width}, H] and [{num_experts}, H, {width}]"
+        )
+    return gate_up, down
+
+
+def _read(
+    source: WeightSource, layer_prefix: str, num_experts: int, inter: int, rows: Span | None,
+    dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     fused = layer_prefix + "mlp.experts.gate_up_proj"
     fused_down = layer_prefix + "mlp.experts.down_proj"
     if source.has(fused):
