@@ -117,6 +117,23 @@ def test_checkpoint_layouts_load_like_the_model(arch, tmp_path):
     assert torch.equal(got, expected)
 
 
+def test_expert_parts_of_a_fused_tensor(tmp_path):
+    """``Part(name, rows, cols, expert)`` addresses one expert's matrix of a fused [E, rows, cols] tensor,
+    in a checkpoint file and in random weights alike (a rank's share of a fused checkpoint)."""
+    from safetensors.torch import save_file
+
+    from batchgen.model.weights.sources import Part, RandomSource
+
+    fused = torch.arange(2 * 6 * 4, dtype=torch.float32).view(2, 6, 4)
+    save_file({"model.layers.0.mlp.experts.gate_up_proj": fused}, tmp_path / "model.safetensors")
+    source = SafetensorsSource(tmp_path, torch.device("cpu"))
+    part = Part("model.layers.0.mlp.experts.gate_up_proj", Span(2, 5), Span(1, 3), expert=1)
+    assert torch.equal(source.get(part), fused[1, 2:5, 1:3])
+    random = RandomSource({part.name: (2, 6, 4)}, torch.device("cpu"), torch.float32)
+    assert random.get(part).shape == (3, 2)
+    assert not torch.equal(random.get(part), random.get(part._replace(expert=0)))
+
+
 def test_clip_qkv_is_refused():
     model = _model("olmoe")
     assert unsupported_reason(model) is None

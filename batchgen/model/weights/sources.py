@@ -43,7 +43,7 @@ class WeightSource(Protocol):
     def stack_rows(self, parts: Sequence[Part]) -> torch.Tensor: ...
 
 
-def _index(part: Part) -> tuple[slice, ...]:
+def _index(part: Part) -> tuple[int | slice, ...]:
     rows = slice(part.rows.start, part.rows.stop) if part.rows else slice(None)
     index = (rows,) if part.cols is None else (rows, slice(part.cols.start, part.cols.stop))
     return index if part.expert is None else (part.expert, *index)
