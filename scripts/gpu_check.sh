@@ -57,12 +57,13 @@ BENCH_ARGS="${BENCH_ARGS:---workload B1s --workload B3}"
 has bench && stage bench 300 "$OUT/bench.log" "$PY" -m batchgen.bench $BENCH_ARGS --out "$OUT"
 # --data-parallel over every visible GPU vs one GPU (skips itself on a one-GPU machine).
 has dp && stage dp 240 "$OUT/dp.log" "$PY" scripts/dp_check.py
-if has moe; then
-    stage moe-tests 180 "$OUT/moe-tests.log" "$PY" -m pytest -q -m gpu -k "$MOE_TESTS" \
-        tests/kernels/test_moe_kernels.py tests/model/test_moe.py tests/engine/test_cuda_runner.py -p no:cacheprovider
-    stage moe-step 200 "$OUT/moe-step.log" "$PY" scripts/bench_step.py --preset B6 --json
-    stage moe-bench 420 "$OUT/moe-bench.log" "$PY" -m batchgen.bench --workload B6 --mode async --out "$OUT/moe"
-fi
+# STAGES="moe" = moe-tests moe-step moe-bench (each also alone: one device call holds 10 minutes).
+moe() { has moe || has "moe-$1"; }
+moe tests && stage moe-tests 180 "$OUT/moe-tests.log" "$PY" -m pytest -q -m gpu -k "$MOE_TESTS" \
+    tests/kernels/test_moe_kernels.py tests/model/test_moe.py tests/engine/test_cuda_runner.py -p no:cacheprovider
+moe step && stage moe-step 200 "$OUT/moe-step.log" "$PY" scripts/bench_step.py --preset B6 --json
+moe bench && stage moe-bench 420 "$OUT/moe-bench.log" "$PY" -m batchgen.bench --workload B6 --mode async \
+    --out "$OUT/moe"
 
 if [ "${#FAILED[@]}" -gt 0 ]; then
     echo "FAILED: ${FAILED[*]}" | tee -a "$SUMMARY"

@@ -1,7 +1,8 @@
 """Torch reference kernels: the oracle the Triton kernels are tested against, and the CPU path.
 
 Paged attention and KV write first, then the fused layer ops (RMSNorm with residual add, q/k norm +
-rotary + KV write, SiLU-and-multiply) written with transformers' own arithmetic and rounding.
+rotary + KV write, SiLU-and-multiply) and the routed experts of a MoE layer, written with transformers'
+own arithmetic and rounding.
 
 Cache layout (one pair per layer): ``k_cache``, ``v_cache``: [num_blocks, block_size, num_kv_heads, head_dim].
 Token slot ``s`` lives at block ``s // block_size``, offset ``s % block_size``.
