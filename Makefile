@@ -38,7 +38,8 @@ format: setup
 bench: setup
 	$(BIN)/batchgen bench --workload B4
 
-# On a GPU machine: GPU tests + kernel benchmark + B1s/B3, logs under $(OUT) (STAGES= picks a subset).
+# On a GPU machine: GPU tests + kernel benchmark + B1s/B3, logs under $(OUT) (STAGES= picks a subset;
+# STAGES=moe runs the mixture-of-experts checks and B6).
 gpu-check:
 	bash scripts/gpu_check.sh "$(OUT)"
 

@@ -145,7 +145,8 @@ def cli() -> None:
     type=click.Choice(["auto", "batchgen", "transformers"]),
     default="auto",
     show_default=True,
-    help="Forward pass: batchgen's fused one (Llama/Mistral/Qwen2/Qwen3) or transformers' modelling code.",
+    help="Forward pass: batchgen's fused one (Llama, Mistral, Qwen2/3 and their MoE, Mixtral, OLMoE) or "
+    "transformers' modelling code.",
 )
 @click.option("--tensor-parallel", type=click.IntRange(min=1), default=1, show_default=True,
               help="Split the model over K GPUs of this node (K processes; gloo on the CPU).")  # fmt: skip

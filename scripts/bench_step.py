@@ -3,9 +3,12 @@
 The step is what the engine replays: the decode CUDA graph of the batch's bucket (model forward,
 paged attention, sampling), launched through the async runner on synthetic inputs (every sequence at
 ``--context`` tokens). GPU time per step comes from the runner's CUDA events; the roofline is the
-bytes one step must move (weights + the KV it reads) over the bandwidth of a large device copy.
+bytes one step must move (weights + the KV it reads) over the bandwidth of a large device copy. For a
+mixture-of-experts model the weights are those of the experts the step actually routes its tokens to
+(recorded from the fused forward's router, real rows only) plus every other weight.
 
     PYTHONPATH=. python3 scripts/bench_step.py --preset B1 --out out/step.json
+    PYTHONPATH=. python3 scripts/bench_step.py --preset B6        # Qwen3-30B-A3B shape, 256 x 768
 """
 
 from __future__ import annotations
@@ -26,12 +29,14 @@ from batchgen.bench import metrics  # noqa: E402
 from batchgen.bench.workloads import ARCHS, build_random_model  # noqa: E402
 from batchgen.engine.batch import StepInputs  # noqa: E402
 from batchgen.llm import LLM  # noqa: E402
+from batchgen.model.moe import MoEMLP  # noqa: E402
 from batchgen.testing.models import tokenizer_path  # noqa: E402
 
-PRESETS = {  # name -> (arch, batch, context, GPUs): B1 at 4K context, B3 and B5 at their mean context
+PRESETS = {  # name -> (arch, batch, context, GPUs): B1 at 4K context, B3, B5, B6 at their mean context
     "B1": ("llama3-8b", 32, 4096, 1),
     "B3": ("qwen3-0.6b", 256, 640, 1),
     "B5": ("llama3-70b", 64, 1024, 2),
+    "B6": ("qwen3-30b-a3b", 256, 768, 1),  # one wave of B6 (max_num_seqs 256) halfway through its decode
 }
 
 
@@ -42,8 +47,9 @@ def decode_inputs(step_id: int, batch: int, context: int, block_size: int) -> St
     last = context - 1
     slots = tables[:, last // block_size].astype(np.int64) * block_size + last % block_size
     zeros = np.zeros(batch, np.int64)
+    tokens = 100 + np.arange(batch, dtype=np.int64)  # distinct tokens: a MoE routes them apart
     return StepInputs(
-        step_id, zeros + 100, zeros - 1, zeros + last, slots, np.arange(batch + 1, dtype=np.int32),
+        step_id, tokens, zeros - 1, zeros + last, slots, np.arange(batch + 1, dtype=np.int32),
         np.full(batch, context, np.int32), tables, np.arange(batch, dtype=np.int64),
         np.zeros(batch, np.float32), np.ones(batch, np.float32), zeros, zeros, zeros,
         False, False, 1, context,
@@ -98,6 +104,52 @@ def sharded_step(name: str, arch: str, batch: int, context: int, gpus: int, step
     return r
 
 
+class RouteRecorder:
+    """Keeps the expert ids every MoE layer's router produces, including those captured into CUDA
+    graphs: a graph replay rewrites the same tensors, so after a step they hold that step's routing."""
+
+    def __init__(self) -> None:
+        self.ids: list[torch.Tensor] = []
+        self._original = MoEMLP.route
+
+    def __enter__(self) -> RouteRecorder:
+        original, recorded = self._original, self.ids
+
+        def route(mlp, h):
+            weights, ids = original(mlp, h)
+            recorded.append(ids)
+            return weights, ids
+
+        MoEMLP.route = route
+        return self
+
+    def __exit__(self, *exc) -> None:
+        MoEMLP.route = self._original
+
+    def routed_experts(self, batch: int, moe_layers: int) -> list[int]:
+        """Distinct experts per layer over the ``batch`` real rows, from the graph of the step's bucket."""
+        bucket = min(t.shape[0] for t in self.ids if t.shape[0] >= batch)
+        last = [t for t in self.ids if t.shape[0] == bucket][-moe_layers:]
+        return [int(t[:batch].unique().numel()) for t in last]
+
+
+def expert_bytes(model: torch.nn.Module) -> tuple[int, int, int]:
+    """(all experts' bytes, one expert's bytes, MoE layers) of a transformers MoE model (0s if dense)."""
+    experts = [m.mlp.experts for m in model.model.layers if hasattr(m.mlp, "experts")]
+    if not experts:
+        return 0, 0, 0
+    total = sum(p.numel() * p.element_size() for e in experts for p in e.parameters())
+    return total, total // (len(experts) * experts[0].num_experts), len(experts)
+
+
+def roofline_ms(model, sizes: dict, batch: int, context: int, bandwidth: float, routed: list[int]) -> float:
+    """(weights + KV) / bandwidth; for a MoE, only the ``routed`` experts' weights (all of them when the
+    routing is unknown: transformers' forward run alone)."""
+    all_experts, one_expert, _ = expert_bytes(model)
+    weights = sizes["weights"] - all_experts + sum(routed) * one_expert if routed else sizes["weights"]
+    return (weights + batch * context * sizes["kv_per_token"]) / bandwidth * 1e3
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", action="append", choices=list(PRESETS), help="repeatable [B1 B3]; B5: 2 GPUs")
@@ -123,21 +175,28 @@ def main() -> int:
             continue
         model = build_random_model(arch, "cuda", torch.bfloat16)
         sizes = metrics.model_bytes(model)
-        roofline_ms = (sizes["weights"] + batch * context * sizes["kv_per_token"]) / bandwidth * 1e3
+        moe_layers = expert_bytes(model)[2]
+        routed: list[int] = []  # distinct experts per MoE layer, from the fused forward's step
         for impl in args.impl or ["batchgen", "transformers"]:
             kv_bytes = int(batch * (context + 64) * sizes["kv_per_token"] * 1.05) + (64 << 20)
-            llm = LLM.from_model(
-                model, tokenizer, max_num_seqs=batch, max_model_len=context + 64, kv_cache_bytes=kv_bytes,
-                model_impl=impl, extra={"progress": False},
-            )  # fmt: skip
-            r = time_steps(llm, batch, context, args.steps)
+            with RouteRecorder() as recorder:
+                llm = LLM.from_model(
+                    model, tokenizer, max_num_seqs=batch, max_model_len=context + 64, kv_cache_bytes=kv_bytes,
+                    model_impl=impl, extra={"progress": False},
+                )  # fmt: skip
+                r = time_steps(llm, batch, context, args.steps)
+            if moe_layers and recorder.ids:
+                routed = recorder.routed_experts(batch, moe_layers)
+            ideal = roofline_ms(model, sizes, batch, context, bandwidth, routed)
             r.update(preset=name, arch=arch, batch=batch, context=context, impl=impl,
-                     roofline_ms=roofline_ms, bandwidth_gbs=bandwidth / 1e9)  # fmt: skip
-            r["vs_roofline"] = r["gpu_ms"] / roofline_ms
+                     roofline_ms=ideal, bandwidth_gbs=bandwidth / 1e9)  # fmt: skip
+            if moe_layers:
+                r["routed_experts_mean"] = sum(routed) / len(routed) if routed else None
+            r["vs_roofline"] = r["gpu_ms"] / ideal
             line = f"{name} {impl:12s} {batch} x {context}: GPU {r['gpu_ms']:.3f} ms/step, "
-            line += (
-                f"wall {r['wall_ms']:.3f} ms/step; roofline {roofline_ms:.3f} ms -> {r['vs_roofline']:.3f}x"
-            )
+            line += f"wall {r['wall_ms']:.3f} ms/step; roofline {ideal:.3f} ms -> {r['vs_roofline']:.3f}x"
+            if moe_layers:
+                line += f"; routed experts per layer {r['routed_experts_mean']}"
             print(line, flush=True)
             results.append(r)
             del llm

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # GPU check on a CUDA machine: GPU tests, kernel benchmark, decode-step rooflines, B1s + B3, and on a
 # machine with 2+ GPUs tensor parallelism (B5, B1s at TP=2) and --data-parallel.
+# The mixture-of-experts stage (~4 minutes) runs only when asked: STAGES="moe" (its GPU tests, the
+# B6 decode step against its roofline, B6 async beside transformers' forward).
 #   bash scripts/gpu_check.sh OUTDIR        (or: make gpu-check OUT=OUTDIR)
 #   STAGES="tests bench" BENCH_ARGS="--workload B3" bash scripts/gpu_check.sh OUTDIR   (a subset; also
 #   STEP_ARGS, TP_ARGS, TESTS_LIMIT)
@@ -54,8 +56,9 @@ stage() {
 
 has() { [[ " $STAGES " == *" $1 "* ]]; }
 TESTS="${TESTS:-tests/engine tests/kernels tests/model tests/bench tests/parallel}"
+MOE_TESTS="moe or mixtral or olmoe"  # in the moe stage
 # shellcheck disable=SC2086
-has tests && stage gpu-tests "${TESTS_LIMIT:-300}" "$RUN/gpu-tests.log" "$PY" -m pytest -q -m gpu $TESTS \
+has tests && stage gpu-tests "${TESTS_LIMIT:-300}" "$RUN/gpu-tests.log" "$PY" -m pytest -q -m gpu -k "not ($MOE_TESTS)" $TESTS \
     -p no:cacheprovider -o faulthandler_timeout=150
 has kernels && stage kernels 100 "$RUN/kernels.log" "$PY" scripts/bench_kernels.py
 STEP_ARGS="${STEP_ARGS:---preset B1 --preset B3}"
@@ -71,6 +74,13 @@ TP_ARGS="${TP_ARGS:---workload B5 --workload B1s --tensor-parallel 2 --mode asyn
 has tp && stage tp 420 "$RUN/tp.log" "$PY" -m batchgen.bench $TP_ARGS --out "$RUN/tp"
 # --data-parallel over every visible GPU vs one GPU.
 has dp && stage dp 240 "$RUN/dp.log" "$PY" scripts/dp_check.py
+# STAGES="moe" = moe-tests moe-step moe-bench (each also alone: one device call holds 10 minutes).
+moe() { has moe || has "moe-$1"; }
+moe tests && stage moe-tests 180 "$RUN/moe-tests.log" "$PY" -m pytest -q -m gpu -k "$MOE_TESTS" \
+    tests/kernels/test_moe_kernels.py tests/model/test_moe.py tests/engine/test_cuda_runner.py -p no:cacheprovider
+moe step && stage moe-step 200 "$RUN/moe-step.log" "$PY" scripts/bench_step.py --preset B6 --out "$RUN/moe-step.json"
+moe bench && stage moe-bench 420 "$RUN/moe-bench.log" "$PY" -m batchgen.bench --workload B6 --mode async \
+    --out "$RUN/moe"
 
 tar czf "$OUT/logs.tgz" -C "$RUN" . && rm -rf "$RUN"
 if [ "${#FAILED[@]}" -gt 0 ]; then

@@ -8,7 +8,7 @@ import os
 from batchgen.bench.cli_entry import DEFAULT_MODES, run_bench
 from batchgen.bench.workloads import WORKLOADS
 
-MODES = ("async", "sync", "generate_batch", "hf_loop", "hf_padded")
+MODES = ("async", "sync", "generate_batch", "hf_loop", "hf_padded", "hf_forward")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

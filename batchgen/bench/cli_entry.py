@@ -172,6 +172,8 @@ def run_mode(p: Prepared, mode: str) -> dict[str, Any]:
             llm.close()  # tensor-parallel workers release their GPUs before the next mode starts
             del llm
             free(p.device)
+    if mode == "hf_forward":
+        return _run_hf_forward(p)
     new = w.hf_max_new_tokens or w.max_new_tokens
     fn = {
         "generate_batch": runners.run_generate_batch,
@@ -182,6 +184,23 @@ def run_mode(p: Prepared, mode: str) -> dict[str, Any]:
     if new < w.max_new_tokens:
         notes = [record["note"], f"shorter decode: {new} new tokens (time budget)"]
         record["note"] = "; ".join(n for n in notes if n)
+    return record
+
+
+def _run_hf_forward(p: Prepared) -> dict[str, Any]:
+    """batchgen's engine (async, CUDA graphs, paged attention) on transformers' modelling code: what the
+    fused forward alone gains. On the first ``hf_num_requests`` requests; compared as rates."""
+    w = p.workload
+    n = w.hf_num_requests or len(p.prompts)
+    new = w.hf_max_new_tokens or w.max_new_tokens
+    llm = p.make_llm(async_mode=True, model_impl="transformers")
+    try:
+        record = runners.run_batchgen(llm, "hf_forward", p.prompts[:n], new, p.warmup[:n])
+    finally:
+        del llm
+        free(p.device)
+    record["engine"] = "transformers"
+    record["note"] = f"batchgen engine, transformers' forward; first {n} requests, {new} new tokens"
     return record
 
 
@@ -209,11 +228,13 @@ def _safe_run(p: Prepared, mode: str, bandwidth: float, sizes: dict) -> dict[str
 
 
 def modes_for(w: Workload, modes: list[str], compare_hf: bool) -> list[str]:
-    """The engine modes asked for, then the baselines: generate_batch always, the hand-written
-    ``model.generate`` loops on CPU only (on a GPU they would take longer than the rest together)."""
+    """The engine modes asked for, then the baselines: the workload's (generate_batch, or transformers'
+    forward for B6), and beside generate_batch the hand-written ``model.generate`` loops on CPU only
+    (on a GPU they would take longer than the rest together)."""
     out = list(dict.fromkeys(modes))
     if compare_hf and w.tensor_parallel == 1:  # a split model exists whole in no process
-        extra = ["generate_batch"] + (["hf_loop", "hf_padded"] if w.device == "cpu" else [])
+        loops = w.device == "cpu" and "generate_batch" in w.baselines
+        extra = list(w.baselines) + (["hf_loop", "hf_padded"] if loops else [])
         out += [m for m in extra if m not in out]
     return out
 
@@ -242,10 +263,11 @@ def run_workload(w: Workload, modes: list[str], compare_hf: bool = True) -> list
 def _burn_in(p, mode: str, bandwidth: float, sizes) -> None:
     """One untimed run of the first mode before any timed one. Measured on the H200: whichever mode ran
     first on a fresh model took ~11 ms per decode step on B3 and the second ~9.6 ms, in either order.
-    Capped at 1024 new tokens, so that B1 (8192) does not run twice."""
+    Capped at 1024 new tokens, so that B1 (8192) does not run twice, and at one wave of requests
+    (B2, B6: every step shape is met in the first wave)."""
     log(f"{p.workload.name}: burn-in ({mode}, untimed)")
     short = replace(p.workload, max_new_tokens=min(p.workload.max_new_tokens, _BURN_IN_TOKENS))
-    _safe_run(replace(p, workload=short), mode, bandwidth, sizes)
+    _safe_run(replace(p, workload=short, prompts=p.prompts[:_MAX_NUM_SEQS]), mode, bandwidth, sizes)
 
 
 def _command() -> str:

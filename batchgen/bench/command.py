@@ -8,12 +8,12 @@ import click
 
 
 @click.command("bench")
-@click.option("--workload", "workloads", multiple=True, help="B1 B1s B2 B3 B4 B5, repeatable [B4]")
+@click.option("--workload", "workloads", multiple=True, help="B1 B1s B2 B3 B4 B5 B6, repeatable [B4]")
 @click.option(
     "--mode",
     "modes",
     multiple=True,
-    type=click.Choice(["async", "sync", "generate_batch", "hf_loop", "hf_padded"]),
+    type=click.Choice(["async", "sync", "generate_batch", "hf_loop", "hf_padded", "hf_forward"]),
     help="repeatable [async sync]",
 )
 @click.option(
@@ -25,7 +25,8 @@ import click
 @click.option("--device", help="Override every workload's device (cuda, cpu, cuda:1).")
 @click.option("--tensor-parallel", type=click.IntRange(min=1), help="Override every workload's GPU count.")
 def bench_command(workloads, modes, out_dir, quick, compare_hf, device, tensor_parallel) -> None:
-    """The benchmark workloads (B1-B4): batchgen async and sync beside transformers' generate_batch."""
+    """The benchmark workloads (B1-B6): batchgen async and sync beside transformers (generate_batch, or
+    its forward on batchgen's engine for the MoE workload B6)."""
     from batchgen.bench.__main__ import failed
     from batchgen.bench.cli_entry import run_bench
     from batchgen.bench.workloads import WORKLOADS

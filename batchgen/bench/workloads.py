@@ -47,7 +47,30 @@ LLAMA3_70B: dict = dict(
     LLAMA3_8B, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
     max_position_embeddings=8192,
 )  # fmt: skip
-ARCHS: dict[str, dict] = {"llama3-8b": LLAMA3_8B, "qwen3-0.6b": QWEN3_0_6B, "llama3-70b": LLAMA3_70B}
+QWEN3_30B_A3B: dict = dict(  # every layer a MoE: 128 experts, top-8, intermediate 768
+    model_type="qwen3_moe",
+    hidden_size=2048,
+    intermediate_size=6144,
+    moe_intermediate_size=768,
+    num_experts=128,
+    num_experts_per_tok=8,
+    norm_topk_prob=True,
+    num_hidden_layers=48,
+    num_attention_heads=32,
+    num_key_value_heads=4,
+    head_dim=128,
+    vocab_size=151936,
+    rope_theta=1000000.0,
+    rms_norm_eps=1e-6,
+    max_position_embeddings=40960,
+    tie_word_embeddings=False,
+)
+ARCHS: dict[str, dict] = {
+    "llama3-8b": LLAMA3_8B,
+    "qwen3-0.6b": QWEN3_0_6B,
+    "llama3-70b": LLAMA3_70B,
+    "qwen3-30b-a3b": QWEN3_30B_A3B,
+}
 
 EMBEDDED = "embedded"  # the embedded default model, loaded by LLM(None)
 _BUILTIN_PROMPTS = [
@@ -86,6 +109,10 @@ class Workload:
     # > 1: the model is split over this many GPUs, each rank creating only its own random shard (no
     # whole model in one process, so no transformers baselines).
     tensor_parallel: int = 1
+    # transformers' side of the comparison: generate_batch, or batchgen's engine on transformers' forward
+    # ("hf_forward", the MoE case), on the first hf_num_requests requests when it is too slow for the budget
+    baselines: tuple[str, ...] = ("generate_batch",)
+    hf_num_requests: int | None = None
 
     @property
     def label(self) -> str:
@@ -100,6 +127,8 @@ WORKLOADS: dict[str, Workload] = {
     "B3": Workload("B3", "qwen3-0.6b", 256, 128, 1024, hf_max_new_tokens=256),
     "B4": Workload("B4", EMBEDDED, 0, 0, 64, device="cpu", dtype="float32"),
     "B5": Workload("B5", "llama3-70b", 64, 512, 1024, tensor_parallel=2),
+    # The fused MoE path; its baseline is one wave (256 = max_num_seqs) of the same requests.
+    "B6": Workload("B6", "qwen3-30b-a3b", 512, 512, 512, baselines=("hf_forward",), hf_num_requests=256),
 }
 
 
@@ -109,7 +138,11 @@ def quick(w: Workload) -> Workload:
         return w
     new = min(w.max_new_tokens, 256)
     hf_new = min(w.hf_max_new_tokens or new, 64)
-    return replace(w, num_requests=min(w.num_requests, 256), max_new_tokens=new, hf_max_new_tokens=hf_new)
+    hf_requests = min(w.hf_num_requests, 64) if w.hf_num_requests else None
+    return replace(
+        w, num_requests=min(w.num_requests, 256), max_new_tokens=new, hf_max_new_tokens=hf_new,
+        hf_num_requests=hf_requests,
+    )  # fmt: skip
 
 
 def get_workload(name: str, device: str | None = None, tensor_parallel: int | None = None) -> Workload:

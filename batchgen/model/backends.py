@@ -3,7 +3,8 @@
 ``TorchBackend`` is the reference (CPU path and oracle); ``TritonBackend`` runs the Triton kernels on
 CUDA, capturable in CUDA graphs (every bound comes from the context's Python ints, never from tensor
 contents). Both expose paged attention with its KV write, and the fused layer ops of the batchgen
-forward (``model/fused.py``): RMSNorm with residual add, q/k norm + rotary + KV write, SiLU-and-multiply.
+forward (``model/fused.py``): RMSNorm with residual add, q/k norm + rotary + KV write, SiLU-and-multiply,
+and the routed experts of a mixture-of-experts layer (``model/moe.py``).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ class KernelBackend(Protocol):
 
     def silu_mul(self, x) -> torch.Tensor: ...
 
+    def moe_experts(self, h, weights, ids, gate_up, down) -> torch.Tensor: ...  # [T, H]
+
 
 class TorchBackend:
     """The reference implementation (CPU path and oracle)."""
@@ -41,6 +44,7 @@ class TorchBackend:
     rms_norm = staticmethod(reference.rms_norm)
     rope_write_kv = staticmethod(reference.rope_write_kv)
     silu_mul = staticmethod(reference.silu_mul)
+    moe_experts = staticmethod(reference.moe_experts)
 
     def attention(self, query, k_cache, v_cache, ctx: PagedContext, scale: float, sliding_window):
         return reference.paged_attention(
@@ -52,13 +56,14 @@ class TritonBackend:
     """The CUDA path: Triton kernels, capturable in CUDA graphs (bounds come from the context)."""
 
     def __init__(self) -> None:
-        from batchgen.kernels import activation, dispatch, norm, rope
+        from batchgen.kernels import activation, dispatch, moe, norm, rope
 
         self._kernels = dispatch
         self.write_kv = dispatch.write_kv
         self.rms_norm = norm.rms_norm
         self.rope_write_kv = rope.rope_write_kv
         self.silu_mul = activation.silu_mul
+        self.moe_experts = moe.moe_experts
 
     def attention(self, query, k_cache, v_cache, ctx: PagedContext, scale: float, sliding_window):
         return self._kernels.paged_attention_triton(

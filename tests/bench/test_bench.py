@@ -114,6 +114,21 @@ def test_workload_table_and_quick():
     assert quick(WORKLOADS["B4"]) == WORKLOADS["B4"]
     assert modes_for(WORKLOADS["B4"], ["sync"], True) == ["sync", "generate_batch", "hf_loop", "hf_padded"]
     assert modes_for(WORKLOADS["B3"], ["async"], True) == ["async", "generate_batch"]
+    assert modes_for(WORKLOADS["B6"], ["async"], True) == ["async", "hf_forward"]
+    assert quick(WORKLOADS["B6"]).hf_num_requests == 64
+
+
+def test_moe_workload_beside_transformers_forward(tiny_models):
+    """B6's shape of comparison on a tiny MoE model: batchgen's fused forward, then transformers' forward
+    on the same engine for the first requests (every token emitted by both)."""
+    w = Workload("tiny-moe", tiny_models["qwen3_moe"], REQUESTS, PROMPT, NEW, device="cpu", dtype="float32",
+                 baselines=("hf_forward",), hf_num_requests=2)  # fmt: skip
+    fused, hf = run_workload(w, ["async"], compare_hf=True)
+    assert (fused["mode"], hf["mode"]) == ("async", "hf_forward")
+    assert fused["error"] is None and fused["output_tokens"] == REQUESTS * NEW
+    assert hf["error"] is None and hf["output_tokens"] == hf["expected_tokens"] == 2 * NEW
+    assert "transformers' forward" in hf["note"]
+    assert "batchgen / hf_forward" in report.render([fused | {"workload": "w"}, hf | {"workload": "w"}])
 
 
 def test_cli_args():
@@ -121,15 +136,18 @@ def test_cli_args():
     assert args.workload == ["B1s", "B3"] and args.quick and args.compare_hf
 
 
-@pytest.mark.parametrize(("arch", "billions"), [("llama3-8b", 8.03), ("qwen3-0.6b", 0.596)])
-def test_real_configs_build_on_meta(arch, billions):
+@pytest.mark.parametrize(
+    ("arch", "billions", "kv_heads"),
+    [("llama3-8b", 8.03, 8), ("qwen3-0.6b", 0.596, 8), ("qwen3-30b-a3b", 30.5, 4)],
+)
+def test_real_configs_build_on_meta(arch, billions, kv_heads):
     """The written-out configs give the real parameter counts (meta device: no memory, no time)."""
     model = build_random_model(arch, "meta", torch.bfloat16)
     params = {id(p): p for p in model.parameters()}
     assert sum(p.numel() for p in params.values()) / 1e9 == pytest.approx(billions, rel=0.01)
     sizes = metrics.model_bytes(model)
     layers = model.config.num_hidden_layers
-    assert sizes["kv_per_token"] == 2 * layers * 8 * 128 * 2  # K and V, 8 kv heads x 128, bf16
+    assert sizes["kv_per_token"] == 2 * layers * kv_heads * 128 * 2  # K and V, kv heads x 128, bf16
 
 
 def test_decode_roofline_arithmetic():
