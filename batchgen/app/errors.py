@@ -21,3 +21,26 @@ def storage_failure(exc: OSError) -> FatalError:
     where = f" on {exc.filename}" if exc.filename else ""
     todo = "free some space, then re-run" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else "re-run"
     return FatalError(f"I/O error{where}: {what}; {todo} the same command to resume (what was saved is kept)")
+
+
+def one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def rank_lost(exc: BaseException) -> bool:
+    """A tensor-parallel rank died: RankFailed from rank 0's waits, or gloo's error in a collective."""
+    from batchgen.parallel.launch import RankFailed
+
+    return isinstance(exc, RankFailed) or (
+        isinstance(exc, RuntimeError) and "Connection closed by peer" in str(exc)
+    )
+
+
+def as_fatal(exc: BaseException) -> FatalError:
+    """An unexpected failure of the run as the one line the CLI prints."""
+    if rank_lost(exc):
+        return FatalError(" ".join(str(exc).split()))
+    if isinstance(exc, OSError):
+        return storage_failure(exc)
+    return FatalError(one_line(exc))

@@ -20,7 +20,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from batchgen.app.errors import FatalError, storage_failure
+from batchgen.app.errors import FatalError, as_fatal, one_line, rank_lost, storage_failure
 from batchgen.app.merge import check_target
 from batchgen.app.options import RunOptions
 from batchgen.app.prepare import END, Preparer, PromptSettings
@@ -219,7 +219,7 @@ class _Job:
         except Interrupt:
             raise
         except Exception as exc:
-            raise FatalError(f"cannot load model {self.fingerprint['model']!r}: {_one_line(exc)}") from exc
+            raise FatalError(f"cannot load model {self.fingerprint['model']!r}: {one_line(exc)}") from exc
 
     # -- generation ------------------------------------------------------------------------------------
     def _generate(self, llm: Any, writer: Writer, done: DoneSet, totals: Counters, state: RunState) -> int:
@@ -330,18 +330,14 @@ class _Job:
         log.info(summary_text(summary))
         self._write_stats(summary)
         if failure is not None:
-            if _rank_lost(failure) and self.signals.draining.is_set():
+            if rank_lost(failure) and self.signals.draining.is_set():
                 log.info(
                     "%s after a stop signal: saved; re-run the same command to resume (exit 75)", failure
                 )
                 return EXIT_INTERRUPTED
-            if _rank_lost(failure):
-                raise FatalError(_one_line(failure).removeprefix("RankFailed: ")) from failure
             if isinstance(failure, FatalError | SchemaError):
                 raise failure
-            if isinstance(failure, OSError):
-                raise storage_failure(failure) from failure
-            raise FatalError(_one_line(failure)) from failure
+            raise as_fatal(failure) from failure
         if not complete:
             log.info("saved; re-run the same command to resume (exit 75)")
             return EXIT_INTERRUPTED
@@ -392,17 +388,3 @@ class _Feed:
                 raise StopIteration
             self.faults.hit("submit", self.snapshot)
             return item
-
-
-def _rank_lost(exc: BaseException) -> bool:
-    """A tensor-parallel rank died: RankFailed from rank 0's waits, or gloo's error in a collective."""
-    from batchgen.parallel.launch import RankFailed
-
-    return isinstance(exc, RankFailed) or (
-        isinstance(exc, RuntimeError) and "Connection closed by peer" in str(exc)
-    )
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
