@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import fields
 from typing import Any
@@ -127,9 +128,18 @@ class LLM:
         return Engine(runner, blocks, scheduler, stops, self.max_model_len, self.async_mode)
 
     def close(self) -> None:
-        """Stop the tensor-parallel workers (nothing to do in one process). Idempotent."""
-        if self._workers is not None:
-            self._workers.close()
+        """Stop the tensor-parallel workers and leave their process group (nothing to do in one
+        process); the engine cannot generate afterwards. Idempotent."""
+        if self._workers is None:
+            return
+        # The decode graphs hold NCCL work captured on the group's communicators, and tearing the group
+        # down waits for such work while its graphs live (both an orderly destroy and an abort hung on
+        # the H200 with the graphs alive): free the engine, and with it every graph, first.
+        if getattr(self, "_engine", None) is not None:
+            self._closed_stats = self._engine.stats
+        self._engine = self._rank = None
+        gc.collect()
+        self._workers.close()
 
     def __enter__(self) -> LLM:
         return self
@@ -141,7 +151,7 @@ class LLM:
 
     @property
     def stats(self) -> EngineStats:
-        return self._engine.stats
+        return self._engine.stats if self._engine is not None else self._closed_stats
 
     @property
     def num_kv_blocks(self) -> int:

@@ -80,4 +80,5 @@ class ParallelGroup:
             end.record()
             end.synchronize()
             times.append(start.elapsed_time(end))
+        del graph  # its captured NCCL work must be gone before the group can be torn down
         return sorted(times)[len(times) // 2]
