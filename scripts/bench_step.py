@@ -91,16 +91,19 @@ def sharded_step(name: str, arch: str, batch: int, context: int, gpus: int, step
     try:
         r = time_steps(llm, batch, context, steps)
         comm_ms = max(llm._engine.runner.time_all_reduce((batch, cfg["hidden_size"]), reduces))
+        bytes_per_gpu = (sizes["weights"] + batch * context * sizes["kv_per_token"]) / gpus
+        roofline_ms = bytes_per_gpu / bandwidth * 1e3 + comm_ms
+        r.update(preset=name, arch=arch, batch=batch, context=context, impl="batchgen", gpus=gpus,
+                 allreduce_ms=comm_ms, roofline_ms=roofline_ms, bandwidth_gbs=bandwidth / 1e9)  # fmt: skip
+        r["vs_roofline"] = r["gpu_ms"] / roofline_ms
+        print(
+            f"{name} batchgen TP={gpus} {batch} x {context}: GPU {r['gpu_ms']:.3f} ms/step (rank 0), wall "
+            f"{r['wall_ms']:.3f}; roofline {roofline_ms:.3f} ms ({comm_ms:.3f} of {reduces} all-reduces) -> "
+            f"{r['vs_roofline']:.3f}x",
+            flush=True,
+        )  # printed before close: the figure survives a hang there
     finally:
         llm.close()
-    bytes_per_gpu = (sizes["weights"] + batch * context * sizes["kv_per_token"]) / gpus
-    roofline_ms = bytes_per_gpu / bandwidth * 1e3 + comm_ms
-    r.update(preset=name, arch=arch, batch=batch, context=context, impl="batchgen", gpus=gpus,
-             allreduce_ms=comm_ms, roofline_ms=roofline_ms, bandwidth_gbs=bandwidth / 1e9)  # fmt: skip
-    r["vs_roofline"] = r["gpu_ms"] / roofline_ms
-    print(f"{name} batchgen TP={gpus} {batch} x {context}: GPU {r['gpu_ms']:.3f} ms/step (rank 0), wall "
-          f"{r['wall_ms']:.3f}; roofline {roofline_ms:.3f} ms ({comm_ms:.3f} of {reduces} all-reduces) -> "
-          f"{r['vs_roofline']:.3f}x", flush=True)  # fmt: skip
     return r
 
 
