@@ -6,6 +6,9 @@ paged attention, sampling), launched through the async runner on synthetic input
 bytes one step must move (weights + the KV it reads) over the bandwidth of a large device copy.
 
     PYTHONPATH=. python3 scripts/bench_step.py --preset B1 --out out/step.json
+    PYTHONPATH=. python3 scripts/bench_step.py --preset B1 --quantization fp8 --kv-cache-dtype fp8
+
+With FP8 the roofline counts the projections at one byte a weight and the cache at one byte an element.
 """
 
 from __future__ import annotations
@@ -72,6 +75,10 @@ def main() -> int:
     ap.add_argument("--preset", action="append", choices=list(PRESETS), help="repeatable [B1 B3]")
     ap.add_argument("--impl", action="append", choices=["batchgen", "transformers"])
     ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--quantization", choices=["fp8"], help="batchgen's forward only")
+    ap.add_argument(
+        "--kv-cache-dtype", choices=["auto", "fp8"], default="auto", help="batchgen's forward only"
+    )
     ap.add_argument("--out", help="write the results as JSON to this file")
     ap.add_argument("--json", action="store_true", help="also print the results as JSON")
     args = ap.parse_args()
@@ -84,19 +91,25 @@ def main() -> int:
     for name in args.preset or ["B1", "B3"]:
         arch, batch, context = PRESETS[name]
         model = build_random_model(arch, "cuda", torch.bfloat16)
-        sizes = metrics.model_bytes(model)
-        roofline_ms = (sizes["weights"] + batch * context * sizes["kv_per_token"]) / bandwidth * 1e3
         for impl in args.impl or ["batchgen", "transformers"]:
+            fp8 = (
+                dict(quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype)
+                if impl == "batchgen"
+                else {}
+            )
+            sizes = metrics.model_bytes(model, **fp8)
+            roofline_ms = (sizes["weights"] + batch * context * sizes["kv_per_token"]) / bandwidth * 1e3
             kv_bytes = int(batch * (context + 64) * sizes["kv_per_token"] * 1.05) + (64 << 20)
             llm = LLM.from_model(
                 model, tokenizer, max_num_seqs=batch, max_model_len=context + 64, kv_cache_bytes=kv_bytes,
-                model_impl=impl, extra={"progress": False},
+                model_impl=impl, extra={"progress": False}, **fp8,
             )  # fmt: skip
             r = time_steps(llm, batch, context, args.steps)
             r.update(preset=name, arch=arch, batch=batch, context=context, impl=impl,
-                     roofline_ms=roofline_ms, bandwidth_gbs=bandwidth / 1e9)  # fmt: skip
+                     roofline_ms=roofline_ms, bandwidth_gbs=bandwidth / 1e9, **fp8)  # fmt: skip
             r["vs_roofline"] = r["gpu_ms"] / roofline_ms
-            line = f"{name} {impl:12s} {batch} x {context}: GPU {r['gpu_ms']:.3f} ms/step, "
+            tag = "".join(f" {k}={v}" for k, v in fp8.items() if v not in (None, "auto"))
+            line = f"{name} {impl:12s}{tag} {batch} x {context}: GPU {r['gpu_ms']:.3f} ms/step, "
             line += (
                 f"wall {r['wall_ms']:.3f} ms/step; roofline {roofline_ms:.3f} ms -> {r['vs_roofline']:.3f}x"
             )

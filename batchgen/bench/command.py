@@ -23,7 +23,10 @@ import click
 @click.option("--no-compare-hf", "compare_hf", is_flag=True, flag_value=False, default=True,
               help="Skip transformers' generate_batch baseline.")  # fmt: skip
 @click.option("--device", help="Override every workload's device (cuda, cpu, cuda:1).")
-def bench_command(workloads, modes, out_dir, quick, compare_hf, device) -> None:
+@click.option("--quantization", type=click.Choice(["fp8"]), help="batchgen's runs: FP8 projections.")
+@click.option("--kv-cache-dtype", type=click.Choice(["auto", "fp8"]), default="auto", show_default=True,
+              help="batchgen's runs: the KV cache's dtype.")  # fmt: skip
+def bench_command(workloads, modes, out_dir, quick, compare_hf, device, quantization, kv_cache_dtype) -> None:
     """The benchmark workloads (B1-B4): batchgen async and sync beside transformers' generate_batch."""
     from batchgen.bench.__main__ import failed
     from batchgen.bench.cli_entry import run_bench
@@ -34,5 +37,14 @@ def bench_command(workloads, modes, out_dir, quick, compare_hf, device) -> None:
         raise click.BadParameter(
             f"{unknown[0]!r}; choose from {', '.join(WORKLOADS)}", param_hint="--workload"
         )
-    records = run_bench(list(workloads) or ["B4"], list(modes), out_dir, quick, compare_hf, device)
+    records = run_bench(
+        list(workloads) or ["B4"],
+        list(modes),
+        out_dir,
+        quick,
+        compare_hf,
+        device,
+        quantization,
+        kv_cache_dtype,
+    )
     sys.exit(1 if any(failed(r) for r in records) else 0)

@@ -79,6 +79,18 @@ class Workload:
     dtype: str = "bfloat16"
     hf_max_new_tokens: int | None = None  # generate_batch runs shorter when it is too slow for the budget
     seed: int = 0
+    quantization: str | None = None  # batchgen's runs: "fp8" quantizes the projections at load
+    kv_cache_dtype: str = "auto"  # batchgen's runs: "fp8" for an e4m3 KV cache (the baselines stay 16-bit)
+
+    @property
+    def engine_options(self) -> dict:
+        return dict(quantization=self.quantization, kv_cache_dtype=self.kv_cache_dtype)
+
+    @property
+    def precision(self) -> str:
+        """What batchgen's runs store in FP8 ("" when nothing)."""
+        parts = ["fp8 weights"] * (self.quantization == "fp8") + ["fp8 KV"] * (self.kv_cache_dtype == "fp8")
+        return " + ".join(parts)
 
     @property
     def label(self) -> str:
@@ -104,11 +116,14 @@ def quick(w: Workload) -> Workload:
     return replace(w, num_requests=min(w.num_requests, 256), max_new_tokens=new, hf_max_new_tokens=hf_new)
 
 
-def get_workload(name: str, device: str | None = None) -> Workload:
+def get_workload(
+    name: str, device: str | None = None, quantization: str | None = None, kv_cache_dtype: str = "auto"
+) -> Workload:
     try:
         w = WORKLOADS[name]
     except KeyError:
         raise ValueError(f"unknown workload {name!r}; choose from {', '.join(WORKLOADS)}") from None
+    w = replace(w, quantization=quantization, kv_cache_dtype=kv_cache_dtype)
     return replace(w, device=device) if device else w
 
 
