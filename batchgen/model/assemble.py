@@ -41,6 +41,10 @@ class Loader(NamedTuple):
         return span if self.group.is_parallel else None
 
     def dense(self, name: str, rows: Span | None = None) -> torch.Tensor:
+        if self.source.dtype(name) == torch.float8_e4m3fn:  # an FP8 checkpoint's quantized LM head
+            from batchgen.model.weights.fp8_checkpoint import dequantized
+
+            return dequantized(self.source, Part(name, rows), self.dtype)
         return self.source.get(Part(name, rows)).to(self.dtype)
 
     def row_parallel(self, name: str, cols: Span) -> Linear:
@@ -61,7 +65,9 @@ def assemble(
     heads = head_shard(spec.q_heads, spec.kv_heads, group.rank, group.size)
     vocab = vocab_span(spec.vocab, group.rank, group.size)
     load = Loader(source, fmt, group, dtype)
-    layers = [_layer(load, spec, i, heads, fp8_cache) for i in range(spec.num_layers)]
+    layers = [
+        _layer(load, spec, skeleton.model.layers[i], i, heads, fp8_cache) for i in range(spec.num_layers)
+    ]
     embed = load.dense("model.embed_tokens.weight", load.span(vocab))
     head_name = "model.embed_tokens.weight" if spec.tied_embeddings else "lm_head.weight"
     head = embed if spec.tied_embeddings else load.dense(head_name, load.span(vocab))
@@ -75,7 +81,9 @@ def assemble(
     return Assembled(forward, spec, heads, vocab)
 
 
-def _layer(load: Loader, spec: ModelSpec, i: int, heads: HeadShard, fp8_cache: bool) -> Layer:
+def _layer(
+    load: Loader, spec: ModelSpec, module: torch.nn.Module, i: int, heads: HeadShard, fp8_cache: bool
+) -> Layer:
     prefix = f"model.layers.{i}."
     attn = _attention(load, spec, prefix + "self_attn.", heads, spec.sliding_windows[i])
     if fp8_cache:

@@ -166,3 +166,17 @@ def test_mixed_groups_and_misaligned_shards_are_refused(tmp_path):
         ValueError, match="splits model.layers.0.mlp.down_proj.weight's 256 input features at 64"
     ):
         fmt.linear(source, [down], bias=False)
+
+
+def test_an_fp8_lm_head_loads_dequantized(tmp_path):
+    """Some releases quantize lm_head too: it loads in the model dtype (the LM head stays dense)."""
+    from safetensors.torch import load_file, save_file
+
+    write_checkpoint(_model("llama"), tmp_path, "ct-channel", IDS)
+    tensors = load_file(str(tmp_path / "model.safetensors"))
+    q, s = ref.quantize_rows(tensors["lm_head.weight"])
+    tensors["lm_head.weight"], tensors["lm_head.weight_scale"] = q, s.view(-1, 1)
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    head = _forward(str(tmp_path))[0].lm_head.weight
+    assert head.dtype == torch.float32
+    torch.testing.assert_close(head, q.float() * s[:, None], rtol=0, atol=0)

@@ -107,6 +107,15 @@ class Fp8CheckpointFormat:
         return Fp8BlockLinear(weight, torch.cat(scales), rows, cols, bias, self.dtype)
 
 
+def dequantized(source: WeightSource, part: Part, dtype: torch.dtype) -> torch.Tensor:
+    """A tensor that is not a projection (an LM head some checkpoints store in FP8) in the model dtype:
+    batchgen keeps the LM head and embeddings dense."""
+    weight = source.get(part).float()
+    if not source.has(_scale_name(part, "weight_scale")):
+        raise ValueError(f"{part.name} is stored in FP8 without a weight_scale: batchgen cannot load it")
+    return (weight * _row_scales(source, part)[:, None]).to(dtype)
+
+
 def _scale_name(part: Part, suffix: str) -> str:
     return part.name.removesuffix("weight") + suffix
 
