@@ -38,7 +38,8 @@ format: setup
 bench: setup
 	$(BIN)/batchgen bench --workload B4
 
-# On a GPU machine: GPU tests + kernel benchmark + B1s/B3, logs under $(OUT) (STAGES= picks a subset).
+# On a GPU machine: GPU tests + kernel benchmark + B1s/B3, logs under $(OUT) (STAGES= picks a subset;
+# STAGES=moe runs the mixture-of-experts checks and B6).
 gpu-check:
 	bash scripts/gpu_check.sh "$(OUT)"
 
@@ -47,7 +48,8 @@ gpu-check:
 gpu-assets: setup
 	$(BIN)/python -c "from batchgen.model.loader import default_model_dir; print(default_model_dir())"
 	mkdir -p .gpu-assets/tokenizer
-	cp $$($(BIN)/python -c "from batchgen.model.loader import default_model_dir; print(default_model_dir())")/{tokenizer.json,tokenizer_config.json,chat_template.jinja} .gpu-assets/tokenizer/
+	dir=$$($(BIN)/python -c "from batchgen.model.loader import default_model_dir; print(default_model_dir())"); \
+	cp "$$dir/tokenizer.json" "$$dir/tokenizer_config.json" "$$dir/chat_template.jinja" .gpu-assets/tokenizer/
 	$(BIN)/pip download -q orjson --only-binary=:all: --no-deps --python-version 3.12 --platform manylinux_2_17_x86_64 -d .gpu-assets
 
 clean:

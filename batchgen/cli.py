@@ -145,7 +145,8 @@ def cli() -> None:
     type=click.Choice(["auto", "batchgen", "transformers"]),
     default="auto",
     show_default=True,
-    help="Forward pass: batchgen's fused one (Llama/Mistral/Qwen2/Qwen3) or transformers' modelling code.",
+    help="Forward pass: batchgen's fused one (Llama, Mistral, Qwen2/3 and their MoE, Mixtral, OLMoE) or "
+    "transformers' modelling code.",
 )
 @click.option("--tensor-parallel", type=click.IntRange(min=1), default=1, show_default=True,
               help="Split the model over K GPUs of this node (K processes; gloo on the CPU).")  # fmt: skip
@@ -244,7 +245,9 @@ def _data_parallel(input_path: str, output: str, verbose: bool, kw: dict[str, An
             raise click.UsageError("--data-parallel works from the command line (batchgen run ...)")
         if merged_target_done(_run_options(input_path, output, kw)):
             return 0
-        return run_data_parallel(argv[1:], kw["data_parallel"], output, kw["overwrite"], kw["stats_file"])
+        return run_data_parallel(
+            argv[1:], kw["data_parallel"], output, kw["overwrite"], kw["stats_file"], kw["tensor_parallel"]
+        )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     except (FatalError, RuntimeError) as exc:

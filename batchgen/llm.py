@@ -147,6 +147,10 @@ class LLM:
     def num_kv_blocks(self) -> int:
         return self._engine.blocks.num_blocks
 
+    def snapshot(self) -> dict[str, Any]:
+        """What the engine holds right now: step count, queued and running requests (fault reports)."""
+        return self._engine.snapshot()
+
     @property
     def _progress(self) -> bool:
         return self.config.extra.get("progress", True)

@@ -3,12 +3,16 @@
 The step is what the engine replays: the decode CUDA graph of the batch's bucket (model forward,
 paged attention, sampling), launched through the async runner on synthetic inputs (every sequence at
 ``--context`` tokens). GPU time per step comes from the runner's CUDA events; the roofline is the
-bytes one step must move (weights + the KV it reads) over the bandwidth of a large device copy.
+bytes one step must move (weights + the KV it reads) over the bandwidth of a large device copy. For a
+mixture-of-experts model the weights are those of the experts the step actually routes its tokens to
+(recorded from the fused forward's router, real rows only) plus every other weight.
 
     PYTHONPATH=. python3 scripts/bench_step.py --preset B1 --out out/step.json
+    PYTHONPATH=. python3 scripts/bench_step.py --preset B6        # Qwen3-30B-A3B shape, 256 x 768
     PYTHONPATH=. python3 scripts/bench_step.py --preset B1 --quantization fp8 --kv-cache-dtype fp8
 
-With FP8 the roofline counts the projections at one byte a weight and the cache at one byte an element.
+With FP8 (batchgen's forward) the roofline counts the projections at one byte a weight and the cache at
+one byte an element.
 """
 
 from __future__ import annotations
@@ -26,14 +30,17 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from batchgen.bench import metrics  # noqa: E402
-from batchgen.bench.workloads import build_random_model  # noqa: E402
+from batchgen.bench.workloads import ARCHS, build_random_model  # noqa: E402
 from batchgen.engine.batch import StepInputs  # noqa: E402
 from batchgen.llm import LLM  # noqa: E402
+from batchgen.model.moe import MoEMLP  # noqa: E402
 from batchgen.testing.models import tokenizer_path  # noqa: E402
 
-PRESETS = {  # name -> (arch, batch, context): B1 at 4K context, B3 at its mean context
-    "B1": ("llama3-8b", 32, 4096),
-    "B3": ("qwen3-0.6b", 256, 640),
+PRESETS = {  # name -> (arch, batch, context, GPUs): B1 at 4K context, B3, B5, B6 at their mean context
+    "B1": ("llama3-8b", 32, 4096, 1),
+    "B3": ("qwen3-0.6b", 256, 640, 1),
+    "B5": ("llama3-70b", 64, 1024, 2),
+    "B6": ("qwen3-30b-a3b", 256, 768, 1),  # one wave of B6 (max_num_seqs 256) halfway through its decode
 }
 
 
@@ -44,8 +51,9 @@ def decode_inputs(step_id: int, batch: int, context: int, block_size: int) -> St
     last = context - 1
     slots = tables[:, last // block_size].astype(np.int64) * block_size + last % block_size
     zeros = np.zeros(batch, np.int64)
+    tokens = 100 + np.arange(batch, dtype=np.int64)  # distinct tokens: a MoE routes them apart
     return StepInputs(
-        step_id, zeros + 100, zeros - 1, zeros + last, slots, np.arange(batch + 1, dtype=np.int32),
+        step_id, tokens, zeros - 1, zeros + last, slots, np.arange(batch + 1, dtype=np.int32),
         np.full(batch, context, np.int32), tables, np.arange(batch, dtype=np.int64),
         np.zeros(batch, np.float32), np.ones(batch, np.float32), zeros, zeros, zeros,
         False, False, 1, context,
@@ -70,9 +78,85 @@ def time_steps(llm: LLM, batch: int, context: int, steps: int) -> dict:
     return {"gpu_ms": (runner.gpu_busy_s - busy0) / steps * 1e3, "wall_ms": wall / steps * 1e3}
 
 
+def sharded_step(name: str, arch: str, batch: int, context: int, gpus: int, steps: int, bandwidth: float):
+    """A decode step of a model split over ``gpus`` GPUs, against its roofline: each GPU reads its share
+    of the weights and KV at full bandwidth, plus the step's all-reduces (2 per layer + the embedding's)
+    timed alone on the job's own process group."""
+    from batchgen.bench.cli_entry import _prepare_sharded
+    from batchgen.bench.workloads import Workload
+
+    cfg = ARCHS[arch]
+    reduces = 2 * cfg["num_hidden_layers"] + 1
+    p = _prepare_sharded(Workload(name, arch, batch, context, 64, tensor_parallel=gpus), torch.device("cuda"))
+    sizes = metrics.model_bytes(p.model)
+    kv_bytes = int(batch * (context + 64) * sizes["kv_per_token"] / gpus * 1.05) + (64 << 20)
+    llm = p.make_llm(max_num_seqs=batch, max_model_len=context + 64, kv_cache_bytes=kv_bytes,
+                     extra={"progress": False})  # fmt: skip
+    try:
+        r = time_steps(llm, batch, context, steps)
+        comm_ms = max(llm._engine.runner.time_all_reduce((batch, cfg["hidden_size"]), reduces))
+    finally:
+        llm.close()
+    bytes_per_gpu = (sizes["weights"] + batch * context * sizes["kv_per_token"]) / gpus
+    roofline_ms = bytes_per_gpu / bandwidth * 1e3 + comm_ms
+    r.update(preset=name, arch=arch, batch=batch, context=context, impl="batchgen", gpus=gpus,
+             allreduce_ms=comm_ms, roofline_ms=roofline_ms, bandwidth_gbs=bandwidth / 1e9)  # fmt: skip
+    r["vs_roofline"] = r["gpu_ms"] / roofline_ms
+    print(f"{name} batchgen TP={gpus} {batch} x {context}: GPU {r['gpu_ms']:.3f} ms/step (rank 0), wall "
+          f"{r['wall_ms']:.3f}; roofline {roofline_ms:.3f} ms ({comm_ms:.3f} of {reduces} all-reduces) -> "
+          f"{r['vs_roofline']:.3f}x", flush=True)  # fmt: skip
+    return r
+
+
+class RouteRecorder:
+    """Keeps the expert ids every MoE layer's router produces, including those captured into CUDA
+    graphs: a graph replay rewrites the same tensors, so after a step they hold that step's routing."""
+
+    def __init__(self) -> None:
+        self.ids: list[torch.Tensor] = []
+        self._original = MoEMLP.route
+
+    def __enter__(self) -> RouteRecorder:
+        original, recorded = self._original, self.ids
+
+        def route(mlp, h):
+            weights, ids = original(mlp, h)
+            recorded.append(ids)
+            return weights, ids
+
+        MoEMLP.route = route
+        return self
+
+    def __exit__(self, *exc) -> None:
+        MoEMLP.route = self._original
+
+    def routed_experts(self, batch: int, moe_layers: int) -> list[int]:
+        """Distinct experts per layer over the ``batch`` real rows, from the graph of the step's bucket."""
+        bucket = min(t.shape[0] for t in self.ids if t.shape[0] >= batch)
+        last = [t for t in self.ids if t.shape[0] == bucket][-moe_layers:]
+        return [int(t[:batch].unique().numel()) for t in last]
+
+
+def expert_bytes(model: torch.nn.Module) -> tuple[int, int, int]:
+    """(all experts' bytes, one expert's bytes, MoE layers) of a transformers MoE model (0s if dense)."""
+    experts = [m.mlp.experts for m in model.model.layers if hasattr(m.mlp, "experts")]
+    if not experts:
+        return 0, 0, 0
+    total = sum(p.numel() * p.element_size() for e in experts for p in e.parameters())
+    return total, total // (len(experts) * experts[0].num_experts), len(experts)
+
+
+def roofline_ms(model, sizes: dict, batch: int, context: int, bandwidth: float, routed: list[int]) -> float:
+    """(weights + KV) / bandwidth; for a MoE, only the ``routed`` experts' weights (all of them when the
+    routing is unknown: transformers' forward run alone)."""
+    all_experts, one_expert, _ = expert_bytes(model)
+    weights = sizes["weights"] - all_experts + sum(routed) * one_expert if routed else sizes["weights"]
+    return (weights + batch * context * sizes["kv_per_token"]) / bandwidth * 1e3
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--preset", action="append", choices=list(PRESETS), help="repeatable [B1 B3]")
+    ap.add_argument("--preset", action="append", choices=list(PRESETS), help="repeatable [B1 B3]; B5: 2 GPUs")
     ap.add_argument("--impl", action="append", choices=["batchgen", "transformers"])
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--quantization", choices=["fp8"], help="batchgen's forward only")
@@ -81,7 +165,11 @@ def main() -> int:
     )
     ap.add_argument("--out", help="write the results as JSON to this file")
     ap.add_argument("--json", action="store_true", help="also print the results as JSON")
+    ap.add_argument("--dump-after", type=float, default=280, help="print every thread's stack after S s")
     args = ap.parse_args()
+    import faulthandler
+
+    faulthandler.dump_traceback_later(args.dump_after, exit=False)  # where a hung run is stuck
     from transformers import AutoTokenizer
 
     device = torch.device("cuda")
@@ -89,8 +177,13 @@ def main() -> int:
     bandwidth = metrics.measure_bandwidth(device)
     results = []
     for name in args.preset or ["B1", "B3"]:
-        arch, batch, context = PRESETS[name]
+        arch, batch, context, gpus = PRESETS[name]
+        if gpus > 1:
+            results.append(sharded_step(name, arch, batch, context, gpus, args.steps, bandwidth))
+            continue
         model = build_random_model(arch, "cuda", torch.bfloat16)
+        moe_layers = expert_bytes(model)[2]
+        routed: list[int] = []  # distinct experts per MoE layer, from the fused forward's step
         for impl in args.impl or ["batchgen", "transformers"]:
             fp8 = (
                 dict(quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype)
@@ -98,21 +191,26 @@ def main() -> int:
                 else {}
             )
             sizes = metrics.model_bytes(model, **fp8)
-            roofline_ms = (sizes["weights"] + batch * context * sizes["kv_per_token"]) / bandwidth * 1e3
             kv_bytes = int(batch * (context + 64) * sizes["kv_per_token"] * 1.05) + (64 << 20)
-            llm = LLM.from_model(
-                model, tokenizer, max_num_seqs=batch, max_model_len=context + 64, kv_cache_bytes=kv_bytes,
-                model_impl=impl, extra={"progress": False}, **fp8,
-            )  # fmt: skip
-            r = time_steps(llm, batch, context, args.steps)
+            with RouteRecorder() as recorder:
+                llm = LLM.from_model(
+                    model, tokenizer, max_num_seqs=batch, max_model_len=context + 64, kv_cache_bytes=kv_bytes,
+                    model_impl=impl, extra={"progress": False}, **fp8,
+                )  # fmt: skip
+                r = time_steps(llm, batch, context, args.steps)
+            if moe_layers and recorder.ids:
+                routed = recorder.routed_experts(batch, moe_layers)
+            ideal = roofline_ms(model, sizes, batch, context, bandwidth, routed)
             r.update(preset=name, arch=arch, batch=batch, context=context, impl=impl,
-                     roofline_ms=roofline_ms, bandwidth_gbs=bandwidth / 1e9, **fp8)  # fmt: skip
-            r["vs_roofline"] = r["gpu_ms"] / roofline_ms
+                     roofline_ms=ideal, bandwidth_gbs=bandwidth / 1e9, **fp8)  # fmt: skip
+            if moe_layers:
+                r["routed_experts_mean"] = sum(routed) / len(routed) if routed else None
+            r["vs_roofline"] = r["gpu_ms"] / ideal
             tag = "".join(f" {k}={v}" for k, v in fp8.items() if v not in (None, "auto"))
             line = f"{name} {impl:12s}{tag} {batch} x {context}: GPU {r['gpu_ms']:.3f} ms/step, "
-            line += (
-                f"wall {r['wall_ms']:.3f} ms/step; roofline {roofline_ms:.3f} ms -> {r['vs_roofline']:.3f}x"
-            )
+            line += f"wall {r['wall_ms']:.3f} ms/step; roofline {ideal:.3f} ms -> {r['vs_roofline']:.3f}x"
+            if moe_layers:
+                line += f"; routed experts per layer {r['routed_experts_mean']}"
             print(line, flush=True)
             results.append(r)
             del llm

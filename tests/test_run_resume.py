@@ -2,7 +2,9 @@
 
 Crashes are real SIGKILLs of ``batchgen run`` subprocesses, at points named by ``BATCHGEN_FAULT`` (see
 batchgen/io/faults.py) or sent from outside once records appear. The subprocesses start together (their
-imports dominate); each resume runs in this process.
+imports dominate); each resume runs in this process. Each fault writes a report as it fires (the point,
+and what the engine held): the tests check that the kill came from the fault, in the state it is named
+for, and not from this file's deadline.
 """
 
 import os
@@ -12,6 +14,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import orjson
 import pyarrow.parquet as pq
@@ -22,6 +25,8 @@ from batchgen.cli import cli
 from batchgen.io.checkpoint import load_state
 
 ROWS = [{"id": f"r{i}", "prompt": f"Row {i}: " + "tell me more " * (i % 7)} for i in range(24)]
+for _row in ROWS[2::4]:  # rows that end early, so rows admitted together do not all finish together
+    _row["max_new_tokens"] = 3
 ROWS[5] = {"id": "chat", "messages": [{"role": "user", "content": "Hi!"}]}
 ROWS[9] = {"id": "bad", "prompt": None}  # an error record must also be written exactly once
 LONG_ROWS = [
@@ -60,8 +65,9 @@ def _records_on_disk(out: Path) -> int:
         return 0
 
 
-def _drive(procs: dict, deadline: float) -> None:
-    """Send the outside signals once enough records exist; wait for every process."""
+def _drive(procs: dict, deadline: float) -> set[str]:
+    """Send the outside signals once enough records exist; wait for every process. The names of those
+    still running at the deadline, which are killed: their tests must fail, not pass as crashed."""
     pending = dict(procs)
     while pending and time.monotonic() < deadline:
         for name, (proc, out, action) in list(pending.items()):
@@ -73,6 +79,7 @@ def _drive(procs: dict, deadline: float) -> None:
         time.sleep(0.02)
     for proc, _, _ in pending.values():
         proc.kill()
+    return set(pending)
 
 
 @pytest.fixture(scope="module")
@@ -87,16 +94,58 @@ def crashed(tiny_llama, tmp_path_factory):
     procs = {}
     for name, (inp, ext, fault, action) in CRASHES.items():
         out = root / f"{name}.{ext}"
-        run_env = {**env, "BATCHGEN_FAULT": fault} if fault else env
+        report = root / f"{name}.fault.json"
+        run_env = {**env, "BATCHGEN_FAULT": fault, "BATCHGEN_FAULT_REPORT": str(report)} if fault else env
         cmd = [sys.executable, "-m", "batchgen", *_args(inputs, inp, out, tiny_llama)]
         err = open(root / f"{name}.err", "wb")  # noqa: SIM115 - closed below
         procs[name] = (subprocess.Popen(cmd, env=run_env, stderr=err, stdout=err), out, action)
         err.close()
-    _drive(procs, time.monotonic() + 400)
+    timed_out = _drive(procs, time.monotonic() + 400)
     results = {}
     for name, (proc, out, _) in procs.items():
-        results[name] = (out, proc.wait(), (root / f"{name}.err").read_text())
+        report = root / f"{name}.fault.json"
+        fired = orjson.loads(report.read_bytes()) if report.exists() else None
+        results[name] = Crash(out, proc.wait(), (root / f"{name}.err").read_text(), fired, name in timed_out)
     return inputs, results
+
+
+class Crash(NamedTuple):
+    out: Path
+    code: int
+    stderr: str
+    fault: dict | None  # the report the fault wrote as it fired (None: it never fired)
+    timed_out: bool  # killed by this file's deadline, not by the scenario
+
+
+def _mid_prefill(engine: dict) -> bool:
+    return any(0 < r["computed"] < r["prompt"] for r in engine["running"])
+
+
+def _mid_decode(engine: dict) -> bool:
+    return any(r["output"] > 0 for r in engine["running"])
+
+
+# What the engine held at the kill, for the points named after an engine state (see the CRASHES notes).
+ENGINE_AT_KILL = {
+    # Rows are being taken in (queued, not started) while the first ones generate; none has finished.
+    "admission": lambda e: e["steps"] > 0 and e["finished"] == 0 and e["running"] and e["waiting"] > 0,
+    # A long prompt is partly in the KV cache: its prefill spans steps and is cut here.
+    "chunked-prefill": lambda e: e["finished"] == 1 and _mid_prefill(e),
+    # Outputs came back while other rows hold generated tokens and go on decoding.
+    "mid-decode": lambda e: e["finished"] >= 5 and _mid_decode(e),
+}
+
+
+def _lose_unsynced(out: Path, synced_bytes: int) -> None:
+    """Power loss right after a kill in flush: data not yet fsynced may be gone. SIGKILL alone cannot
+    lose it (the kernel's page cache holds it and writes it back), so simulate the loss: keep what the
+    writer had fsynced (its size, from the fault report) and a torn half of the rest."""
+    data = out.read_bytes()
+    durable = data[:synced_bytes].count(b"\n")
+    assert data.count(b"\n") > durable, "the kill left no un-fsynced record to lose"
+    assert load_state(out).records <= durable, "the state counts records that were not yet fsynced"
+    lost = data[synced_bytes:]
+    out.write_bytes(data[:synced_bytes] + lost[: len(lost) // 2])
 
 
 @pytest.fixture(scope="module")
@@ -125,14 +174,21 @@ def _sorted_records(out: Path) -> list:
 @pytest.mark.parametrize("name", list(CRASHES))
 def test_resume_after_crash_equals_uninterrupted_run(name, crashed, baseline, tiny_llama):
     inputs, results = crashed
-    inp, ext = CRASHES[name][:2]
-    out, code, err = results[name]
+    inp, ext, fault = CRASHES[name][:3]
+    out, code, err, fired, timed_out = results[name]
+    assert not timed_out, f"{name}: still running at the test's deadline (killed): {err[-2000:]}"
     expected_code = 75 if name == "sigterm" else -signal.SIGKILL
     assert code == expected_code, err
+    if fault:
+        assert fired is not None and f"{fired['point']}:{fired['at']}" == fault, (fired, err[-2000:])
+        if name in ENGINE_AT_KILL:
+            assert ENGINE_AT_KILL[name](fired["snapshot"]), fired["snapshot"]
     state = load_state(out)
     assert state is not None and not state.complete
     if name == "sigterm":
         assert "SIGTERM" in err and "re-run the same command to resume" in err
+    if name == "during-flush":
+        _lose_unsynced(out, fired["snapshot"]["synced_bytes"])
     result = CliRunner().invoke(cli, _args(inputs, inp, out, tiny_llama))
     assert result.exit_code == 0, result.stderr
     assert _sorted_records(out) == baseline[inp, ext]  # byte for byte (JSONL), each record exactly once

@@ -1,22 +1,38 @@
 """Sharding, Slurm arrays, ``merge`` and ``--data-parallel``: every row exactly once, in input order,
 with the same records an unsharded run writes (sampled ones included)."""
 
+import io
 import json
 import os
 import subprocess
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from batchgen.app.shards import Shard, parse_shard, shard_of_path, shard_output, shard_rows, slurm_shard
 from batchgen.cli import cli
+from batchgen.io.checkpoint import load_state, save_state
 from tests.test_cli import ROWS, by_index, read_records, write_jsonl, write_parquet
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 MORE_ROWS = ROWS + [{"id": f"x{i}", "prompt": f"Say the number {i}."} for i in range(6)]  # 11 rows
 SAMPLED = ["--temperature", "0.9", "--seed", "7", "--n", "2"]
+
+
+def byte_split(path, count: int) -> list[list[int]]:
+    """Reference: the row indices of each of ``count`` byte-range shards of a plain JSONL file (a row
+    belongs to the range its line starts in; blank lines are not rows)."""
+    data = Path(path).read_bytes()
+    shards, pos, row = [[] for _ in range(count)], 0, 0
+    for line in io.BytesIO(data):
+        if line.strip():
+            shards[next(i for i in range(count) if pos < (i + 1) * len(data) // count)].append(row)
+            row += 1
+        pos += len(line)
+    return shards
 
 
 def test_parse_shard_and_slurm_environment():
@@ -75,7 +91,8 @@ def test_shards_then_merge_equal_an_unsharded_run(run_cli, tmp_path, fmt):
     assert merge.exit_code == 1 and "1 of 3 shards" in merge.stderr and ": 2" in merge.stderr
     assert run_cli(src, out, "--shard", "2/3", *SAMPLED)[0] == 0
     parts = [read_records(tmp_path / f"res.shard-0000{i}-of-00003.{fmt}") for i in range(3)]
-    assert [sorted({r["index"] for r in p}) for p in parts] == [[0, 1, 2], [3, 4, 5, 6], [7, 8, 9, 10]]
+    indices = [sorted({r["index"] for r in p}) for p in parts]
+    assert indices == byte_split(src, 3) == [[0, 1, 2], [3, 4, 5], [6, 7, 8, 9, 10]]  # by bytes, not rows
     status = CliRunner().invoke(cli, ["status", str(out)])
     assert "all 3 shards: 11/11 rows" in status.output and "complete" in status.output
 
@@ -84,6 +101,43 @@ def test_shards_then_merge_equal_an_unsharded_run(run_cli, tmp_path, fmt):
     assert merged == by_index(merged) and merged == by_index(read_records(whole))
     code, err = run_cli(src, out, *SAMPLED)  # the unsharded command on the merged output: done
     assert code == 0 and "already complete" in err
+
+
+# Blank and whitespace-only lines (not rows), CRLF endings, an indented row, a malformed row (an error
+# record, still a row), and a last line without a newline.
+TRICKY = b"".join(
+    [b"\n", b'{"id": "a", "prompt": "Hello there"}\n', b"\n\n", b'{"id": "b", "prompt": "Count"}\r\n']
+    + [b'{"id": "c%d", "prompt": "Say %d"}\n' % (i, i) for i in range(4)]
+    + [b"  \r\n", b' \t{"id": "d", "prompt": "Why?"}\n', b"{oops\n", b" \t \n", b'{"id": "e"}\r\n']
+    + [b'{"id": "f%d", "prompt": "%s"}\n' % (i, b"word " * i) for i in range(3)]
+    + [b"\r\n", b'{"id": "g", "prompt": "The end"}']
+)
+
+
+def test_byte_range_shards_of_1_3_7_merge_to_identical_files(run_cli, tmp_path):
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(TRICKY)
+    whole = tmp_path / "whole.jsonl"
+    assert run_cli(src, whole)[0] == 0
+    merged = []
+    for count in (1, 3, 7):
+        out = tmp_path / f"n{count}" / "res.jsonl"
+        for i in range(count):
+            assert run_cli(src, out, "--shard", f"{i}/{count}")[0] == 0
+        parts = [read_records(shard_output(str(out), Shard(i, count))) for i in range(count)]
+        assert [sorted(r["index"] for r in p) for p in parts] == byte_split(src, count)
+        assert CliRunner().invoke(cli, ["merge", str(out)]).exit_code == 0
+        merged.append(out.read_bytes())
+    assert merged[0] == merged[1] == merged[2]
+    shard = shard_output(str(tmp_path / "n3" / "res.jsonl"), Shard(1, 3))  # as an older batchgen left it:
+    state = load_state(shard)  # split by rows, not bytes
+    state.fingerprint.pop("split")
+    save_state(shard, state)
+    code, err = run_cli(src, tmp_path / "n3" / "res.jsonl", "--shard", "1/3")
+    assert code == 1 and "split: (unset) -> 'bytes'" in err and "--overwrite" in err
+    records = read_records(tmp_path / "n7" / "res.jsonl")
+    assert records == by_index(read_records(whole)) and len(records) == 13  # the same rows, same indices
+    assert [r["id"] for r in records][-2:] == ["f2", "g"] and records[7]["finish_reason"] == "error"
 
 
 def test_shard_placeholder_and_empty_shards(run_cli, tmp_path):
@@ -128,6 +182,11 @@ def test_worker_devices():
     assert worker_devices(2, {}, 0) == ["0", "1"]  # no CUDA: the workers share the CPU
     with pytest.raises(ValueError, match="only 1 GPUs"):
         worker_devices(2, {}, 1)
+    # --data-parallel 2 --tensor-parallel 2: each worker gets two GPUs
+    assert worker_devices(2, {"CUDA_VISIBLE_DEVICES": "3,5,7,9"}, 8, 2) == ["3,5", "7,9"]
+    assert worker_devices(2, {}, 4, 2) == ["0,1", "2,3"]
+    with pytest.raises(ValueError, match="2 x 2 GPUs but only 3"):
+        worker_devices(2, {}, 3, 2)
     args = ["a", "b", "--data-parallel", "2", "--seed=1", "--data-parallel=3"]
     assert worker_args(args) == ["a", "b", "--seed=1", "--no-progress"]
     assert worker_args(["a", "--progress"]) == ["a", "--progress"]

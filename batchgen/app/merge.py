@@ -17,10 +17,11 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from batchgen.app.errors import FatalError
+from batchgen.app.errors import FatalError, storage_failure
 from batchgen.app.shards import merged_output, shard_of_path, shard_pattern
 from batchgen.app.status import find_shards, run_phase
-from batchgen.io.checkpoint import OutputLock, RunState, diff_fingerprints, fsync_dir, load_state, save_state
+from batchgen.io.checkpoint import OutputLock, RunState, diff_fingerprints, load_state, save_state
+from batchgen.io.durable import fsync_dir, naming, remove_quietly
 from batchgen.io.writers import has_records, join_parquet, output_format
 
 log = logging.getLogger("batchgen")
@@ -29,6 +30,13 @@ log = logging.getLogger("batchgen")
 def merge(output: str, into: str | None = None, count: int | None = None, overwrite: bool = False) -> str:
     """Write the merged shards of OUTPUT to ``into`` (default: OUTPUT, ``{shard}`` -> ``all``).
     ``count``: which shard count to merge when shards of several counts exist."""
+    try:
+        return _merge(output, into, count, overwrite)
+    except OSError as exc:  # a full disk: the shards are untouched, the partial merged file removed
+        raise storage_failure(exc) from exc
+
+
+def _merge(output: str, into: str | None, count: int | None, overwrite: bool) -> str:
     target = into or merged_output(output)
     fmt = output_format(target)
     shards = complete_shards(output, count)
@@ -118,7 +126,7 @@ def _check_parts(output: str, parts: list) -> None:
 
 def _job(state: RunState) -> dict:
     """A shard's fingerprint without its own rows (what every shard of one job shares)."""
-    return {k: v for k, v in state.fingerprint.items() if k not in ("row_start", "part")}
+    return {k: v for k, v in state.fingerprint.items() if k not in ("row_start", "part", "split")}
 
 
 def _list(indices: list[int]) -> str:
@@ -127,15 +135,19 @@ def _list(indices: list[int]) -> str:
 
 
 def _merge_jsonl(paths: list[str], out: Path) -> None:
-    with open(out, "wb") as dst:
-        for path in paths:
-            with open(path, "rb") as src:
-                for start, length in _sorted_spans(path):
-                    src.seek(start)
-                    line = src.read(length)
-                    dst.write(line if line.endswith(b"\n") else line + b"\n")
-        dst.flush()
-        os.fsync(dst.fileno())
+    try:
+        with naming(out), open(out, "wb") as dst:
+            for path in paths:
+                with open(path, "rb") as src:
+                    for start, length in _sorted_spans(path):
+                        src.seek(start)
+                        line = src.read(length)
+                        dst.write(line if line.endswith(b"\n") else line + b"\n")
+            dst.flush()
+            os.fsync(dst.fileno())
+    except OSError:
+        remove_quietly(out)
+        raise
 
 
 def _sorted_spans(path: str) -> np.ndarray:

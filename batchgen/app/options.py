@@ -20,6 +20,7 @@ class RunOptions:
     row_start: int = 0  # first row (global index) this run covers: sharding sets it
     shard: Shard | None = None  # resolved against the input's rows by ``run``
     part: tuple[int, int | None] | None = None  # a resolved shard's rows [start, stop or None = the end)
+    split: str | None = None  # "bytes": the shard is a byte range of plain JSONL (see app/shards.py)
     # prompts
     chat: bool | None = None  # None = auto
     system_prompt: str | None = None
@@ -59,6 +60,8 @@ class RunOptions:
         elsewhere is the same input), and throughput options."""
         spec = self.spec
         part = {"part": list(self.part)} if self.part is not None else {}
+        if self.split is not None:  # shards of batchgen before byte ranges covered other rows: refused
+            part["split"] = self.split
         return {
             "model": model_name,
             "dtype": self.engine.get("dtype"),

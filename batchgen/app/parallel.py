@@ -44,24 +44,28 @@ def worker_args(argv: Sequence[str]) -> list[str]:
     return out
 
 
-def worker_devices(count: int, env: dict[str, str], gpus: int) -> list[str]:
-    """The device each worker sees: the I-th entry of CUDA_VISIBLE_DEVICES, else GPU I of ``gpus``
-    (0 on a machine without CUDA: the workers then share the CPU)."""
+def worker_devices(count: int, env: dict[str, str], gpus: int, per_worker: int = 1) -> list[str]:
+    """The devices each worker sees: the I-th group of ``per_worker`` entries of CUDA_VISIBLE_DEVICES,
+    else of GPUs 0..``gpus``-1 (none on a machine without CUDA: the workers then share the CPU)."""
     visible = [d.strip() for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
     available = len(visible) if visible else gpus
-    if available and available < count:
-        raise ValueError(f"--data-parallel {count} but only {available} GPUs are visible")
-    return [visible[i] if visible else str(i) for i in range(count)]
+    if available and available < count * per_worker:
+        want = f"{count} x {per_worker} GPUs" if per_worker > 1 else f"{count}"
+        raise ValueError(f"--data-parallel {want} but only {available} GPUs are visible")
+    ids = visible or [str(i) for i in range(count * per_worker)]
+    return [",".join(ids[i * per_worker : (i + 1) * per_worker]) for i in range(count)]
 
 
 def run_data_parallel(
-    run_argv: Sequence[str], count: int, output: str, overwrite: bool = False, stats_file: str | None = None
-) -> int:
-    """Run the workers to their end, merge when all completed; the exit code (75 if any was stopped)."""
+    run_argv: Sequence[str], count: int, output: str, overwrite: bool = False, stats_file: str | None = None,
+    per_worker: int = 1,
+) -> int:  # fmt: skip
+    """Run the workers to their end, merge when all completed; the exit code (75 if any was stopped).
+    ``per_worker``: GPUs of each worker (its --tensor-parallel)."""
     import torch
 
     base = worker_args(run_argv)
-    devices = worker_devices(count, dict(os.environ), torch.cuda.device_count())
+    devices = worker_devices(count, dict(os.environ), torch.cuda.device_count(), per_worker)
     workers: list[subprocess.Popen] = []
     received: list[int] = []
 

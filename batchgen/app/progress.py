@@ -7,7 +7,7 @@ import resource
 import sys
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 log = logging.getLogger("batchgen")
@@ -30,6 +30,9 @@ class Counters:
         self.completion_tokens += completion_tokens or 0
         self.finish_reasons[finish_reason] += 1
 
+    def copy(self) -> Counters:
+        return replace(self, finish_reasons=Counter(self.finish_reasons))
+
 
 def format_duration(seconds: float) -> str:
     seconds = int(seconds)
@@ -43,7 +46,9 @@ def peak_rss_mb() -> float:
 class Progress:
     """This run's counters (``run``) next to the output's totals (``total``), shown as the run goes.
 
-    Only the writer thread calls ``record``/``tick``; the main thread reads the counters at the end.
+    Only the writer thread calls ``record``/``tick``/``mark_durable``; the main thread reads the counters
+    at the end. After a failed write, ``revert_to_durable`` takes the counters back to the last flush, so
+    the summary and the state count only records the output durably holds.
     """
 
     def __init__(
@@ -63,6 +68,7 @@ class Progress:
         self.last_rate = 0.0
         use_bar = sys.stderr.isatty() if bar is None else bar
         self._bar = self._make_bar() if use_bar else None
+        self.mark_durable()  # what a resumed run found is on disk already
 
     def _make_bar(self):
         from tqdm import tqdm
@@ -94,6 +100,12 @@ class Progress:
         if self._bar is not None and row_done:
             self._bar.update(1)
             self._bar.set_postfix_str(f"{self.tok_per_s():.1f} tok/s, {self.total.errors} err", refresh=False)
+
+    def mark_durable(self) -> None:
+        self._durable = (self.run.copy(), self.total.copy())
+
+    def revert_to_durable(self) -> None:
+        self.run, self.total = self._durable[0].copy(), self._durable[1].copy()
 
     def skipped(self) -> None:
         self.run.skipped += 1

@@ -20,12 +20,12 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from batchgen.app.errors import FatalError
+from batchgen.app.errors import FatalError, as_fatal, one_line, rank_lost, storage_failure
 from batchgen.app.merge import check_target
 from batchgen.app.options import RunOptions
 from batchgen.app.prepare import END, Preparer, PromptSettings
 from batchgen.app.progress import Counters, Progress, summary_text
-from batchgen.app.shards import SHARD_PLACEHOLDER, count_input_rows, merged_output, shard_output, shard_rows
+from batchgen.app.shards import SHARD_PLACEHOLDER, merged_output, plan_shard, shard_output
 from batchgen.app.signals import Interrupt, SignalControl
 from batchgen.app.sink import RecordOptions, Sink
 from batchgen.config import SamplingParams
@@ -45,6 +45,13 @@ _SCHEMA_ROWS = 100  # rows looked at before the model loads, to fail fast on an 
 
 def run(opts: RunOptions) -> int:
     """Run (or resume) one job; the exit code. Raises InputError/OutputError (usage) or FatalError."""
+    try:
+        return _run(opts)
+    except OSError as exc:  # a full disk, an I/O error, a vanished directory: one line naming the file
+        raise storage_failure(exc) from exc
+
+
+def _run(opts: RunOptions) -> int:
     reader = open_input(opts.input)
     output_format(opts.output)
     check_input(reader, opts)  # the whole input's head, before an empty shard could hide a bad input
@@ -85,15 +92,14 @@ def merged_target_done(opts: RunOptions) -> bool:
 def for_shard(opts: RunOptions, reader: Reader) -> RunOptions:
     """The options of one shard: its output file and its contiguous rows."""
     shard = opts.shard
-    start, stop = shard_rows(count_input_rows(reader), shard, opts.limit)
+    start, stop, split = plan_shard(reader, shard, opts.limit)
     output = shard_output(opts.output, shard)
     last = "the end" if stop is None else stop
     log.info("shard %d of %d: rows %d to %s -> %s", shard.index, shard.count, start, last, output)
     limit = None if stop is None else stop - start
     stats = shard_output(opts.stats_file, shard) if opts.stats_file else None  # one per shard
-    return replace(
-        opts, output=output, row_start=start, limit=limit, shard=None, part=(start, stop), stats_file=stats
-    )
+    return replace(opts, output=output, row_start=start, limit=limit, shard=None, part=(start, stop),
+                   split=split, stats_file=stats)  # fmt: skip
 
 
 def check_input(reader: Reader, opts: RunOptions) -> None:
@@ -184,7 +190,7 @@ class _Job:
         state = RunState(self.fingerprint, n=opts.n)
         if old is not None:
             state.started = old.started
-        save_state(out, state)  # before the first record: an output with records always has a state
+        save_state(out, state, self.faults.open_small)  # before the first record: records always have a state
         return writer, done, totals, state
 
     def _check_resumable(self, old: RunState | None) -> None:
@@ -213,13 +219,14 @@ class _Job:
         except Interrupt:
             raise
         except Exception as exc:
-            raise FatalError(f"cannot load model {self.fingerprint['model']!r}: {_one_line(exc)}") from exc
+            raise FatalError(f"cannot load model {self.fingerprint['model']!r}: {one_line(exc)}") from exc
 
     # -- generation ------------------------------------------------------------------------------------
     def _generate(self, llm: Any, writer: Writer, done: DoneSet, totals: Counters, state: RunState) -> int:
         progress = Progress(totals, self._total_rows(), self.opts.log_every, self.opts.progress_bar)
         sink, preparer = self._start_threads(llm, writer, done, state, progress)
         feed = _Feed(preparer, self.signals, self.stop, self.faults, lambda: preparer.error or sink.error)
+        feed.snapshot = llm.snapshot  # what the 'submit' fault point reports
         failure: BaseException | None = None
         try:
             self._drive(llm, feed, sink)
@@ -278,7 +285,7 @@ class _Job:
                     return
                 finally:
                     signals.interruptible = False
-                self.faults.hit("output")
+                self.faults.hit("output", llm.snapshot)
                 sink.put(out)
                 if sink.error is not None:  # e.g. --on-error fail: abandon, do not drain
                     return
@@ -323,24 +330,26 @@ class _Job:
         log.info(summary_text(summary))
         self._write_stats(summary)
         if failure is not None:
-            if _rank_lost(failure) and self.signals.draining.is_set():
+            if rank_lost(failure) and self.signals.draining.is_set():
                 log.info(
                     "%s after a stop signal: saved; re-run the same command to resume (exit 75)", failure
                 )
                 return EXIT_INTERRUPTED
-            if _rank_lost(failure):
-                raise FatalError(_one_line(failure).removeprefix("RankFailed: ")) from failure
             if isinstance(failure, FatalError | SchemaError):
                 raise failure
-            raise FatalError(_one_line(failure)) from failure
+            raise as_fatal(failure) from failure
         if not complete:
             log.info("saved; re-run the same command to resume (exit 75)")
             return EXIT_INTERRUPTED
         return EXIT_OK
 
     def _write_stats(self, summary: dict[str, Any]) -> None:
-        if self.opts.stats_file:
+        if not self.opts.stats_file:
+            return
+        try:
             Path(self.opts.stats_file).write_text(json.dumps(summary, indent=2) + "\n")
+        except OSError as exc:  # e.g. the same full disk: the run's own outcome matters more
+            log.warning("could not write the stats file %s: %s", self.opts.stats_file, exc)
 
 
 class _Feed:
@@ -357,6 +366,7 @@ class _Feed:
         self.preparer, self.signals, self.stop, self.faults = preparer, signals, stop, faults
         self.failure = failure
         self.ended = False
+        self.snapshot: Callable[[], dict[str, Any]] | None = None
 
     def __iter__(self) -> Iterator[GenerationRequest]:
         return self
@@ -376,19 +386,5 @@ class _Feed:
                     raise exc
                 self.ended = True
                 raise StopIteration
-            self.faults.hit("submit")
+            self.faults.hit("submit", self.snapshot)
             return item
-
-
-def _rank_lost(exc: BaseException) -> bool:
-    """A tensor-parallel rank died: RankFailed from rank 0's waits, or gloo's error in a collective."""
-    from batchgen.parallel.launch import RankFailed
-
-    return isinstance(exc, RankFailed) or (
-        isinstance(exc, RuntimeError) and "Connection closed by peer" in str(exc)
-    )
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

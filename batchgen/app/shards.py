@@ -1,8 +1,10 @@
 """Sharding: which contiguous rows a shard covers, where it writes, and where a Slurm array task sits.
 
-Shard I of N covers rows ``[I * R // N, (I + 1) * R // N)`` of the input's R rows (capped by --limit);
-the last shard also takes anything past R, so a row count that overestimates (blank JSONL lines) still
-leaves no row out. Every shard computes the same bounds from the same input, with no coordination.
+Plain JSONL: shard I of N covers the rows whose lines start in bytes ``[I * S // N, (I + 1) * S // N)``
+of the file's S bytes, so it reads only its part (its first row's index comes from counting the newlines
+before it, never parsing them). Otherwise (Parquet, compressed JSONL, or --limit) shard I covers rows
+``[I * R // N, (I + 1) * R // N)`` of the input's R rows, capped by --limit. The last shard runs to the
+input's end. Every shard computes the same bounds from the same input, with no coordination.
 """
 
 from __future__ import annotations
@@ -105,11 +107,25 @@ def shard_rows(total: int, shard: Shard, limit: int | None) -> tuple[int, int | 
     return start, (None if last and limit is None else stop)
 
 
-def count_input_rows(reader: Reader) -> int:
-    """Rows of the input: Parquet from its footers; JSONL by its newlines (a pass over compressed or
-    very large files, which every shard makes alike)."""
-    count = reader.count_rows()
+class ShardPart(NamedTuple):
+    start: int  # first row (global index)
+    stop: int | None  # row after the last; None: to the input's end (the last shard)
+    split: str | None  # "bytes": a byte range of plain JSONL; None: rows
+
+
+def plan_shard(reader: Reader, shard: Shard, limit: int | None) -> ShardPart:
+    """The rows ``shard`` covers (see the module's docstring)."""
+    last = shard.index == shard.count - 1
+    if limit is None and (rows := reader.split_bytes(shard.index, shard.count)) is not None:
+        return ShardPart(rows[0], None if last else rows[1], "bytes")
+    return ShardPart(*shard_rows(count_input_rows(reader, limit), shard, limit), None)
+
+
+def count_input_rows(reader: Reader, limit: int | None = None) -> int:
+    """Rows of the input, or ``limit`` when it has more: Parquet from its footers; plain JSONL by its
+    newlines; compressed JSONL in one streaming pass (which every shard makes alike)."""
+    count = reader.count_rows(at_most=limit)
     if count is None:
         log.info("counting the rows of %s to find this shard's part (one pass over the file)", reader.path)
-        count = reader.count_rows(exact=True)
+        count = reader.count_rows(exact=True, at_most=limit)
     return count

@@ -1,7 +1,9 @@
 """The writer thread: finished outputs -> records -> output file, done set, progress, periodic checkpoints.
 
 Detokenization happens here, off the engine's critical path. Every ``flush_every`` seconds the output is
-made durable first and the state file second, so the state never claims more than the file holds.
+made durable first and the state file second, so the state never claims more than the file holds. A
+failure (a full disk, a bad row under --on-error fail) stops the run: the counters go back to what the
+output durably holds, and the state is saved with them when it still can be.
 """
 
 from __future__ import annotations
@@ -86,7 +88,7 @@ class Sink(threading.Thread):
         except BaseException as exc:  # the main thread stops the run and reports it
             self.error = exc
             self.stop.set()
-            self._save_quietly()
+            self._save_after_failure(exc)
 
     # -- records ---------------------------------------------------------------------------------------
     def _output(self, out: CompletionOutput) -> None:
@@ -159,35 +161,43 @@ class Sink(threading.Thread):
     # -- durability ------------------------------------------------------------------------------------
     def flush(self) -> None:
         self.writer.flush()
+        self.progress.mark_durable()
         self.faults.hit("state")
-        self._update_state()
-        save_state(self.output, self.state)
+        self._save_state()
         self._last_flush = time.monotonic()
 
-    def _update_state(self) -> None:
+    def _save_state(self) -> None:
         t = self.progress.total
         self.state.rows_done, self.state.records, self.state.errors = t.rows_done, t.records, t.errors
         self.state.prompt_tokens, self.state.completion_tokens = t.prompt_tokens, t.completion_tokens
         self.state.finish_reasons = dict(t.finish_reasons)
         self.state.total_rows = self.progress.total_rows
         self.state.rate_tok_s = round(self.progress.rate(), 2)
+        save_state(self.output, self.state, self.faults.open_small)
 
     def _finalize(self, complete: bool) -> None:
         self.flush()
         if complete:
             self.writer.finish()
             self.state.complete = True
-            self._update_state()
-            save_state(self.output, self.state)
+            self._save_state()
         self.writer.close()
 
-    def _save_quietly(self) -> None:
-        """After a failure, keep what was written durable; never mask the first error."""
+    def _save_after_failure(self, error: BaseException) -> None:
+        """Keep what was written, durable, unless the failure was the disk's own (a retried write or fsync
+        could pass over lost data); count only what is durable; never mask the first error."""
         try:
-            self.writer.flush()
-            self._update_state()
-            save_state(self.output, self.state)
+            if not isinstance(error, OSError):
+                self.writer.flush()
+                self.progress.mark_durable()
         except Exception as exc:
-            log.debug("could not save after the failure: %s", exc)
-        finally:
+            log.debug("could not flush after the failure: %s", exc)
+        self.progress.revert_to_durable()
+        try:
+            self._save_state()
+        except Exception as exc:
+            log.debug("could not save the state after the failure: %s", exc)
+        try:
             self.writer.close()
+        except Exception as exc:
+            log.debug("could not close the output after the failure: %s", exc)

@@ -8,7 +8,7 @@ import os
 from batchgen.bench.cli_entry import DEFAULT_MODES, run_bench
 from batchgen.bench.workloads import WORKLOADS
 
-MODES = ("async", "sync", "generate_batch", "hf_loop", "hf_padded")
+MODES = ("async", "sync", "generate_batch", "hf_loop", "hf_padded", "hf_forward")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -19,6 +19,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true", help="shorter decodes, for smoke runs")
     ap.add_argument("--no-compare-hf", dest="compare_hf", action="store_false", help="skip the baselines")
     ap.add_argument("--device", help="override every workload's device (cuda, cpu, cuda:1)")
+    ap.add_argument("--tensor-parallel", type=int, help="override every workload's GPU count (B5: 2)")
     ap.add_argument("--quantization", choices=["fp8"], help="batchgen's runs: FP8 projections")
     ap.add_argument(
         "--kv-cache-dtype", choices=["auto", "fp8"], default="auto", help="batchgen's runs [auto]"
@@ -36,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
         quick=args.quick,
         compare_hf=args.compare_hf,
         device=args.device,
+        tensor_parallel=args.tensor_parallel,
         quantization=args.quantization,
         kv_cache_dtype=args.kv_cache_dtype,
     )

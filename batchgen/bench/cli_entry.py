@@ -19,6 +19,7 @@ from batchgen.bench.workloads import (
     ARCHS,
     EMBEDDED,
     Workload,
+    arch_config,
     build_random_model,
     get_workload,
     load_tokenizer,
@@ -92,6 +93,8 @@ def prepare(w: Workload) -> Prepared:
 
     device = resolve_device(w.device)
     holder: list = []
+    if w.tensor_parallel > 1:
+        return _prepare_sharded(w, device)
     if w.arch in ARCHS:
         model = build_random_model(w.arch, str(device), _torch_dtype(w.dtype), w.seed)
         tokenizer = load_tokenizer()
@@ -104,6 +107,30 @@ def prepare(w: Workload) -> Prepared:
     prompts, warmup = _prompts(w, model, tokenizer, device)
     make = _llm_factory(model, tokenizer, fallback)
     return Prepared(w, model, tokenizer, make, prompts, warmup, device, holder[0] if holder else None)
+
+
+def _prepare_sharded(w: Workload, device: torch.device) -> Prepared:
+    """A model split over ``w.tensor_parallel`` GPUs: a directory with only its config and tokenizer,
+    loaded with random weights (each rank creates its own shard on its GPU); sizes come from a
+    skeleton on the meta device."""
+    from batchgen.llm import LLM
+    from batchgen.model.build import meta_skeleton
+
+    if w.arch not in ARCHS:
+        raise ValueError(f"tensor-parallel workloads use a built-in architecture, not {w.arch!r}")
+    tmp = tempfile.TemporaryDirectory(prefix="batchgen-bench-")
+    config, tokenizer = arch_config(w.arch), load_tokenizer()
+    config.save_pretrained(tmp.name)
+    tokenizer.save_pretrained(tmp.name)
+    skeleton = meta_skeleton(config)
+    skeleton.to(_torch_dtype(w.dtype))
+
+    def make(**opts):
+        return LLM(tmp.name, load_format="random", tensor_parallel=w.tensor_parallel, dtype=w.dtype,
+                   device=str(device), **opts)  # fmt: skip
+
+    prompts, warmup = _prompts(w, skeleton, tokenizer, device)
+    return Prepared(w, skeleton, tokenizer, make, prompts, warmup, device, tmp)
 
 
 def _torch_dtype(name: str) -> torch.dtype:
@@ -142,8 +169,11 @@ def run_mode(p: Prepared, mode: str) -> dict[str, Any]:
         try:
             return runners.run_batchgen(llm, mode, p.prompts, w.max_new_tokens, p.warmup)
         finally:
+            llm.close()  # tensor-parallel workers release their GPUs before the next mode starts
             del llm
             free(p.device)
+    if mode == "hf_forward":
+        return _run_hf_forward(p)
     new = w.hf_max_new_tokens or w.max_new_tokens
     fn = {
         "generate_batch": runners.run_generate_batch,
@@ -154,6 +184,23 @@ def run_mode(p: Prepared, mode: str) -> dict[str, Any]:
     if new < w.max_new_tokens:
         notes = [record["note"], f"shorter decode: {new} new tokens (time budget)"]
         record["note"] = "; ".join(n for n in notes if n)
+    return record
+
+
+def _run_hf_forward(p: Prepared) -> dict[str, Any]:
+    """batchgen's engine (async, CUDA graphs, paged attention) on transformers' modelling code: what the
+    fused forward alone gains. On the first ``hf_num_requests`` requests; compared as rates."""
+    w = p.workload
+    n = w.hf_num_requests or len(p.prompts)
+    new = w.hf_max_new_tokens or w.max_new_tokens
+    llm = p.make_llm(async_mode=True, model_impl="transformers")
+    try:
+        record = runners.run_batchgen(llm, "hf_forward", p.prompts[:n], new, p.warmup[:n])
+    finally:
+        del llm
+        free(p.device)
+    record["engine"] = "transformers"
+    record["note"] = f"batchgen engine, transformers' forward; first {n} requests, {new} new tokens"
     return record
 
 
@@ -186,11 +233,13 @@ def _safe_run(p: Prepared, mode: str, bandwidth: float, sizes: dict) -> dict[str
 
 
 def modes_for(w: Workload, modes: list[str], compare_hf: bool) -> list[str]:
-    """The engine modes asked for, then the baselines: generate_batch always, the hand-written
-    ``model.generate`` loops on CPU only (on a GPU they would take longer than the rest together)."""
+    """The engine modes asked for, then the baselines: the workload's (generate_batch, or transformers'
+    forward for B6), and beside generate_batch the hand-written ``model.generate`` loops on CPU only
+    (on a GPU they would take longer than the rest together)."""
     out = list(dict.fromkeys(modes))
-    if compare_hf:
-        extra = ["generate_batch"] + (["hf_loop", "hf_padded"] if w.device == "cpu" else [])
+    if compare_hf and w.tensor_parallel == 1:  # a split model exists whole in no process
+        loops = w.device == "cpu" and "generate_batch" in w.baselines
+        extra = list(w.baselines) + (["hf_loop", "hf_padded"] if loops else [])
         out += [m for m in extra if m not in out]
     return out
 
@@ -198,7 +247,7 @@ def modes_for(w: Workload, modes: list[str], compare_hf: bool) -> list[str]:
 def run_workload(w: Workload, modes: list[str], compare_hf: bool = True) -> list[dict[str, Any]]:
     log(f"{w.name}: preparing {w.arch} on {w.device} ({w.dtype})")
     p = prepare(w)
-    bandwidth = metrics.measure_bandwidth(p.device)
+    bandwidth = metrics.measure_bandwidth(p.device) * w.tensor_parallel  # K GPUs read their shards at once
     sizes = {
         "batchgen": metrics.model_bytes(p.model, w.quantization, w.kv_cache_dtype),
         "hf": metrics.model_bytes(p.model),
@@ -222,10 +271,11 @@ def run_workload(w: Workload, modes: list[str], compare_hf: bool = True) -> list
 def _burn_in(p, mode: str, bandwidth: float, sizes) -> None:
     """One untimed run of the first mode before any timed one. Measured on the H200: whichever mode ran
     first on a fresh model took ~11 ms per decode step on B3 and the second ~9.6 ms, in either order.
-    Capped at 1024 new tokens, so that B1 (8192) does not run twice."""
+    Capped at 1024 new tokens, so that B1 (8192) does not run twice, and at one wave of requests
+    (B2, B6: every step shape is met in the first wave)."""
     log(f"{p.workload.name}: burn-in ({mode}, untimed)")
     short = replace(p.workload, max_new_tokens=min(p.workload.max_new_tokens, _BURN_IN_TOKENS))
-    _safe_run(replace(p, workload=short), mode, bandwidth, sizes)
+    _safe_run(replace(p, workload=short, prompts=p.prompts[:_MAX_NUM_SEQS]), mode, bandwidth, sizes)
 
 
 def _command() -> str:
@@ -264,12 +314,13 @@ def run_bench(
     quick: bool,
     compare_hf: bool,
     device: str | None,
+    tensor_parallel: int | None = None,
     quantization: str | None = None,
     kv_cache_dtype: str = "auto",
 ) -> list[dict]:
     """Run each workload in each mode (plus the transformers baselines), print and write the tables.
     ``quantization`` / ``kv_cache_dtype``: FP8 for batchgen's runs (the baselines run the model as built)."""
-    specs = [get_workload(name, device, quantization, kv_cache_dtype) for name in workloads]
+    specs = [get_workload(name, device, tensor_parallel, quantization, kv_cache_dtype) for name in workloads]
     records: list[dict] = []
     for w in specs:
         w = quick_workload(w) if quick else w

@@ -8,12 +8,12 @@ import click
 
 
 @click.command("bench")
-@click.option("--workload", "workloads", multiple=True, help="B1 B1s B2 B3 B4, repeatable [B4]")
+@click.option("--workload", "workloads", multiple=True, help="B1 B1s B2 B3 B4 B5 B6, repeatable [B4]")
 @click.option(
     "--mode",
     "modes",
     multiple=True,
-    type=click.Choice(["async", "sync", "generate_batch", "hf_loop", "hf_padded"]),
+    type=click.Choice(["async", "sync", "generate_batch", "hf_loop", "hf_padded", "hf_forward"]),
     help="repeatable [async sync]",
 )
 @click.option(
@@ -23,11 +23,15 @@ import click
 @click.option("--no-compare-hf", "compare_hf", is_flag=True, flag_value=False, default=True,
               help="Skip transformers' generate_batch baseline.")  # fmt: skip
 @click.option("--device", help="Override every workload's device (cuda, cpu, cuda:1).")
+@click.option("--tensor-parallel", type=click.IntRange(min=1), help="Override every workload's GPU count.")
 @click.option("--quantization", type=click.Choice(["fp8"]), help="batchgen's runs: FP8 projections.")
 @click.option("--kv-cache-dtype", type=click.Choice(["auto", "fp8"]), default="auto", show_default=True,
               help="batchgen's runs: the KV cache's dtype.")  # fmt: skip
-def bench_command(workloads, modes, out_dir, quick, compare_hf, device, quantization, kv_cache_dtype) -> None:
-    """The benchmark workloads (B1-B4): batchgen async and sync beside transformers' generate_batch."""
+def bench_command(
+    workloads, modes, out_dir, quick, compare_hf, device, tensor_parallel, quantization, kv_cache_dtype
+) -> None:
+    """The benchmark workloads (B1-B6): batchgen async and sync beside transformers (generate_batch, or
+    its forward on batchgen's engine for the MoE workload B6)."""
     from batchgen.bench.__main__ import failed
     from batchgen.bench.cli_entry import run_bench
     from batchgen.bench.workloads import WORKLOADS
@@ -44,6 +48,7 @@ def bench_command(workloads, modes, out_dir, quick, compare_hf, device, quantiza
         quick,
         compare_hf,
         device,
+        tensor_parallel,
         quantization,
         kv_cache_dtype,
     )

@@ -20,7 +20,7 @@ _COLUMNS = [  # (header, record key, format)
     ("tokens", "tokens", "{}"),
     ("note", "note", "{}"),
 ]
-BASELINES = ("generate_batch", "hf_loop", "hf_padded")
+BASELINES = ("generate_batch", "hf_loop", "hf_padded", "hf_forward")
 
 
 def _cell(record: dict, key: str, fmt: str) -> str:

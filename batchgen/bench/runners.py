@@ -89,15 +89,24 @@ def run_batchgen(
     if warmup:
         _consume(llm, warmup, min(4, new_tokens))
     before = metrics.snapshot(llm.stats)
+    ranks = _rank_busy(llm)
     with timed(llm.device, record):
         tokens, record["errors"] = _consume(llm, prompts, new_tokens)
     step = metrics.delta(before, metrics.snapshot(llm.stats))
+    if ranks:  # tensor parallelism: every rank's compute stream, not only rank 0's
+        busy = [after - start for start, after in zip(ranks, _rank_busy(llm), strict=True)]
+        record["gpu_active_pct_ranks"] = [round(100 * b / record["wall_s"], 2) for b in busy]
     if llm.device.type != "cuda":
         step["gpu_busy_s"] = None  # no device stream to be busy: the CPU runner reports 0
     _engine_fields(record, step)
     graphs = getattr(llm._engine.runner, "graph_memory", {})  # what the decode graphs cost, by slot count
     record.update({f"graph_mib_{k}": round(v / 2**20, 1) for k, v in graphs.items()})
     return finish(record, tokens)
+
+
+def _rank_busy(llm) -> list[float]:
+    rank_stats = getattr(llm._engine.runner, "rank_stats", None)
+    return [r["gpu_busy_s"] for r in rank_stats()] if rank_stats else []
 
 
 def _engine_fields(record: dict, step: dict) -> None:

@@ -43,7 +43,34 @@ QWEN3_0_6B: dict = dict(
     max_position_embeddings=40960,
     tie_word_embeddings=True,
 )
-ARCHS: dict[str, dict] = {"llama3-8b": LLAMA3_8B, "qwen3-0.6b": QWEN3_0_6B}
+LLAMA3_70B: dict = dict(
+    LLAMA3_8B, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
+    max_position_embeddings=8192,
+)  # fmt: skip
+QWEN3_30B_A3B: dict = dict(  # every layer a MoE: 128 experts, top-8, intermediate 768
+    model_type="qwen3_moe",
+    hidden_size=2048,
+    intermediate_size=6144,
+    moe_intermediate_size=768,
+    num_experts=128,
+    num_experts_per_tok=8,
+    norm_topk_prob=True,
+    num_hidden_layers=48,
+    num_attention_heads=32,
+    num_key_value_heads=4,
+    head_dim=128,
+    vocab_size=151936,
+    rope_theta=1000000.0,
+    rms_norm_eps=1e-6,
+    max_position_embeddings=40960,
+    tie_word_embeddings=False,
+)
+ARCHS: dict[str, dict] = {
+    "llama3-8b": LLAMA3_8B,
+    "qwen3-0.6b": QWEN3_0_6B,
+    "llama3-70b": LLAMA3_70B,
+    "qwen3-30b-a3b": QWEN3_30B_A3B,
+}
 
 EMBEDDED = "embedded"  # the embedded default model, loaded by LLM(None)
 _BUILTIN_PROMPTS = [
@@ -79,6 +106,13 @@ class Workload:
     dtype: str = "bfloat16"
     hf_max_new_tokens: int | None = None  # generate_batch runs shorter when it is too slow for the budget
     seed: int = 0
+    # > 1: the model is split over this many GPUs, each rank creating only its own random shard (no
+    # whole model in one process, so no transformers baselines).
+    tensor_parallel: int = 1
+    # transformers' side of the comparison: generate_batch, or batchgen's engine on transformers' forward
+    # ("hf_forward", the MoE case), on the first hf_num_requests requests when it is too slow for the budget
+    baselines: tuple[str, ...] = ("generate_batch",)
+    hf_num_requests: int | None = None
     quantization: str | None = None  # batchgen's runs: "fp8" quantizes the projections at load
     kv_cache_dtype: str = "auto"  # batchgen's runs: "fp8" for an e4m3 KV cache (the baselines stay 16-bit)
 
@@ -104,6 +138,9 @@ WORKLOADS: dict[str, Workload] = {
     "B2": Workload("B2", "llama3-8b", 1024, 512, 512, hf_max_new_tokens=128),
     "B3": Workload("B3", "qwen3-0.6b", 256, 128, 1024, hf_max_new_tokens=256),
     "B4": Workload("B4", EMBEDDED, 0, 0, 64, device="cpu", dtype="float32"),
+    "B5": Workload("B5", "llama3-70b", 64, 512, 1024, tensor_parallel=2),
+    # The fused MoE path; its baseline is one wave (256 = max_num_seqs) of the same requests.
+    "B6": Workload("B6", "qwen3-30b-a3b", 512, 512, 512, baselines=("hf_forward",), hf_num_requests=256),
 }
 
 
@@ -113,18 +150,24 @@ def quick(w: Workload) -> Workload:
         return w
     new = min(w.max_new_tokens, 256)
     hf_new = min(w.hf_max_new_tokens or new, 64)
-    return replace(w, num_requests=min(w.num_requests, 256), max_new_tokens=new, hf_max_new_tokens=hf_new)
+    hf_requests = min(w.hf_num_requests, 64) if w.hf_num_requests else None
+    return replace(
+        w, num_requests=min(w.num_requests, 256), max_new_tokens=new, hf_max_new_tokens=hf_new,
+        hf_num_requests=hf_requests,
+    )  # fmt: skip
 
 
 def get_workload(
-    name: str, device: str | None = None, quantization: str | None = None, kv_cache_dtype: str = "auto"
-) -> Workload:
+    name: str, device: str | None = None, tensor_parallel: int | None = None,
+    quantization: str | None = None, kv_cache_dtype: str = "auto",
+) -> Workload:  # fmt: skip
     try:
         w = WORKLOADS[name]
     except KeyError:
         raise ValueError(f"unknown workload {name!r}; choose from {', '.join(WORKLOADS)}") from None
     w = replace(w, quantization=quantization, kv_cache_dtype=kv_cache_dtype)
-    return replace(w, device=device) if device else w
+    w = replace(w, device=device) if device else w
+    return replace(w, tensor_parallel=tensor_parallel) if tensor_parallel else w
 
 
 def random_prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
@@ -152,14 +195,20 @@ def build_random_model(arch: str, device: str, dtype: torch.dtype, seed: int = 0
     start on the device, and transformers' own init (normal, std=initializer_range) runs there too: an
     8B model initialises in about a second on a GPU instead of minutes on the CPU.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    fields = dict(ARCHS[arch])
-    config = AutoConfig.for_model(fields.pop("model_type"), **fields)
+    config = arch_config(arch)
     torch.manual_seed(seed)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
     return model.eval()
+
+
+def arch_config(arch: str):
+    from transformers import AutoConfig
+
+    fields = dict(ARCHS[arch])
+    return AutoConfig.for_model(fields.pop("model_type"), **fields)
 
 
 def load_tokenizer():

@@ -51,7 +51,7 @@ def build_rank(
     dtype: torch.dtype | None = None,
 ) -> RankEngine:  # fmt: skip
     device = rank_device(options, group)
-    if device.type == "cuda":
+    if device.type == "cuda" and device.index is not None:
         torch.cuda.set_device(device)
     dtype = dtype or resolve_dtype(options.dtype, device)
     limit = max_model_len(options, files.hf_config)

@@ -13,6 +13,7 @@ import time
 from collections import defaultdict, deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from batchgen.engine.batch import build_step
 from batchgen.engine.block_manager import BlockManager
@@ -32,6 +33,10 @@ class EngineStats:
     finished: int = 0
     errors: int = 0
     preemptions: int = 0
+    partial_prefills: int = 0  # prefill chunks cut short by the token budget: a prompt spread over steps
+    max_step_tokens: int = 0  # the most tokens one step computed (bounded by max_batch_tokens)
+    overlapped_steps: int = 0  # steps launched before the previous step was postprocessed (async)
+    discarded_tokens: int = 0  # tokens sampled for a request that had finished a step earlier (async)
     dropped: int = 0  # (row, sample) requests a drain dropped before they started: not yielded
     prefix_hit_rate: float = 0.0
     schedule_s: float = 0.0  # host time: scheduling + batch building
@@ -72,6 +77,20 @@ class Engine:
         Safe to call from a signal handler: it only sets a flag the loop reads between steps.
         """
         self._draining = True
+
+    def snapshot(self) -> dict[str, Any]:
+        """What the engine holds now (the crash tests' fault reports). Call it on the engine's thread."""
+        running = [
+            {"index": r.index, "prompt": r.num_prompt, "computed": r.num_computed, "output": r.num_output}
+            for r in self.scheduler.running
+        ]
+        return {
+            "steps": self.stats.steps,
+            "finished": self.stats.finished,
+            "waiting": len(self.scheduler.waiting),
+            "inflight_steps": len(self._inflight),
+            "running": running,
+        }
 
     # --- public -----------------------------------------------------------------------------------
 
@@ -207,8 +226,11 @@ class Engine:
             return False
         inputs = build_step(step, self.blocks.block_size)
         self.stats.schedule_s += time.perf_counter() - t0
+        if inflight:
+            self.stats.overlapped_steps += 1
         inflight.append((step, self.runner.launch(inputs)))
         self.stats.steps += 1
+        self.stats.max_step_tokens = max(self.stats.max_step_tokens, inputs.num_tokens)
         return True
 
     def _postprocess(self, step: ScheduledStep, handle) -> None:
@@ -218,7 +240,8 @@ class Engine:
         for row, req in enumerate(sampled):
             req.num_pending -= 1
             if req.finished:
-                continue  # finished one step earlier: this token is past its end
+                self.stats.discarded_tokens += 1  # finished one step earlier: this token is past its end
+                continue
             req.tokens.append(result.tokens[row])
             if req.logprobs is not None:
                 req.logprobs.append(result.logprobs[row])
@@ -228,6 +251,7 @@ class Engine:
         for req in self._deferred.pop(step.step_id, ()):
             self.blocks.release(req)
         self.stats.preemptions = self.scheduler.num_preemptions
+        self.stats.partial_prefills = self.scheduler.num_partial_prefills
         self.stats.prefix_hit_rate = self.blocks.hit_rate
         self.stats.postprocess_s += time.perf_counter() - t0
 

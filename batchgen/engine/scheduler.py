@@ -33,6 +33,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # admission order: the newest is preempted first
         self.num_preemptions = 0
+        self.num_partial_prefills = 0  # prefill chunks that stopped before the prompt's end
         self._next_step = 0
 
     def add(self, req: Request) -> None:
@@ -95,6 +96,8 @@ class Scheduler:
         req.last_step = step.step_id
         if samples:
             req.num_pending += 1
+        else:
+            self.num_partial_prefills += 1
         if req.num_computed >= (req.num_cached_blocks + 1) * self.blocks.block_size:
             self.blocks.register_full_blocks(req, req.num_computed)
         return n

@@ -16,6 +16,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from batchgen.io.durable import Opener, write_atomic
+
 STATE_VERSION = 1
 
 
@@ -27,27 +29,6 @@ def sidecar_dir(output: str | os.PathLike) -> Path:
 
 def state_path(output: str | os.PathLike) -> Path:
     return sidecar_dir(output) / "state.json"
-
-
-def fsync_dir(path: str | os.PathLike) -> None:
-    """A rename is durable only once its directory is synced."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomic(path: str | os.PathLike, data: bytes) -> None:
-    """tmp + fsync + rename + fsync(dir): after a crash the file holds the old or the new bytes."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
 
 
 # -- done set --------------------------------------------------------------------------------------------
@@ -168,9 +149,9 @@ def load_state(output: str | os.PathLike) -> RunState | None:
     return RunState(**{k: v for k, v in data.items() if k in known})
 
 
-def save_state(output: str | os.PathLike, state: RunState) -> None:
+def save_state(output: str | os.PathLike, state: RunState, opener: Opener = open) -> None:
     state.updated = time.time()
-    write_atomic(state_path(output), json.dumps(asdict(state), indent=1).encode())
+    write_atomic(state_path(output), json.dumps(asdict(state), indent=1).encode(), opener)
 
 
 # -- one writer per output -------------------------------------------------------------------------------

@@ -2,8 +2,10 @@
 
 Readers yield ``(index, row)`` one at a time, so memory stays flat whatever the input's size. ``row`` is a
 dict, or a ``BadLine`` for a line that is not JSON. ``iter_rows(start, stop)`` starts at a row offset and
-stops at a row count (Parquet skips whole row groups through the footer metadata), which is what
-sharding builds on; ``skip`` lets a resumed run pass over finished rows without decoding them.
+stops at a row count (Parquet skips whole row groups through the footer metadata; plain JSONL seeks to
+the row's byte offset, found by counting newlines), which is what sharding builds on; ``split_bytes``
+splits plain JSONL into byte ranges at line starts; ``skip`` lets a resumed run pass over finished rows
+without decoding them.
 """
 
 from __future__ import annotations
@@ -14,15 +16,18 @@ import hashlib
 import io
 import os
 from collections.abc import Iterator
+from itertools import islice
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
 import orjson
 
+from batchgen.io import lines
+
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".jsonl.gz", ".ndjson.gz", ".jsonl.zst", ".ndjson.zst")
 PARQUET_SUFFIX = ".parquet"
 _HEAD_BYTES = 1 << 20  # fingerprint: hash this much of the input's head
-_COUNT_LIMIT = 4 << 30  # count newlines of plain JSONL up to this size (about a second a GiB)
+_COUNT_LIMIT = 4 << 30  # count the rows of plain JSONL for progress up to this size (~3 s)
 _BATCH_ROWS = 1024
 
 
@@ -50,7 +55,9 @@ class Reader(Protocol):
     end_index: int
     at_eof: bool
 
-    def count_rows(self, exact: bool = False) -> int | None: ...
+    def count_rows(self, exact: bool = False, at_most: int | None = None) -> int | None: ...
+
+    def split_bytes(self, index: int, count: int) -> tuple[int, int] | None: ...
 
     def schema_columns(self) -> list[str] | None: ...
 
@@ -107,10 +114,16 @@ def _head_hash(paths: list[str]) -> str:
 
 # -- JSONL -----------------------------------------------------------------------------------------------
 class JsonlReader:
+    """Plain files are read from a byte offset: ``_anchors`` maps a line start to the rows before it (0
+    at 0, then each offset a count or a split found), so a row's offset is counted from the nearest one
+    (see batchgen/io/lines.py). Compressed files are read from their start, line by line."""
+
     def __init__(self, path: str) -> None:
         self.path = path
         self.compression = "gzip" if path.endswith(".gz") else "zstd" if path.endswith(".zst") else None
         self.end_index, self.at_eof = 0, False
+        self._anchors: dict[int, int] = {0: 0}
+        self._rows: int | None = None  # all rows, once counted
 
     def _open(self) -> io.BufferedIOBase:
         if self.compression == "gzip":
@@ -126,21 +139,59 @@ class JsonlReader:
             return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, closefd=True))
         return open(self.path, "rb")
 
-    def count_rows(self, exact: bool = False) -> int | None:
-        """Newline count when cheap (plain files up to a few GiB), else None; ``exact``: the non-blank
-        lines, counted in one streaming pass whatever the size or compression."""
-        if exact:
+    def count_rows(self, exact: bool = False, at_most: int | None = None) -> int | None:
+        """Rows, or ``at_most`` when there are at least that many. Plain files: counted from the last
+        known offset when cheap (up to a few GiB, or ``exact``). Compressed: None unless ``exact``, then
+        one streaming pass."""
+        if self.compression:
+            if not exact:
+                return None
             with self._open() as f:
-                return sum(1 for line in f if line.strip())
-        size = os.path.getsize(self.path)
-        if self.compression or size > _COUNT_LIMIT:
+                rows = (1 for line in f if line.strip())
+                return sum(islice(rows, at_most) if at_most is not None else rows)
+        if at_most is not None:
+            return at_most if self._locate(at_most) is not None else self._rows
+        if self._rows is None:
+            offset = max(self._anchors)
+            if not exact and os.path.getsize(self.path) - offset > _COUNT_LIMIT:
+                return None
+            with self._open() as f:
+                self._rows = self._anchors[offset] + lines.count_rows(f, offset)
+        return self._rows
+
+    def split_bytes(self, index: int, count: int) -> tuple[int, int] | None:
+        """(first row, row after the last) of the rows whose lines start in byte range ``index`` of
+        ``count`` equal ones: read from the bytes before it, newlines counted, never parsed. None for
+        a compressed file."""
+        if self.compression:
             return None
-        count, last = 0, b"\n"
-        with open(self.path, "rb") as f:
-            while chunk := f.read(1 << 22):
-                count += chunk.count(b"\n")
-                last = chunk[-1:]
-        return count + (last != b"\n")
+        size = os.path.getsize(self.path)
+        with self._open() as f:
+            begin = lines.line_start_at_or_after(f, index * size // count)
+            end = lines.line_start_at_or_after(f, (index + 1) * size // count) if index < count - 1 else size
+            start = self._rows_before(f, begin)
+            stop = start + lines.count_rows(f, begin, end)
+        if end == size:
+            self._rows = stop
+        self._anchors[begin] = start
+        return start, stop
+
+    def _rows_before(self, f: io.BufferedIOBase, offset: int) -> int:
+        base = max(a for a in self._anchors if a <= offset)
+        return self._anchors[base] + lines.count_rows(f, base, offset)
+
+    def _locate(self, row: int) -> int | None:
+        """A line start with ``row`` rows before it; None when the file has no row ``row``."""
+        base = max((a for a, r in self._anchors.items() if r <= row), key=self._anchors.__getitem__)
+        if self._anchors[base] == row:
+            return base
+        with self._open() as f:
+            offset, found = lines.find_row(f, row - self._anchors[base], base)
+        if self._anchors[base] + found < row:
+            self._rows = self._anchors[base] + found
+            return None
+        self._anchors[offset] = row
+        return offset
 
     def schema_columns(self) -> list[str] | None:
         return None  # JSONL has no schema: the first rows are checked instead
@@ -155,9 +206,14 @@ class JsonlReader:
         skip: RowSkip | None = None,
         columns: list[str] | None = None,
     ) -> Iterator[tuple[int, Any]]:
-        index = 0
         self.end_index, self.at_eof = 0, False
+        index, offset = (0, 0) if self.compression else (start, self._locate(start))
+        if offset is None:  # the file ends before row ``start``
+            self.end_index, self.at_eof = self._rows, True
+            return
         with self._open() as f:
+            if offset:
+                f.seek(offset)
             for line in f:
                 if not line.strip():
                     continue  # blank lines are not rows
@@ -195,8 +251,12 @@ class ParquetReader:
                 raise InputError(f"cannot read Parquet input {self.path!r}: {exc}") from None
         return self._meta
 
-    def count_rows(self, exact: bool = False) -> int:
-        return sum(m.num_rows for m in self._metadata())
+    def count_rows(self, exact: bool = False, at_most: int | None = None) -> int:
+        rows = sum(m.num_rows for m in self._metadata())
+        return rows if at_most is None else min(rows, at_most)
+
+    def split_bytes(self, index: int, count: int) -> None:
+        return None  # row groups, found through the footers, are what a Parquet shard skips
 
     def schema_columns(self) -> list[str]:
         return list(self._metadata()[0].schema.to_arrow_schema().names)

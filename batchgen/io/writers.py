@@ -1,9 +1,12 @@
 """Incremental, crash-safe output writers.
 
-JSONL: records are appended; ``flush`` makes them durable (fsync). A crash can leave a torn last line,
-which ``recover`` cuts off. Parquet: each ``flush`` writes the buffered records as one durable part file
-under ``OUTPUT.batchgen/parts/`` (tmp + fsync + rename); ``finish`` joins the parts into one readable
-``OUTPUT`` at the end. Both ``recover`` what a previous run left: the records already there.
+JSONL: records are appended; ``flush`` makes them durable (fsync). A crash, or a write that fails (a
+full disk), can leave a torn last line, which ``recover`` cuts off. Parquet: each ``flush`` writes the
+buffered records as one durable part file under ``OUTPUT.batchgen/parts/`` (tmp + fsync + rename);
+``finish`` joins the parts into one readable ``OUTPUT`` at the end. Both ``recover`` what a previous run
+left: the records already there. A failed write raises an OSError naming its file; what was durable
+stays so, a failed temporary file is removed, and nothing is retried (``close`` drops what was not
+flushed: after a failed fsync, a retry could report success for data the kernel already discarded).
 """
 
 from __future__ import annotations
@@ -16,11 +19,13 @@ from typing import Any, Protocol
 
 import orjson
 
-from batchgen.io.checkpoint import fsync_dir, sidecar_dir
+from batchgen.io.checkpoint import sidecar_dir
+from batchgen.io.durable import Opener, fsync_dir, naming, remove_quietly
 from batchgen.io.faults import Faults
 from batchgen.io.records import dumps_line
 
 OUTPUT_SUFFIXES = (".jsonl", ".parquet")
+_SPILL = 1 << 20  # JSONL bytes buffered before they are written out (flush writes the rest)
 # What recovery reads back of each existing record.
 SCAN_FIELDS = ("index", "sample", "finish_reason", "prompt_tokens", "completion_tokens")
 
@@ -77,7 +82,10 @@ class JsonlWriter:
     def __init__(self, path: str, faults: Faults | None = None) -> None:
         self.path = path
         self.faults = faults or Faults()
-        self._f = None
+        self._f = None  # unbuffered: the buffer is ours, so a failed write leaves nothing to retry at close
+        self._pending = bytearray()
+        self._unsynced = False  # records written since the last fsync
+        self.synced_bytes = 0  # the file's size at the last fsync: what a power loss cannot take
         self.dropped_bytes = 0  # torn tail cut off by recover()
 
     def recover(self) -> Iterator[dict[str, Any]]:
@@ -85,7 +93,7 @@ class JsonlWriter:
         if not os.path.exists(self.path):
             return
         good_end = 0
-        with open(self.path, "r+b") as f:
+        with naming(self.path), open(self.path, "r+b") as f:
             for line in f:
                 record = _whole_record(line)
                 if record is None:
@@ -100,20 +108,33 @@ class JsonlWriter:
                 os.fsync(f.fileno())
 
     def write(self, record: dict[str, Any]) -> None:
-        if self._f is None:
-            self._f = open(self.path, "ab", buffering=1 << 20)  # noqa: SIM115 - lives until close()
         line = dumps_line(record)
         if self.faults.due("torn"):
-            self._f.write(line[: len(line) // 2])
-            self._f.flush()
+            self._pending += line[: len(line) // 2]
+            self._write_out()
             self.faults.kill()
-        self._f.write(line)
+        self._pending += line
+        self._unsynced = True
+        if len(self._pending) >= _SPILL:
+            self._write_out()
+
+    def _write_out(self) -> None:
+        with naming(self.path):
+            if self._f is None:
+                self._f = self.faults.open(self.path, "ab", buffering=0)
+                self.synced_bytes = self._f.tell()  # what an earlier run left counts as durable
+            while self._pending:  # a write may take only part of it (a disk filling up)
+                del self._pending[: self._f.write(self._pending)]
 
     def flush(self) -> None:
-        if self._f is not None:
-            self._f.flush()
-            self.faults.hit("flush")
+        if not self._unsynced:  # nothing new: no fsync (and no 'flush' fault point)
+            return
+        self._write_out()
+        self.faults.hit("flush", lambda: {"synced_bytes": self.synced_bytes})
+        with naming(self.path):
             os.fsync(self._f.fileno())
+        self._unsynced = False
+        self.synced_bytes = self._f.tell()
 
     def finish(self) -> None:
         self.flush()
@@ -121,6 +142,8 @@ class JsonlWriter:
             Path(self.path).touch()
 
     def close(self) -> None:
+        """Close the file; records not flushed are dropped (they are redone on resume)."""
+        self._pending.clear()
         if self._f is not None:
             self._f.close()
             self._f = None
@@ -183,10 +206,14 @@ class ParquetWriter:
         table = records_to_table(self._buffer)
         part = self.parts / f"part-{self._next:06d}.parquet"
         tmp = part.with_name(part.name + ".tmp")
-        with open(tmp, "wb") as f:
-            pq.write_table(table, f)
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with naming(tmp), self.faults.open(tmp, "wb") as f:
+                pq.write_table(table, f)
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError:
+            remove_quietly(tmp)
+            raise
         self.faults.hit("part")
         os.replace(tmp, part)
         fsync_dir(self.parts)
@@ -197,7 +224,7 @@ class ParquetWriter:
         """Join the parts, in completion order, into OUTPUT (tmp + rename), then drop the parts."""
         self.flush()
         tmp = Path(self.path + ".tmp")
-        join_parquet(self._part_files(), tmp)
+        join_parquet(self._part_files(), tmp, opener=self.faults.open)
         os.replace(tmp, self.path)
         fsync_dir(Path(self.path).absolute().parent)
         self.faults.hit("finalize")
@@ -255,23 +282,34 @@ def _as_text(value: Any) -> str:
     return value if isinstance(value, str) else orjson.dumps(value, default=str).decode()
 
 
-def join_parquet(parts: list[Path], out: Path, sort: bool = False) -> None:
+def join_parquet(parts: list[Path], out: Path, sort: bool = False, opener: Opener = open) -> None:
     """Stream the parts into one file under their unified schema (memory: one row group at a time).
-    ``sort``: each part is sorted by (index, sample) on the way (memory: one part at a time)."""
-    import pyarrow as pa
+    ``sort``: each part is sorted by (index, sample) on the way (memory: one part at a time). A failed
+    write removes ``out``."""
     import pyarrow.parquet as pq
 
     schemas = [pq.read_schema(p) for p in parts]
     schema = _unify(schemas) if schemas else records_to_table([]).schema
-    with open(out, "wb") as f:
-        with pq.ParquetWriter(f, schema) as writer:
-            for part in parts:
-                for table in _part_tables(part, sort):
-                    writer.write_table(_conform(table, schema))
-            if not parts:
-                writer.write_table(pa.Table.from_pylist([], schema=schema))
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with naming(out), opener(out, "wb") as f:
+            _write_joined(f, parts, schema, sort)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError:
+        remove_quietly(out)
+        raise
+
+
+def _write_joined(f: Any, parts: list[Path], schema: Any, sort: bool) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    with pq.ParquetWriter(f, schema) as writer:
+        for part in parts:
+            for table in _part_tables(part, sort):
+                writer.write_table(_conform(table, schema))
+        if not parts:
+            writer.write_table(pa.Table.from_pylist([], schema=schema))
 
 
 def _part_tables(part: Path, sort: bool) -> Iterator[Any]:

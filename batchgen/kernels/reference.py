@@ -1,7 +1,8 @@
 """Torch reference kernels: the oracle the Triton kernels are tested against, and the CPU path.
 
 Paged attention and KV write first, then the fused layer ops (RMSNorm with residual add, q/k norm +
-rotary + KV write, SiLU-and-multiply) written with transformers' own arithmetic and rounding.
+rotary + KV write, SiLU-and-multiply) and the routed experts of a MoE layer, written with transformers'
+own arithmetic and rounding.
 
 Cache layout (one pair per layer): ``k_cache``, ``v_cache``: [num_blocks, block_size, num_kv_heads, head_dim].
 Token slot ``s`` lives at block ``s // block_size``, offset ``s % block_size``.
@@ -170,3 +171,48 @@ def rope_write_kv(
 def silu_mul(x: torch.Tensor) -> torch.Tensor:  # x: [T, 2 * I] (gate | up) -> [T, I]
     gate, up = x.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+# --- mixture of experts ------------------------------------------------------------------------------
+
+
+def grouped_mm(x: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """Rows of ``x`` [S, in] sorted by group times their group's ``weight`` [G, in, out] (a transposed
+    view of [G, out, in]); ``offsets`` [G] int32 are the groups' cumulative ends. torch's grouped GEMM
+    when it takes these operands (the op transformers' experts use), else one mm per group."""
+    grouped = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
+    if grouped is not None:
+        try:
+            return grouped(x, weight, offs=offsets)
+        except (RuntimeError, NotImplementedError):  # e.g. strides not 16-byte multiples, or a dtype
+            pass
+    out = x.new_zeros(x.shape[0], weight.shape[2])
+    start = 0
+    for group, end in enumerate(offsets.tolist()):
+        if end > start:
+            torch.mm(x[start:end], weight[group], out=out[start:end])
+        start = end
+    return out
+
+
+def moe_experts(
+    h: torch.Tensor,  # [T, H]
+    weights: torch.Tensor,  # [T, K] routing weights (model dtype, or fp32 for Mixtral)
+    ids: torch.Tensor,  # [T, K] expert ids
+    gate_up: torch.Tensor,  # [E, 2I, H]
+    down: torch.Tensor,  # [E, H, I]
+) -> torch.Tensor:  # [T, H]
+    """The routed experts' weighted sum, step for step as transformers' grouped_mm experts compute it
+    (so fp32 and bf16 results are bit-identical to its layer): pairs sorted by expert, one grouped GEMM
+    for gate|up and one for down, the weight product in the promoted dtype, the K rows summed."""
+    tokens, top_k = ids.shape
+    flat = ids.reshape(-1)
+    _, perm = torch.sort(flat)
+    x = h[perm // top_k]  # [P, H] grouped by expert
+    counts = torch.bincount(flat, minlength=gate_up.shape[0])
+    offsets = torch.cumsum(counts, 0, dtype=torch.int32)
+    act = silu_mul(grouped_mm(x, gate_up.transpose(-2, -1), offsets))  # [P, I]
+    y = grouped_mm(act, down.transpose(-2, -1), offsets) * weights.reshape(-1)[perm].unsqueeze(-1)
+    unsorted = torch.empty_like(y)
+    unsorted[perm] = y
+    return unsorted.view(tokens, top_k, -1).sum(dim=1).to(h.dtype)

@@ -11,7 +11,8 @@ from typing import NamedTuple
 
 import torch
 
-from batchgen.model.fused import Attention, DenseMLP, FusedForward, Layer
+from batchgen.model.fused import Attention, DenseMLP, FusedForward, Layer, ProjectionNorm
+from batchgen.model.moe import is_moe, moe_mlp
 from batchgen.model.spec import ModelSpec, describe, rope_tables
 from batchgen.model.weights.formats import Linear, WeightFormat
 from batchgen.model.weights.fp8 import kv_scales
@@ -88,9 +89,13 @@ def _layer(
     attn = _attention(load, spec, prefix + "self_attn.", heads, spec.sliding_windows[i])
     if fp8_cache:
         attn = attn._replace(kv_scales=kv_scales(load.source, prefix))
-    mlp = _dense_mlp(load, spec, prefix + "mlp.")
+    if is_moe(module):  # dense layers between MoE ones (mlp_only_layers, decoder_sparse_step) stay dense
+        mlp, mlp_quant = moe_mlp(load, spec.model_type, module, prefix), None
+    else:
+        mlp = _dense_mlp(load, spec, prefix + "mlp.")
+        mlp_quant = mlp.gate_up.act_quant  # the post-attention norm writes the MLP's input as it wants it
     norms = [load.dense(prefix + n) for n in ("input_layernorm.weight", "post_attention_layernorm.weight")]
-    return Layer(norms[0], attn, norms[1], mlp, mlp.gate_up.act_quant)
+    return Layer(norms[0], attn, norms[1], mlp, mlp_quant)
 
 
 def _attention(load: Loader, spec: ModelSpec, prefix: str, heads: HeadShard, window: int | None) -> Attention:
@@ -100,7 +105,17 @@ def _attention(load: Loader, spec: ModelSpec, prefix: str, heads: HeadShard, win
     qkv = load.fmt.linear(load.source, parts, bias=True)
     norms = [load.dense(prefix + n) if spec.qk_norm else None for n in ("q_norm.weight", "k_norm.weight")]
     o_proj = load.row_parallel(prefix + "o_proj.weight", heads.q.scaled(spec.head_dim))
-    return Attention(qkv, *norms, o_proj, window)
+    full_norm = _projection_norm(load, spec, prefix, q_rows, kv_rows) if spec.qk_norm_full else None
+    return Attention(qkv, *norms, o_proj, window, full_norm)
+
+
+def _projection_norm(load: Loader, spec: ModelSpec, prefix: str, q_rows, kv_rows) -> ProjectionNorm:
+    """OLMoE's full-width q/k norms, cut like the projections' rows."""
+    widths = (spec.q_heads * spec.head_dim, spec.kv_heads * spec.head_dim)
+    copies = max(1, load.group.size // spec.kv_heads)  # ranks sharing one replicated KV head
+    q_weight = load.dense(prefix + "q_norm.weight", q_rows)
+    k_weight = load.dense(prefix + "k_norm.weight", kv_rows)
+    return ProjectionNorm(q_weight, k_weight, widths, spec.eps, load.group, copies)
 
 
 def _dense_mlp(load: Loader, spec: ModelSpec, prefix: str) -> DenseMLP:

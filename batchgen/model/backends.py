@@ -3,7 +3,8 @@
 ``TorchBackend`` is the reference (CPU path and oracle); ``TritonBackend`` runs the Triton kernels on
 CUDA, capturable in CUDA graphs (every bound comes from the context's Python ints, never from tensor
 contents). Both expose paged attention with its KV write, and the fused layer ops of the batchgen
-forward (``model/fused.py``): RMSNorm with residual add, q/k norm + rotary + KV write, SiLU-and-multiply.
+forward (``model/fused.py``): RMSNorm with residual add, q/k norm + rotary + KV write, SiLU-and-multiply,
+and the routed experts of a mixture-of-experts layer (``model/moe.py``).
 
 FP8: ``quant`` asks RMSNorm / SiLU-and-multiply for an e4m3 output (``Fp8Act``); an FP8 KV cache (its
 dtype says so) is written as ``k / k_scale`` and read back as ``q * k_scale`` with the layer's
@@ -42,12 +43,15 @@ class KernelBackend(Protocol):
 
     def silu_mul(self, x, quant: ActQuant | None = None) -> torch.Tensor | Fp8Act: ...
 
+    def moe_experts(self, h, weights, ids, gate_up, down) -> torch.Tensor: ...  # [T, H]
+
 
 class TorchBackend:
     """The reference implementation (CPU path and oracle)."""
 
     write_kv = staticmethod(reference.write_kv)
     rope_write_kv = staticmethod(reference.rope_write_kv)
+    moe_experts = staticmethod(reference.moe_experts)
 
     def rms_norm(self, x, weight, eps: float, residual=None, quant: ActQuant | None = None):
         out, summed = reference.rms_norm(x, weight, eps, residual)
@@ -71,13 +75,14 @@ class TritonBackend:
     """The CUDA path: Triton kernels, capturable in CUDA graphs (bounds come from the context)."""
 
     def __init__(self) -> None:
-        from batchgen.kernels import activation, dispatch, norm, rope
+        from batchgen.kernels import activation, dispatch, moe, norm, rope
 
         self._kernels = dispatch
         self.write_kv = dispatch.write_kv
         self.rms_norm = norm.rms_norm
         self.rope_write_kv = rope.rope_write_kv
         self.silu_mul = activation.silu_mul
+        self.moe_experts = moe.moe_experts
 
     def attention(
         self, query, k_cache, v_cache, ctx: PagedContext, scale: float, sliding_window, kv_scales=(1.0, 1.0)

@@ -1,4 +1,5 @@
-"""batchgen's own forward pass for the Llama family (Llama, Mistral, Qwen2, Qwen3), sharded or not.
+"""batchgen's own forward pass for the Llama family (Llama, Mistral, Qwen2, Qwen3) and its mixture-of-experts
+relatives (Qwen2/3-MoE, Mixtral, OLMoE: their MLP is ``model/moe.py``'s), sharded or not.
 
 transformers' modelling code launches ~50 kernels per decoder layer (norms, rotary, activations, the
 q/k/v and gate/up projections one by one): at small batches their launch and memory cost exceed the
@@ -23,6 +24,7 @@ from batchgen.kernels.fp8_reference import ActQuant, Fp8Act
 from batchgen.model.attention import PagedContext
 from batchgen.model.backends import KernelBackend
 from batchgen.model.weights.formats import Linear
+from batchgen.parallel.group import ParallelGroup
 from batchgen.parallel.layers import LMHead, VocabEmbedding
 
 
@@ -40,12 +42,45 @@ class DenseMLP:
         return self.down(ops.silu_mul(self.gate_up(h), self.down.act_quant))  # [T, 2I] -> [T, I] -> [T, H]
 
 
+class ProjectionNorm:
+    """OLMoE's q and k RMSNorms over the whole projection width (not per head), applied in place to the
+    q|k|v projection before rotary. Under tensor parallelism a rank holds some of the heads, so the mean
+    of squares spans ranks: the [T, 1] partial sums are all-reduced (a KV head replicated on ``kv_copies``
+    ranks is counted once)."""
+
+    def __init__(
+        self, q_weight: torch.Tensor, k_weight: torch.Tensor, widths: tuple[int, int], eps: float,
+        group: ParallelGroup, kv_copies: int = 1,
+    ) -> None:  # fmt: skip
+        self.q_weight, self.k_weight = q_weight, k_weight  # [Hq * D / K], [Hkv * D / K]: this rank's part
+        self.widths, self.eps, self.group, self.kv_copies = widths, eps, group, kv_copies
+
+    def __call__(self, qkv: torch.Tensor, ops: KernelBackend) -> None:  # qkv: [T, (Hq + 2 * Hkv) * D]
+        q_width, k_width = self.q_weight.shape[0], self.k_weight.shape[0]
+        q, k = qkv[:, :q_width], qkv[:, q_width : q_width + k_width]
+        if not self.group.is_parallel:
+            q.copy_(ops.rms_norm(q, self.q_weight, self.eps)[0])
+            k.copy_(ops.rms_norm(k, self.k_weight, self.eps)[0])
+            return
+        self._sharded(q, self.q_weight, self.widths[0], 1)
+        self._sharded(k, self.k_weight, self.widths[1], self.kv_copies)
+
+    def _sharded(self, x: torch.Tensor, weight: torch.Tensor, width: int, copies: int) -> None:
+        h = x.float()
+        partial = h.pow(2).sum(-1, keepdim=True)  # [T, 1]
+        if copies > 1:
+            partial /= copies
+        variance = self.group.all_reduce(partial) / width
+        x.copy_(weight * (h * torch.rsqrt(variance + self.eps)).to(x.dtype))
+
+
 class Attention(NamedTuple):
     qkv: Linear  # [T, H] -> [T, (Hq + 2 * Hkv) * D], this rank's heads
     q_norm: torch.Tensor | None  # [D] (Qwen3)
     k_norm: torch.Tensor | None
     o_proj: Linear  # [T, Hq * D] -> [T, H]
     sliding_window: int | None
+    full_norm: ProjectionNorm | None = None  # OLMoE
     kv_scales: tuple[float, float] = (1.0, 1.0)  # an FP8 cache stores k / k_scale, v / v_scale
 
 
@@ -91,6 +126,8 @@ class FusedForward:
     def _attention(self, i: int, w: Attention, h, positions, ctx: PagedContext) -> torch.Tensor:
         ops = ctx.backend
         qkv = w.qkv(h)  # [T, (Hq + 2 * Hkv) * D]
+        if w.full_norm is not None:
+            w.full_norm(qkv, ops)
         k_cache, v_cache = ctx.kv_caches[i]
         q = ops.rope_write_kv(
             qkv, positions, self.cos, self.sin, w.q_norm, w.k_norm, self.eps,

@@ -12,7 +12,9 @@ from dataclasses import dataclass
 import torch
 
 DENSE_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
-MOE_MODEL_TYPES: tuple[str, ...] = ()  # the architectures of the MoE layer (model/moe.py)
+MOE_MODEL_TYPES = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe")  # the MoE layer: model/moe.py
+# Attention windows read off the config, not the attention module.
+_CONFIG_WINDOW_TYPES = ("mistral", "mixtral", "olmoe")
 # Rotary kinds whose frequencies do not change with the sequence length ("dynamic" ones do).
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
@@ -31,7 +33,8 @@ class ModelSpec:
     scale: float  # attention softmax scale
     sliding_windows: tuple[int | None, ...]  # per layer
     tied_embeddings: bool
-    qk_norm: bool
+    qk_norm: bool  # per-head RMSNorm of q and k (Qwen3)
+    qk_norm_full: bool  # RMSNorm over the whole q and k projections (OLMoE)
     inv_freq: torch.Tensor  # [head_dim / 2] float32, on the CPU
     rope_scaling: float  # transformers' attention_scaling of cos / sin
 
@@ -43,6 +46,8 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
     if model_type not in DENSE_MODEL_TYPES + MOE_MODEL_TYPES:
         supported = ", ".join(DENSE_MODEL_TYPES + MOE_MODEL_TYPES)
         return f"model type {model_type!r} (supported: {supported})"
+    if getattr(cfg, "clip_qkv", None) is not None:
+        return f"clip_qkv ({cfg.clip_qkv}: q/k/v clamped after the projections)"
     if getattr(cfg, "hidden_act", None) not in ("silu", "swish"):
         return f"activation {cfg.hidden_act!r}"
     rotary = model.model.rotary_emb
@@ -80,9 +85,11 @@ def _in_memory_reason(model: torch.nn.Module) -> str | None:
 
 
 def _sliding_window(model: torch.nn.Module, attn: torch.nn.Module) -> int | None:
-    if hasattr(attn, "sliding_window"):  # Qwen2/Qwen3 decide per layer
+    if hasattr(attn, "sliding_window"):  # Qwen2/Qwen3 (and their MoE) decide per layer
         return attn.sliding_window
-    return getattr(model.config, "sliding_window", None) if model.config.model_type == "mistral" else None
+    if model.config.model_type in _CONFIG_WINDOW_TYPES:
+        return getattr(model.config, "sliding_window", None)
+    return None
 
 
 def rotary_frequencies(model: torch.nn.Module) -> tuple[torch.Tensor, float]:
@@ -103,6 +110,8 @@ def describe(model: torch.nn.Module) -> ModelSpec:
     attn = layers[0].self_attn
     q_heads = cfg.num_attention_heads
     inv_freq, rope_scaling = rotary_frequencies(model)
+    q_norm = getattr(attn, "q_norm", None)
+    full_norm = q_norm is not None and q_norm.weight.shape[0] != attn.head_dim  # OLMoE: [Hq * D]
     return ModelSpec(
         model_type=cfg.model_type, num_layers=cfg.num_hidden_layers, hidden=cfg.hidden_size,
         q_heads=q_heads, kv_heads=getattr(cfg, "num_key_value_heads", None) or q_heads,
@@ -110,7 +119,8 @@ def describe(model: torch.nn.Module) -> ModelSpec:
         eps=base.norm.variance_epsilon, scale=attn.scaling,
         sliding_windows=tuple(_sliding_window(model, layer.self_attn) for layer in layers),
         tied_embeddings=bool(getattr(cfg.get_text_config(), "tie_word_embeddings", False)),
-        qk_norm=getattr(attn, "q_norm", None) is not None, inv_freq=inv_freq, rope_scaling=rope_scaling,
+        qk_norm=q_norm is not None and not full_norm, qk_norm_full=full_norm, inv_freq=inv_freq,
+        rope_scaling=rope_scaling,
     )  # fmt: skip
 
 

@@ -55,3 +55,29 @@ class ParallelGroup:
 
         dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.process_group)
         return int(t.item())
+
+    def time_all_reduce(
+        self, shape: tuple[int, ...], count: int, dtype: torch.dtype = torch.bfloat16
+    ) -> float:
+        """Median ms of ``count`` all-reduces of ``shape`` replayed from one CUDA graph: the communication
+        a decode step pays (every rank must call it at the same time)."""
+        x = torch.randn(shape, dtype=dtype, device="cuda")
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(stream):
+            for _ in range(3):  # eager first: the communicator exists before the capture
+                self.all_reduce(x)
+            with torch.cuda.graph(graph, stream=stream):
+                for _ in range(count):
+                    self.all_reduce(x)
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        times = []
+        for _ in range(10):
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        return sorted(times)[len(times) // 2]

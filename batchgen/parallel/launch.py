@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import Client, Connection, Listener, wait
@@ -94,6 +95,7 @@ class WorkerPool:
         self.failure: str | None = None
         self.stop_requested = False
         self._closing = False
+        self._lock = threading.Lock()
         threading.Thread(target=self._watch, name="batchgen-tp-watch", daemon=True).start()
 
     def send(self, message: tuple) -> None:
@@ -109,11 +111,16 @@ class WorkerPool:
         if self.failure is not None:
             raise RankFailed(self.failure)
 
-    def request(self, message: tuple) -> list[Any]:
-        """Send to every worker and collect one reply each (only at the end: the watch stops)."""
-        self._closing = True
-        self.send(message)
-        return [conn.recv() for conn in self.conns]
+    def request(self, message: tuple, local: Callable[[], Any] | None = None) -> list[Any]:
+        """Send to every worker, run ``local`` here meanwhile (its result first), collect one reply each."""
+        with self._lock:  # the watch must not take a reply for a closed connection
+            self.send(message)
+            own = [local()] if local is not None else []
+            try:
+                return own + [conn.recv() for conn in self.conns]
+            except (EOFError, OSError) as exc:
+                self._fail(f"lost the connection to a tensor-parallel rank ({exc})")
+                raise RankFailed(self.failure) from exc
 
     def close(self) -> None:
         if self._closing and not self.conns:
@@ -128,7 +135,7 @@ class WorkerPool:
         self.conns = []
         for proc in self.procs:
             try:
-                proc.wait(timeout=30)
+                proc.wait(timeout=0.1 if self.failure else 30)  # after a failure they may be stuck
             except subprocess.TimeoutExpired:
                 proc.kill()
         _destroy_group()
@@ -137,8 +144,10 @@ class WorkerPool:
         """A worker's connection becomes readable only when it closes (workers speak when asked)."""
         while not self._closing and self.failure is None:
             ready = wait(self.conns, timeout=0.5)
-            if ready and not self._closing:
-                rank = self.conns.index(ready[0]) + 1
+            with self._lock:  # a reply to ``request`` is read there, not taken for a closed connection
+                closed = [c for c in ready if not self._closing and not c.closed and c.poll()]
+            if closed:
+                rank = self.conns.index(closed[0]) + 1
                 self._fail(f"tensor-parallel rank {rank} exited{self._exit_status(rank)}")
 
     def _exit_status(self, rank: int) -> str:
@@ -165,9 +174,16 @@ class WorkerPool:
 
 
 def _destroy_group() -> None:
+    """Leave the process group. NCCL's orderly destroy waited forever for ranks that had already exited
+    (torch 2.11 on the H200): abort it instead, which frees the communicators without waiting."""
     import torch.distributed as dist
 
-    if dist.is_initialized():
+    if not dist.is_initialized():
+        return
+    abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
+    if dist.get_backend() == "nccl" and abort is not None:
+        abort()
+    else:
         dist.destroy_process_group()
 
 

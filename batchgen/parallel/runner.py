@@ -41,9 +41,17 @@ class TensorParallelRunner:
         self.local.capture_all(any_sampling, want_logprobs, progress=progress)
 
     def rank_stats(self) -> list[dict]:
-        """Every rank's busy and host-prep time (rank 0 first); the workers stop listening after."""
-        own = {
-            "gpu_busy_s": getattr(self.local, "gpu_busy_s", 0.0),
-            "prep_s": getattr(self.local, "prep_s", 0.0),
-        }
-        return [own, *self.pool.request(("stats",))]
+        """Every rank's busy and host-prep time (rank 0 first)."""
+        return self.pool.request(("stats",), lambda: runner_stats(self.local))
+
+    def time_all_reduce(self, shape: tuple[int, ...], count: int) -> list[float]:
+        """Every rank's median ms for ``count`` graph-captured all-reduces of ``shape`` (the roofline's
+        communication term), run on the job's own process group."""
+        group = self.pool.group
+        return self.pool.request(
+            ("time_all_reduce", shape, count), lambda: group.time_all_reduce(shape, count)
+        )
+
+
+def runner_stats(runner) -> dict:
+    return {"gpu_busy_s": getattr(runner, "gpu_busy_s", 0.0), "prep_s": getattr(runner, "prep_s", 0.0)}

@@ -11,16 +11,19 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 import signal
+import sys
 from collections import deque
 from multiprocessing.connection import Connection
 
 from batchgen.parallel.launch import Rendezvous, connect, init_group
+from batchgen.parallel.runner import runner_stats
 
 log = logging.getLogger("batchgen")
 
 
-def serve(conn: Connection, runner) -> None:
+def serve(conn: Connection, runner, group) -> None:
     """Run rank 0's orders until it says stop or goes away."""
     inflight: deque = deque()
     while True:
@@ -40,9 +43,9 @@ def serve(conn: Connection, runner) -> None:
         elif kind == "capture":
             runner.capture_all(*args, progress=False)
         elif kind == "stats":
-            conn.send(
-                {"gpu_busy_s": getattr(runner, "gpu_busy_s", 0.0), "prep_s": getattr(runner, "prep_s", 0.0)}
-            )
+            conn.send(runner_stats(runner))
+        elif kind == "time_all_reduce":
+            conn.send(group.time_all_reduce(*args))
         elif kind == "stop":
             return
 
@@ -69,7 +72,7 @@ def run_worker(conn: Connection, rdzv: Rendezvous | None, rank: int) -> None:
     attention.register()
     with torch.inference_mode():
         engine = build_rank(config, files, group, progress=False)
-    serve(conn, engine.runner)
+    serve(conn, engine.runner, group)
 
 
 def ignore_stop_signals() -> None:
@@ -87,6 +90,14 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(format=f"batchgen[rank {args.rank}]: %(message)s", level=logging.INFO)
     conn = connect(None, args.control, args.rank)
     run_worker(conn, None, args.rank)
+    _leave()
+
+
+def _leave() -> None:
+    """Exit without interpreter teardown: NCCL's destructors can wait for ranks that already left."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def serve_launched(rdzv: Rendezvous, cuda: bool) -> None:
@@ -95,6 +106,7 @@ def serve_launched(rdzv: Rendezvous, cuda: bool) -> None:
     init_group(rdzv, cuda)
     conn = connect(rdzv, None, rdzv.rank)
     run_worker(conn, rdzv, rdzv.rank)
+    _leave()
 
 
 if __name__ == "__main__":

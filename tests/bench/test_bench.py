@@ -10,6 +10,7 @@ import torch
 from batchgen.bench import metrics, report
 from batchgen.bench.__main__ import failed, parse_args
 from batchgen.bench.cli_entry import modes_for, run_bench, run_workload
+from batchgen.bench.runners import base_record
 from batchgen.bench.workloads import WORKLOADS, Workload, build_random_model, quick, random_prompts
 
 REQUESTS, PROMPT, NEW = 4, 8, 8
@@ -21,17 +22,39 @@ def tiny_records(tiny_llama) -> list[dict]:
     return run_workload(w, ["async", "sync"], compare_hf=False)
 
 
+# Every field a batchgen run's record has: base_record's, then the workload's (graph memory on CUDA too).
+RECORD_FIELDS = {
+    *base_record("sync", "batchgen", 1, 1),
+    "workload",
+    "shape",
+    "device",
+    "bandwidth_gbs",
+    "load_1m",
+}
+MEASURED = ("wall_s", "tok_s", "cpu_ms_step", "peak_mem_gib", "roofline", "bandwidth_gbs", "load_1m")
+
+
+def _check_engine_record(r: dict, workload: str, device: str) -> None:
+    """A record's structure and counts. No assertion on a timing or a bandwidth (the machine's load and
+    its memory system are not what a unit test checks): measured fields only have to be filled in."""
+    assert set(r) >= RECORD_FIELDS, RECORD_FIELDS - set(r)
+    assert (r["workload"], r["engine"], r["error"], r["errors"]) == (workload, "batchgen", None, 0)
+    assert r["device"].startswith(device) and not failed(r)
+    assert (r["requests"], r["max_new_tokens"]) == (REQUESTS, NEW)
+    assert r["output_tokens"] == r["expected_tokens"] == REQUESTS * NEW  # ignore_eos: exact lengths
+    # One prefill step for all four prompts (8 tokens each, within every budget), then one decode step
+    # per further token: the timed run's steps only (warm-up excluded), in either mode.
+    assert r["steps"] == NEW
+    assert all(isinstance(r[k], float) for k in MEASURED), {k: r[k] for k in MEASURED}
+    assert r["tok_s"] == r["output_tokens"] / r["wall_s"]
+    on_gpu = device == "cuda"  # the compute stream's busy time exists only there
+    assert (r["gpu_active_pct"] is not None, r["gpu_ms_step"] is not None) == (on_gpu, on_gpu)
+
+
 def test_engine_modes_emit_every_token(tiny_records):
     assert [r["mode"] for r in tiny_records] == ["async", "sync"]
     for r in tiny_records:
-        assert r["error"] is None
-        assert r["output_tokens"] == r["expected_tokens"] == REQUESTS * NEW  # ignore_eos: exact lengths
-        assert r["steps"] >= NEW  # at least one step per new token
-        assert r["wall_s"] > 0 and r["tok_s"] > 0
-        assert r["gpu_active_pct"] is None  # CPU: no device stream
-        assert r["peak_mem_gib"] > 0
-        assert 0 < r["roofline"] < 10
-        assert not failed(r)
+        _check_engine_record(r, "tiny", "cpu")
 
 
 def test_tables_render(tiny_records):
@@ -91,6 +114,21 @@ def test_workload_table_and_quick():
     assert quick(WORKLOADS["B4"]) == WORKLOADS["B4"]
     assert modes_for(WORKLOADS["B4"], ["sync"], True) == ["sync", "generate_batch", "hf_loop", "hf_padded"]
     assert modes_for(WORKLOADS["B3"], ["async"], True) == ["async", "generate_batch"]
+    assert modes_for(WORKLOADS["B6"], ["async"], True) == ["async", "hf_forward"]
+    assert quick(WORKLOADS["B6"]).hf_num_requests == 64
+
+
+def test_moe_workload_beside_transformers_forward(tiny_models):
+    """B6's shape of comparison on a tiny MoE model: batchgen's fused forward, then transformers' forward
+    on the same engine for the first requests (every token emitted by both)."""
+    w = Workload("tiny-moe", tiny_models["qwen3_moe"], REQUESTS, PROMPT, NEW, device="cpu", dtype="float32",
+                 baselines=("hf_forward",), hf_num_requests=2)  # fmt: skip
+    fused, hf = run_workload(w, ["async"], compare_hf=True)
+    assert (fused["mode"], hf["mode"]) == ("async", "hf_forward")
+    assert fused["error"] is None and fused["output_tokens"] == REQUESTS * NEW
+    assert hf["error"] is None and hf["output_tokens"] == hf["expected_tokens"] == 2 * NEW
+    assert "transformers' forward" in hf["note"]
+    assert "batchgen / hf_forward" in report.render([fused | {"workload": "w"}, hf | {"workload": "w"}])
 
 
 def test_cli_args():
@@ -98,15 +136,18 @@ def test_cli_args():
     assert args.workload == ["B1s", "B3"] and args.quick and args.compare_hf
 
 
-@pytest.mark.parametrize(("arch", "billions"), [("llama3-8b", 8.03), ("qwen3-0.6b", 0.596)])
-def test_real_configs_build_on_meta(arch, billions):
+@pytest.mark.parametrize(
+    ("arch", "billions", "kv_heads"),
+    [("llama3-8b", 8.03, 8), ("qwen3-0.6b", 0.596, 8), ("qwen3-30b-a3b", 30.5, 4)],
+)
+def test_real_configs_build_on_meta(arch, billions, kv_heads):
     """The written-out configs give the real parameter counts (meta device: no memory, no time)."""
     model = build_random_model(arch, "meta", torch.bfloat16)
     params = {id(p): p for p in model.parameters()}
     assert sum(p.numel() for p in params.values()) / 1e9 == pytest.approx(billions, rel=0.01)
     sizes = metrics.model_bytes(model)
     layers = model.config.num_hidden_layers
-    assert sizes["kv_per_token"] == 2 * layers * 8 * 128 * 2  # K and V, 8 kv heads x 128, bf16
+    assert sizes["kv_per_token"] == 2 * layers * kv_heads * 128 * 2  # K and V, kv heads x 128, bf16
 
 
 def test_decode_roofline_arithmetic():
@@ -126,9 +167,9 @@ def test_random_prompts_are_fixed_length_and_in_vocab():
 def test_tiny_workload_on_cuda(tiny_llama):
     w = Workload("tiny-cuda", tiny_llama, REQUESTS, PROMPT, NEW, device="cuda", dtype="bfloat16")
     records = run_workload(w, ["async", "sync"], compare_hf=False)
+    assert [r["mode"] for r in records] == ["async", "sync"]
     for r in records:
-        assert r["error"] is None and r["output_tokens"] == REQUESTS * NEW
-        assert r["peak_mem_gib"] > 0 and r["bandwidth_gbs"] > 100
+        _check_engine_record(r, "tiny-cuda", "cuda")
 
 
 def test_stat_deltas_survive_a_reset():

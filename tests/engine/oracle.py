@@ -105,6 +105,12 @@ def reference_greedy(
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device).eval()
+    return generate_greedy(model, prompts, max_new_tokens)
+
+
+def generate_greedy(model, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """``reference_greedy`` on a model already in memory (on its own device and dtype)."""
+    device = next(model.parameters()).device
     outputs = []
     with torch.inference_mode():
         for ids in prompts:

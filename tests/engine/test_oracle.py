@@ -7,6 +7,7 @@ import pytest
 from batchgen import LLM, SamplingParams
 from batchgen.model.forward import TransformersForward
 from batchgen.model.fused import FusedForward
+from batchgen.testing.models import DENSE_ARCHS
 from tests.engine.oracle import WORDS, make_prompts, reference_greedy, with_system_prompt
 
 NEW_TOKENS = 12
@@ -53,7 +54,10 @@ def _check_model(path: str, prompts: list[list[int]], regime: str, expected: lis
     if regime == "tiny_kv":
         assert llm.stats.preemptions > 0, "the tiny KV pool should have forced preemption"
     if regime == "chunked_prefill":
-        assert llm.stats.steps > len(prompts) + NEW_TOKENS
+        budget = REGIMES[regime]["max_batch_tokens"]
+        assert max(len(p) for p in prompts) > budget  # so some prompt cannot fit one step
+        assert llm.stats.partial_prefills > 0, "no prefill was split over several steps"
+        assert llm.stats.max_step_tokens <= budget, f"a step ran {llm.stats.max_step_tokens} tokens"
 
 
 @pytest.fixture(scope="module")
@@ -65,11 +69,11 @@ def tiny_prompts(tiny_llama):
 
 @pytest.fixture(scope="module")
 def tiny_expected(tiny_models, tiny_prompts):
-    return {arch: reference_greedy(path, tiny_prompts, NEW_TOKENS) for arch, path in tiny_models.items()}
+    return {arch: reference_greedy(tiny_models[arch], tiny_prompts, NEW_TOKENS) for arch in DENSE_ARCHS}
 
 
 @pytest.mark.parametrize("regime", list(REGIMES))
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral", "qwen3"])
+@pytest.mark.parametrize("arch", DENSE_ARCHS)
 def test_tiny_models_match_transformers(tiny_models, tiny_prompts, tiny_expected, arch, regime):
     _check_model(tiny_models[arch], tiny_prompts, regime, tiny_expected[arch])
 

@@ -1,4 +1,5 @@
 import gzip
+import io
 
 import orjson
 import pyarrow as pa
@@ -61,7 +62,7 @@ def test_jsonl_blank_lines_malformed_lines_and_skip(tmp_path):
     assert [i for i, _ in rows] == [0, 1, 2, 3]
     assert isinstance(rows[1][1], BadLine) and "malformed JSON" in rows[1][1].error
     assert rows[2][1] == [1, 2] and rows[3][1] == {"prompt": "b"}
-    assert reader.count_rows() == 5  # counts lines, blank ones too: an estimate for the progress bar
+    assert reader.count_rows() == 4  # rows: blank lines are not counted
     done = DoneSet(1)
     done.add(0, 0)
     done.add(2, 0)
@@ -124,3 +125,67 @@ def test_unusable_inputs(tmp_path, name, needle):
 def test_directory_without_parquet(tmp_path):
     with pytest.raises(InputError, match="no .parquet"):
         open_input(str(tmp_path))
+
+
+# -- plain JSONL by byte ranges ----------------------------------------------------------------------------
+AWKWARD = (  # blank and whitespace-only lines, CRLF, an indented row, no final newline
+    b'\n{"id": 0}\n\n{"id": 1}\r\n  \r\n \t{"id": 2}\n{"id": 3, "pad": "xxxxxxxxxxxxxxxxxxxx"}\n\t\n'
+    b'{"id": 4}\r\n\r\n{"id": 5}\n{"id": 6}'
+)
+
+
+@pytest.mark.parametrize("count", range(1, 10))
+def test_byte_splits_tile_the_rows_with_global_indices(tmp_path, count):
+    path = tmp_path / "x.jsonl"
+    path.write_bytes(AWKWARD)
+    whole = list(open_input(str(path)).iter_rows())
+    assert [r["id"] for _, r in whole] == list(range(7))
+    got, expected_start = [], 0
+    for i in range(count):
+        reader = open_input(str(path))  # each shard on its own, as in an array task
+        start, stop = reader.split_bytes(i, count)
+        assert start == expected_start and stop >= start
+        rows = list(reader.iter_rows(start, stop if i < count - 1 else None))
+        assert [i for i, _ in rows] == list(range(start, stop))
+        assert reader.end_index == stop and reader.at_eof == (i == count - 1)
+        got += rows
+        expected_start = stop
+    assert got == whole and expected_start == 7
+
+
+def test_seek_to_a_row_and_count_at_most(tmp_path):
+    path = tmp_path / "x.jsonl"
+    path.write_bytes(AWKWARD)
+    reader = open_input(str(path))
+    assert reader.count_rows(at_most=4) == 4 and reader.count_rows(at_most=50) == 7
+    assert [r["id"] for _, r in reader.iter_rows(5)] == [5, 6]
+    assert list(open_input(str(path)).iter_rows(9)) == [] and reader.count_rows() == 7
+    gz = _write_jsonl(tmp_path / "x.jsonl.gz", _rows(5), gzip.open)
+    assert open_input(gz).split_bytes(0, 2) is None and open_input(gz).count_rows(True, at_most=3) == 3
+
+
+class _CountingFile(io.FileIO):
+    def __init__(self, path, counter: list[int]) -> None:
+        super().__init__(path)
+        self.counter = counter
+
+    def readinto(self, buffer):
+        n = super().readinto(buffer)
+        self.counter[0] += n or 0
+        return n
+
+
+def test_the_last_shard_of_a_large_file_reads_about_its_own_part(tmp_path, monkeypatch):
+    path = tmp_path / "big.jsonl"
+    _write_jsonl(path, [{"id": i, "prompt": "word " * (i % 50)} for i in range(40_000)])
+    size, count, read = path.stat().st_size, 8, [0]
+    reader = open_input(str(path))
+    monkeypatch.setattr(reader, "_open", lambda: io.BufferedReader(_CountingFile(str(path), read)))
+    start, stop = reader.split_bytes(count - 1, count)
+    counted = read[0]  # newlines counted (never parsed): the bytes before the part, and the part
+    assert reader.count_rows() == stop == 40_000  # known from the split: the progress total costs nothing
+    assert read[0] == counted and size <= counted <= size + (1 << 17)
+    rows = list(reader.iter_rows(start))
+    parsed = read[0] - counted
+    assert [i for i, _ in rows] == list(range(start, 40_000)) and rows[0][1]["id"] == start
+    assert size // count - 1000 <= parsed <= size // count + (1 << 16)  # its part, give or take a buffer

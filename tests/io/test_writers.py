@@ -1,8 +1,13 @@
+import errno
+import shutil
+
 import orjson
 import pyarrow.parquet as pq
 import pytest
 
-from batchgen.io.checkpoint import sidecar_dir
+from batchgen.io.checkpoint import RunState, load_state, save_state, sidecar_dir, state_path
+from batchgen.io.durable import naming
+from batchgen.io.faults import Faults
 from batchgen.io.records import dumps_line, make_record
 from batchgen.io.writers import (
     OutputError,
@@ -53,6 +58,21 @@ def test_jsonl_write_flush_recover(tmp_path):
     w.flush()
     w.close()
     assert [r["index"] for r in open_output(path).recover()] == [0, 1, 2]
+
+
+def test_jsonl_flush_point_counts_only_flushes_with_new_records(tmp_path):
+    """``flush:k`` (the resume tests' "during flush" kill) always leaves un-fsynced records behind."""
+    path = tmp_path / "o.jsonl"
+    faults = Faults("flush:3")  # never reached by the writer here: a third visit would kill pytest
+    w = open_output(str(path), faults)
+    w.flush()  # nothing written yet: not a visit
+    w.write(_rec(0))
+    assert w.synced_bytes == 0
+    w.flush()  # visit 1
+    w.flush()  # nothing new since the last fsync: not a visit
+    assert [faults.due("flush"), faults.due("flush")] == [False, True]  # visits 2 and 3
+    assert w.synced_bytes == path.stat().st_size > 0
+    w.close()
 
 
 @pytest.mark.parametrize("tail", [b'{"id":"r3","index":3,"sam', b"\x00\x00\x00\x00", b'{"index": 9}'])
@@ -135,3 +155,69 @@ def test_remove_output_keeps_the_lock(tmp_path):
     (side / "state.json").write_text("{}")
     remove_output(path)
     assert not has_records(path) and [p.name for p in side.iterdir()] == ["lock"]
+
+
+# -- a disk that fills up (BATCHGEN_FAULT=nospace:N and friends) -------------------------------------------
+DISK_FAULTS = [("nospace", errno.ENOSPC), ("quota", errno.EDQUOT), ("eio", errno.EIO)]
+
+
+@pytest.mark.parametrize(("fault", "code"), DISK_FAULTS)
+def test_jsonl_writer_on_a_failing_disk_keeps_what_was_flushed(tmp_path, fault, code):
+    path = str(tmp_path / "o.jsonl")
+    first = b"".join(dumps_line(_rec(i)) for i in range(3))
+    w = open_output(path, Faults(f"{fault}:{len(first) + 10}"))
+    for i in range(3):
+        w.write(_rec(i))
+    w.flush()
+    for i in range(3, 6):
+        w.write(_rec(i))
+    with pytest.raises(OSError) as failed:
+        w.flush()
+    assert failed.value.errno == code and failed.value.filename == path
+    w.close()  # drops the rest: nothing is retried, nothing raises
+    assert (tmp_path / "o.jsonl").read_bytes() == first + dumps_line(_rec(3))[:10]  # a short write, torn
+    again = open_output(path)
+    assert [r["index"] for r in again.recover()] == [0, 1, 2] and again.dropped_bytes == 10
+
+
+def test_parquet_writer_on_a_full_disk_leaves_no_partial_files(tmp_path):
+    path = str(tmp_path / "o.parquet")
+    disk = Faults("nospace:1000000")
+    w = open_output(path, disk)
+    list(w.recover())
+    w.write(_rec(0))
+    w.flush()
+    disk.disk_left = 100  # the disk fills up: the next part is cut short
+    w.write(_rec(1))
+    with pytest.raises(OSError, match="No space left") as failed:
+        w.flush()
+    assert failed.value.filename.endswith("part-000001.parquet.tmp") and not list(tmp_path.rglob("*.tmp"))
+    w2 = open_output(path, disk)  # the final join fails: the durable parts are kept
+    assert [r["index"] for r in w2.recover()] == [0]
+    with pytest.raises(OSError, match="No space left"):
+        w2.finish()
+    assert not (tmp_path / "o.parquet").exists() and not (tmp_path / "o.parquet.tmp").exists()
+    assert [r["index"] for r in open_output(path).recover()] == [0]
+
+
+def test_a_failed_state_write_keeps_the_old_state(tmp_path):
+    out = tmp_path / "o.jsonl"
+    sidecar_dir(out).mkdir()
+    save_state(out, RunState({"model": "m"}, records=3))
+    full = Faults("nospace:0")
+    with pytest.raises(OSError, match="No space left") as failed:
+        save_state(out, RunState({"model": "m"}, records=9), full.open_small)
+    assert failed.value.filename == str(state_path(out)) + ".tmp"
+    assert load_state(out).records == 3 and [p.name for p in sidecar_dir(out).iterdir()] == ["state.json"]
+    shutil.rmtree(sidecar_dir(out))  # a vanished directory: the error names the file it could not create
+    with pytest.raises(FileNotFoundError, match="state.json.tmp"):
+        save_state(out, RunState({"model": "m"}))
+
+
+def test_naming_keeps_the_error_and_adds_the_path():
+    with pytest.raises(FileNotFoundError) as named, naming("/x/out.jsonl"):
+        raise OSError(errno.ENOENT, "gone")
+    assert named.value.filename == "/x/out.jsonl" and named.value.errno == errno.ENOENT
+    with pytest.raises(OSError) as kept, naming("/x/out.jsonl"):
+        raise OSError(errno.EIO, "bad", "/other")
+    assert kept.value.filename == "/other"

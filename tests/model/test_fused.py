@@ -165,29 +165,62 @@ def test_unsupported_models_run_transformers_forward():
         EngineConfig(model_impl="fast")
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_triton_fused_forward_matches_transformers_on_cuda():
-    """bf16 on the H200: the fused forward on Triton kernels vs transformers' forward (torch attention),
-    a Qwen3-shaped model (qk-norm, GQA, head_dim 128) over a chunked prefill and decodes."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+def _bf16_against_transformers(device: str, backend) -> dict[str, float]:
+    """A Qwen3-shaped model (qk-norm, GQA, head_dim 128), 300 tokens: batchgen's fused forward in bf16
+    over a chunked prefill and decodes on the paged cache, against transformers' own forward (sdpa
+    attention, the whole sequence at once) in bf16 and in fp32 (the truth, for the bf16 noise)."""
+    import copy
 
-    from batchgen.model.backends import TritonBackend
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.for_model(
         "qwen3", vocab_size=4096, hidden_size=1024, intermediate_size=3072, num_hidden_layers=4,
         num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=4096,
     )  # fmt: skip
     torch.manual_seed(0)
-    with torch.device("cuda"):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
-    model.set_attn_implementation(attention.register())
-    ids = torch.randint(0, 4096, (300,), device="cuda")
-    chunks = [128, 160] + [1] * 12
+    with torch.device(device):
+        fp32 = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa")
+    model = copy.deepcopy(fp32).to(torch.bfloat16).eval()
+    ids = torch.randint(0, 4096, (300,), device=device)
     with torch.inference_mode():
-        expected = _fused_logits(TransformersForward(model), model, ids, chunks, torch.bfloat16).float()
+        truth = fp32.eval()(ids.unsqueeze(0)).logits[0].float()
+        expected = model(ids.unsqueeze(0)).logits[0].float()  # transformers' bf16, sdpa
+        model.set_attn_implementation(attention.register())
         forward = build_forward(model, "batchgen", 4096)
-        got = _fused_logits(forward, model, ids, chunks, torch.bfloat16, TritonBackend()).float()
-    err = (got - expected).norm() / expected.norm()
-    assert err < 2e-2, f"relative error {err:.2e}"
-    assert (got.argmax(-1) == expected.argmax(-1)).float().mean() > 0.95
+        got = _fused_logits(forward, model, ids, [128, 160] + [1] * 12, torch.bfloat16, backend).float()
+
+    def rel(a: torch.Tensor, b: torch.Tensor, dim=None) -> torch.Tensor:
+        return (a - b).norm(dim=dim) / b.norm(dim=dim)
+
+    # The largest logit error transformers' own bf16 forward makes: below it, a top-2 gap is a tie.
+    noise = (expected - truth).abs().max()
+    chosen = truth.gather(-1, got.argmax(-1, keepdim=True))[:, 0]
+    return dict(
+        bf16_noise=rel(expected, truth).item(), got_vs_truth=rel(got, truth).item(),
+        # per position: how far batchgen is from transformers' bf16, in units of how far that is from fp32
+        worst_row=(rel(got, expected, -1) / rel(expected, truth, -1)).max().item(),
+        worst_pick=((truth.max(-1).values - chosen).max() / noise).item(),
+    )  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_triton_fused_forward_matches_transformers_on_cuda():
+    """bf16 on the GPU: the fused forward on Triton kernels vs transformers' forward with its own (sdpa)
+    attention. bf16 keeps 8 significant bits, so each rounding costs up to 2**-8 relative; over four
+    random layers transformers' bf16 logits end ~2.5 % (relative norm; 1.5 % to 5 % a position, growing
+    with the context) from its fp32 ones. Both forwards round at the same points (see
+    test_bf16_fused_forward_rounds_like_transformers) and differ only in kernels and accumulation order,
+    so at every position batchgen's bf16 must be closer to transformers' bf16 than that is to fp32
+    (1.5x: room for the GPU's other kernels), and over all as close to fp32 (1.25x). Random logits have
+    near-ties (top-2 gaps down to 1e-3), so argmax agreement is no measure: each picked token must
+    instead be within twice transformers' own largest bf16 logit error of the best.
+    Measured on the CPU (torch kernels): noise 0.025, vs fp32 0.025, worst row 0.90, worst pick 0.33;
+    with decode tokens not attending to themselves: worst row 2.16."""
+    from batchgen.model.backends import TritonBackend
+
+    m = _bf16_against_transformers("cuda", TritonBackend())
+    assert m["bf16_noise"] < 5e-2, m  # the reference itself is sane: a few bf16 roundings deep
+    assert m["got_vs_truth"] <= 1.25 * m["bf16_noise"], m
+    assert m["worst_row"] <= 1.5, m
+    assert m["worst_pick"] <= 2, m

@@ -21,11 +21,14 @@ from batchgen.parallel.shard import Span
 
 
 class Part(NamedTuple):
-    """``rows`` (dim 0) or ``cols`` (dim 1) of the tensor ``name``; None = all of them."""
+    """``rows`` (dim 0) or ``cols`` (dim 1) of the tensor ``name``; None = all of them. With ``expert``,
+    ``name`` is a stack of experts' matrices ([E, rows, cols], transformers' fused MoE parameters) and the
+    spans apply to that expert's matrix."""
 
     name: str
     rows: Span | None = None
     cols: Span | None = None
+    expert: int | None = None
 
 
 class WeightSource(Protocol):
@@ -50,9 +53,10 @@ _SAFETENSORS_DTYPES = {
 }  # fmt: skip
 
 
-def _index(part: Part) -> tuple[slice, ...]:
+def _index(part: Part) -> tuple[int | slice, ...]:
     rows = slice(part.rows.start, part.rows.stop) if part.rows else slice(None)
-    return (rows,) if part.cols is None else (rows, slice(part.cols.start, part.cols.stop))
+    index = (rows,) if part.cols is None else (rows, slice(part.cols.start, part.cols.stop))
+    return index if part.expert is None else (part.expert, *index)
 
 
 class SafetensorsSource:
@@ -91,7 +95,7 @@ class SafetensorsSource:
         return _SAFETENSORS_DTYPES[kind]
 
     def get(self, part: Part) -> torch.Tensor:
-        if part.rows is None and part.cols is None:
+        if part.rows is None and part.cols is None and part.expert is None:
             return self._handles[self._file_of[part.name]].get_tensor(part.name)
         return self._slice(part.name)[_index(part)].contiguous()
 
@@ -185,7 +189,7 @@ class RandomSource:
         return self.value_dtype
 
     def get(self, part: Part) -> torch.Tensor:
-        shape = list(self.shapes[part.name])
+        shape = list(self.shapes[part.name][0 if part.expert is None else 1 :])
         for dim, span in enumerate((part.rows, part.cols)):
             if span is not None:
                 shape[dim] = span.size
@@ -199,7 +203,8 @@ class RandomSource:
         return out.normal_(0.0, self.std, generator=generator)
 
     def _seed(self, part: Part) -> int:
-        key = f"{part.name}|{part.rows}|{part.cols}|{self.seed}".encode()
+        expert = "" if part.expert is None else f"|{part.expert}"
+        key = f"{part.name}{expert}|{part.rows}|{part.cols}|{self.seed}".encode()
         return zlib.crc32(key)
 
     def stack_rows(self, parts: Sequence[Part]) -> torch.Tensor:

@@ -1,0 +1,121 @@
+"""batchgen's mixture-of-experts MLP: Qwen3-MoE, Qwen2-MoE (with its gated shared expert), Mixtral, OLMoE.
+
+A MoE layer is a router (a replicated [E, H] projection), each architecture's routing exactly as
+transformers computes it, the routed experts (``ops.moe_experts``: a torch grouped-GEMM reference on the
+CPU, Triton kernels on CUDA, ``kernels/moe.py``), and for Qwen2-MoE a shared expert scaled by a sigmoid
+gate. Under tensor parallelism each rank holds the intermediate rows ``I / K`` of every expert (gate and
+up rows, down columns) and of the shared expert, so its output is a partial sum: one all-reduce of the
+layer's output combines them. Dense layers between MoE ones (``mlp_only_layers``,
+``decoder_sparse_step``) stay ``DenseMLP``: ``assemble.py`` asks ``is_moe`` of each layer's module.
+
+Routing stays in torch ops on both backends: bf16 router logits often tie (8 mantissa bits, 128
+experts), and only ``torch.topk`` itself breaks ties the way transformers' ``torch.topk`` does.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from batchgen.model.backends import KernelBackend
+from batchgen.model.weights.experts import expert_stacks, router_name
+from batchgen.model.weights.formats import Linear
+from batchgen.model.weights.sources import Part
+from batchgen.parallel.group import ParallelGroup
+from batchgen.parallel.shard import even_span
+
+if TYPE_CHECKING:
+    from batchgen.model.assemble import Loader
+
+
+class Routing(NamedTuple):
+    num_experts: int
+    top_k: int
+    renormalize: (
+        bool  # top-k probabilities divided by their sum (config's norm_topk_prob; always for Mixtral)
+    )
+    fp32_weights: bool  # Mixtral keeps the routing weights in fp32; the others round them to the model dtype
+
+
+def is_moe(layer: torch.nn.Module) -> bool:
+    """Whether a decoder layer's MLP is a sparse MoE block (meta skeleton or real module)."""
+    return hasattr(layer.mlp, "experts")
+
+
+def routing_of(model_type: str, mlp: torch.nn.Module) -> Routing:
+    gate = mlp.gate  # transformers' TopKRouter
+    renormalize = bool(getattr(gate, "norm_topk_prob", True))  # Mixtral's router always renormalises
+    return Routing(gate.num_experts, gate.top_k, renormalize, fp32_weights=model_type == "mixtral")
+
+
+def route(logits: torch.Tensor, routing: Routing) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights [T, K], expert ids [T, K]) from router logits [T, E], transformers' TopKRouter step for
+    step: softmax in fp32, top-k, optional renormalisation in fp32, then the weights' dtype."""
+    probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+    top, ids = torch.topk(probs, routing.top_k, dim=-1)
+    if routing.renormalize:
+        top /= top.sum(dim=-1, keepdim=True)
+    return (top if routing.fp32_weights else top.to(logits.dtype)), ids
+
+
+class SharedExpert:
+    """Qwen2-MoE's shared expert, ``sigmoid(h @ gate^T) * down(silu_mul(gate_up(h)))``; under tensor
+    parallelism gate_up holds the rank's rows and down its columns (a partial sum, reduced with the
+    routed experts' output)."""
+
+    def __init__(self, gate_up: Linear, down: Linear, gate: torch.Tensor) -> None:
+        self.gate_up, self.down, self.gate = gate_up, down, gate  # gate: [1, H], replicated
+
+    def __call__(self, h: torch.Tensor, ops: KernelBackend) -> torch.Tensor:  # [T, H] -> [T, H]
+        out = self.down(ops.silu_mul(self.gate_up(h)))
+        return torch.sigmoid(F.linear(h, self.gate)) * out  # [T, 1] * [T, H], rounded as transformers
+
+
+class MoEMLP:
+    """Router -> routed experts (+ shared expert) -> one all-reduce. ``mlp(h [T, H], ops) -> [T, H]``."""
+
+    def __init__(
+        self, router: torch.Tensor, routing: Routing, gate_up: torch.Tensor, down: torch.Tensor,
+        shared: SharedExpert | None, group: ParallelGroup,
+    ) -> None:  # fmt: skip
+        self.router, self.routing = router, routing  # router: [E, H]
+        self.gate_up, self.down = gate_up, down  # [E, 2 * I_r, H], [E, H, I_r]: this rank's rows
+        self.shared, self.group = shared, group
+
+    def route(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return route(F.linear(h, self.router), self.routing)
+
+    def __call__(self, h: torch.Tensor, ops: KernelBackend) -> torch.Tensor:
+        weights, ids = self.route(h)
+        out = ops.moe_experts(h, weights, ids, self.gate_up, self.down)  # [T, H]
+        if self.shared is not None:
+            out = out + self.shared(h, ops)
+        return self.group.all_reduce(out)
+
+
+def moe_mlp(load: Loader, model_type: str, layer: torch.nn.Module, layer_prefix: str) -> MoEMLP:
+    """The MoE MLP of one decoder layer (``layer``: its skeleton module, for the sizes)."""
+    if load.fmt.name != "dense":
+        raise ValueError(f"MoE experts in the {load.fmt.name!r} weight format are not supported yet")
+    mlp, group = layer.mlp, load.group
+    routing = routing_of(model_type, mlp)
+    inter = mlp.experts.intermediate_dim
+    rows = load.span(even_span(inter, group.rank, group.size))
+    gate_up, down = expert_stacks(load.source, layer_prefix, routing.num_experts, inter, rows, load.dtype)
+    router = load.dense(router_name(load.source, layer_prefix))
+    shared = _shared_expert(load, mlp, layer_prefix + "mlp.") if hasattr(mlp, "shared_expert") else None
+    return MoEMLP(router, routing, gate_up, down, shared, group)
+
+
+def _shared_expert(load: Loader, mlp: torch.nn.Module, prefix: str) -> SharedExpert:
+    group = load.group
+    rows = even_span(mlp.shared_expert.intermediate_size, group.rank, group.size)
+    base = prefix + "shared_expert."
+    parts = [Part(base + "gate_proj.weight", load.span(rows)), Part(base + "up_proj.weight", load.span(rows))]
+    gate_up = load.fmt.linear(load.source, parts, bias=True)
+    # No all-reduce of its own: the rank's partial sum joins the routed experts' before the layer's one.
+    down_part = Part(base + "down_proj.weight", None, load.span(rows))
+    down = load.fmt.linear(load.source, [down_part], bias=group.rank == 0)
+    return SharedExpert(gate_up, down, load.dense(prefix + "shared_expert_gate.weight"))

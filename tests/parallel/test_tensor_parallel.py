@@ -1,0 +1,76 @@
+"""Tensor parallelism on the CPU (gloo): K processes produce what one process produces, and what
+transformers' own ``generate`` produces, token for token; sampling is the same; bad splits are refused
+before any process starts.
+
+Each ``LLM(tensor_parallel=K)`` starts K - 1 worker processes (a few seconds of imports each), so every
+model is started once per module and reused.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from batchgen import LLM, SamplingParams
+from tests.engine.oracle import make_prompts, reference_greedy
+
+NEW_TOKENS = 10
+GREEDY = SamplingParams(max_new_tokens=NEW_TOKENS)
+SAMPLED = SamplingParams(
+    max_new_tokens=NEW_TOKENS, temperature=0.9, top_p=0.8, top_k=40, seed=3, logprobs=True
+)
+# Small batches and chunks: queueing and chunked prefill happen under tensor parallelism too.
+ENGINE = dict(max_num_seqs=4, max_batch_tokens=48)
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def _children() -> set[int]:
+    pid = os.getpid()
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return {int(p) for p in f.read().split()}
+
+
+def _tokens(llm: LLM, prompts, params: SamplingParams) -> list[list[int]]:
+    return [o.token_ids for o in llm.generate(prompts, params)]
+
+
+@pytest.fixture(scope="module")
+def tiny_prompts(tiny_llama):
+    from transformers import AutoTokenizer
+
+    return make_prompts(AutoTokenizer.from_pretrained(tiny_llama), count=10, max_tokens=120)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_two_ranks_match_one_and_transformers(tiny_models, tiny_prompts, arch):
+    path = tiny_models[arch]
+    expected = reference_greedy(path, tiny_prompts, NEW_TOKENS)
+    assert max(map(len, tiny_prompts)) > ENGINE["max_batch_tokens"]  # so some prefills run in chunks
+    single = LLM(path, **ENGINE)
+    with LLM(path, tensor_parallel=2, **ENGINE) as split:
+        assert _tokens(split, tiny_prompts, GREEDY) == expected
+        sampled = split.generate(tiny_prompts, SAMPLED)
+    reference = single.generate(tiny_prompts, SAMPLED)
+    assert [o.token_ids for o in sampled] == [o.token_ids for o in reference]
+    for got, want in zip(sampled, reference, strict=True):
+        assert got.logprobs == pytest.approx(want.logprobs, abs=1e-4)
+
+
+def test_embedded_model_over_three_ranks(default_model_path):
+    """9 query heads and 3 KV heads: one KV head per rank; the vocabulary split three ways."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(default_model_path)
+    prompts = make_prompts(tokenizer, count=6, max_tokens=80, seed=5)
+    expected = reference_greedy(default_model_path, prompts, NEW_TOKENS)
+    with LLM(tensor_parallel=3, **ENGINE) as split:
+        assert _tokens(split, prompts, GREEDY) == expected
+
+
+def test_indivisible_head_count_is_refused_before_any_process_starts(tiny_llama):
+    before = _children()
+    with pytest.raises(ValueError, match="--tensor-parallel 3 does not divide the model's 4 attention heads"):
+        LLM(tiny_llama, tensor_parallel=3)
+    assert _children() == before
