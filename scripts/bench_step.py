@@ -9,6 +9,10 @@ mixture-of-experts model the weights are those of the experts the step actually 
 
     PYTHONPATH=. python3 scripts/bench_step.py --preset B1 --out out/step.json
     PYTHONPATH=. python3 scripts/bench_step.py --preset B6        # Qwen3-30B-A3B shape, 256 x 768
+    PYTHONPATH=. python3 scripts/bench_step.py --preset B1 --quantization fp8 --kv-cache-dtype fp8
+
+With FP8 (batchgen's forward) the roofline counts the projections at one byte a weight and the cache at
+one byte an element.
 """
 
 from __future__ import annotations
@@ -158,6 +162,10 @@ def main() -> int:
     ap.add_argument("--preset", action="append", choices=list(PRESETS), help="repeatable [B1 B3]; B5: 2 GPUs")
     ap.add_argument("--impl", action="append", choices=["batchgen", "transformers"])
     ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--quantization", choices=["fp8"], help="batchgen's forward only")
+    ap.add_argument(
+        "--kv-cache-dtype", choices=["auto", "fp8"], default="auto", help="batchgen's forward only"
+    )
     ap.add_argument("--out", help="write the results as JSON to this file")
     ap.add_argument("--json", action="store_true", help="also print the results as JSON")
     ap.add_argument("--dump-after", type=float, default=280, help="print every thread's stack after S s")
@@ -177,26 +185,32 @@ def main() -> int:
             results.append(sharded_step(name, arch, batch, context, gpus, args.steps, bandwidth))
             continue
         model = build_random_model(arch, "cuda", torch.bfloat16)
-        sizes = metrics.model_bytes(model)
         moe_layers = expert_bytes(model)[2]
         routed: list[int] = []  # distinct experts per MoE layer, from the fused forward's step
         for impl in args.impl or ["batchgen", "transformers"]:
+            fp8 = (
+                dict(quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype)
+                if impl == "batchgen"
+                else {}
+            )
+            sizes = metrics.model_bytes(model, **fp8)
             kv_bytes = int(batch * (context + 64) * sizes["kv_per_token"] * 1.05) + (64 << 20)
             with RouteRecorder() as recorder:
                 llm = LLM.from_model(
                     model, tokenizer, max_num_seqs=batch, max_model_len=context + 64, kv_cache_bytes=kv_bytes,
-                    model_impl=impl, extra={"progress": False},
+                    model_impl=impl, extra={"progress": False}, **fp8,
                 )  # fmt: skip
                 r = time_steps(llm, batch, context, args.steps)
             if moe_layers and recorder.ids:
                 routed = recorder.routed_experts(batch, moe_layers)
             ideal = roofline_ms(model, sizes, batch, context, bandwidth, routed)
             r.update(preset=name, arch=arch, batch=batch, context=context, impl=impl,
-                     roofline_ms=ideal, bandwidth_gbs=bandwidth / 1e9)  # fmt: skip
+                     roofline_ms=ideal, bandwidth_gbs=bandwidth / 1e9, **fp8)  # fmt: skip
             if moe_layers:
                 r["routed_experts_mean"] = sum(routed) / len(routed) if routed else None
             r["vs_roofline"] = r["gpu_ms"] / ideal
-            line = f"{name} {impl:12s} {batch} x {context}: GPU {r['gpu_ms']:.3f} ms/step, "
+            tag = "".join(f" {k}={v}" for k, v in fp8.items() if v not in (None, "auto"))
+            line = f"{name} {impl:12s}{tag} {batch} x {context}: GPU {r['gpu_ms']:.3f} ms/step, "
             line += f"wall {r['wall_ms']:.3f} ms/step; roofline {ideal:.3f} ms -> {r['vs_roofline']:.3f}x"
             if moe_layers:
                 line += f"; routed experts per layer {r['routed_experts_mean']}"

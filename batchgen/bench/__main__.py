@@ -20,6 +20,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--no-compare-hf", dest="compare_hf", action="store_false", help="skip the baselines")
     ap.add_argument("--device", help="override every workload's device (cuda, cpu, cuda:1)")
     ap.add_argument("--tensor-parallel", type=int, help="override every workload's GPU count (B5: 2)")
+    ap.add_argument("--quantization", choices=["fp8"], help="batchgen's runs: FP8 projections")
+    ap.add_argument(
+        "--kv-cache-dtype", choices=["auto", "fp8"], default="auto", help="batchgen's runs [auto]"
+    )
     return ap.parse_args(argv)
 
 
@@ -34,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
         compare_hf=args.compare_hf,
         device=args.device,
         tensor_parallel=args.tensor_parallel,
+        quantization=args.quantization,
+        kv_cache_dtype=args.kv_cache_dtype,
     )
     return 1 if any(failed(r) for r in records) else 0
 

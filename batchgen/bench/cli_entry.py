@@ -165,7 +165,7 @@ def free(device: torch.device) -> None:
 def run_mode(p: Prepared, mode: str) -> dict[str, Any]:
     w = p.workload
     if mode in ENGINE_MODES:
-        llm = p.make_llm(async_mode=mode == "async")
+        llm = p.make_llm(async_mode=mode == "async", **w.engine_options)
         try:
             return runners.run_batchgen(llm, mode, p.prompts, w.max_new_tokens, p.warmup)
         finally:
@@ -205,6 +205,8 @@ def _run_hf_forward(p: Prepared) -> dict[str, Any]:
 
 
 def _safe_run(p: Prepared, mode: str, bandwidth: float, sizes: dict) -> dict[str, Any]:
+    """``sizes``: the model's bytes as batchgen stores it ("batchgen") and as the baselines do ("hf")."""
+    ours = mode in ENGINE_MODES
     try:
         record = run_mode(p, mode)
     except Exception as e:  # one failing mode must not lose the others' results
@@ -214,7 +216,7 @@ def _safe_run(p: Prepared, mode: str, bandwidth: float, sizes: dict) -> dict[str
         free(p.device)
     if record.get("wall_s"):
         ideal = metrics.decode_ideal_s(
-            sizes,
+            sizes["batchgen" if ours else "hf"],
             record["requests"],
             p.mean_prompt_len,
             record["max_new_tokens"],
@@ -224,6 +226,9 @@ def _safe_run(p: Prepared, mode: str, bandwidth: float, sizes: dict) -> dict[str
         record["roofline"] = ideal / record["wall_s"]
     record.update(workload=p.workload.name, shape=p.shape, device=str(p.device))
     record["bandwidth_gbs"] = bandwidth / 1e9
+    if ours and p.workload.precision:
+        record.update(p.workload.engine_options)
+        record["note"] = "; ".join(n for n in (p.workload.precision, record["note"]) if n)
     return record
 
 
@@ -243,7 +248,10 @@ def run_workload(w: Workload, modes: list[str], compare_hf: bool = True) -> list
     log(f"{w.name}: preparing {w.arch} on {w.device} ({w.dtype})")
     p = prepare(w)
     bandwidth = metrics.measure_bandwidth(p.device) * w.tensor_parallel  # K GPUs read their shards at once
-    sizes = metrics.model_bytes(p.model)
+    sizes = {
+        "batchgen": metrics.model_bytes(p.model, w.quantization, w.kv_cache_dtype),
+        "hf": metrics.model_bytes(p.model),
+    }
     log(f"{w.name}: {p.shape}; copy bandwidth {bandwidth / 1e9:.0f} GB/s")
     records = []
     if p.device.type == "cuda" and modes:
@@ -307,9 +315,12 @@ def run_bench(
     compare_hf: bool,
     device: str | None,
     tensor_parallel: int | None = None,
+    quantization: str | None = None,
+    kv_cache_dtype: str = "auto",
 ) -> list[dict]:
-    """Run each workload in each mode (plus the transformers baselines), print and write the tables."""
-    specs = [get_workload(name, device, tensor_parallel) for name in workloads]
+    """Run each workload in each mode (plus the transformers baselines), print and write the tables.
+    ``quantization`` / ``kv_cache_dtype``: FP8 for batchgen's runs (the baselines run the model as built)."""
+    specs = [get_workload(name, device, tensor_parallel, quantization, kv_cache_dtype) for name in workloads]
     records: list[dict] = []
     for w in specs:
         w = quick_workload(w) if quick else w

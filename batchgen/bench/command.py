@@ -24,7 +24,12 @@ import click
               help="Skip transformers' generate_batch baseline.")  # fmt: skip
 @click.option("--device", help="Override every workload's device (cuda, cpu, cuda:1).")
 @click.option("--tensor-parallel", type=click.IntRange(min=1), help="Override every workload's GPU count.")
-def bench_command(workloads, modes, out_dir, quick, compare_hf, device, tensor_parallel) -> None:
+@click.option("--quantization", type=click.Choice(["fp8"]), help="batchgen's runs: FP8 projections.")
+@click.option("--kv-cache-dtype", type=click.Choice(["auto", "fp8"]), default="auto", show_default=True,
+              help="batchgen's runs: the KV cache's dtype.")  # fmt: skip
+def bench_command(
+    workloads, modes, out_dir, quick, compare_hf, device, tensor_parallel, quantization, kv_cache_dtype
+) -> None:
     """The benchmark workloads (B1-B6): batchgen async and sync beside transformers (generate_batch, or
     its forward on batchgen's engine for the MoE workload B6)."""
     from batchgen.bench.__main__ import failed
@@ -37,6 +42,14 @@ def bench_command(workloads, modes, out_dir, quick, compare_hf, device, tensor_p
             f"{unknown[0]!r}; choose from {', '.join(WORKLOADS)}", param_hint="--workload"
         )
     records = run_bench(
-        list(workloads) or ["B4"], list(modes), out_dir, quick, compare_hf, device, tensor_parallel
+        list(workloads) or ["B4"],
+        list(modes),
+        out_dir,
+        quick,
+        compare_hf,
+        device,
+        tensor_parallel,
+        quantization,
+        kv_cache_dtype,
     )
     sys.exit(1 if any(failed(r) for r in records) else 0)

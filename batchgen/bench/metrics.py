@@ -90,13 +90,22 @@ def delta(before: dict, after: dict) -> dict[str, float | None]:
     }
 
 
-def model_bytes(model: torch.nn.Module) -> dict[str, int]:
+def model_bytes(
+    model: torch.nn.Module, quantization: str | None = None, kv_cache_dtype: str = "auto"
+) -> dict[str, int]:
     """Weight bytes a decode step reads, and KV bytes one cached token takes.
 
     The input embedding is a row lookup, not a full read: it counts only when it is the (tied) LM head.
+    With ``quantization="fp8"`` the decoder layers' projections count one byte a weight plus one fp32
+    scale per output row; ``kv_cache_dtype="fp8"``: one byte a cached element.
     """
     params = {id(p): p for p in model.parameters()}  # tied weights appear once
     total = sum(p.numel() * p.element_size() for p in params.values())
+    if quantization == "fp8":
+        for name, module in model.named_modules():
+            if name.startswith("model.layers.") and name.endswith("_proj"):
+                w = module.weight
+                total -= w.numel() * (w.element_size() - 1) - 4 * w.shape[0]
     emb = model.get_input_embeddings().weight
     head = model.get_output_embeddings()
     if head is None or head.weight is not emb:
@@ -104,7 +113,7 @@ def model_bytes(model: torch.nn.Module) -> dict[str, int]:
     cfg = model.config.get_text_config()
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
-    elem = next(model.parameters()).element_size()
+    elem = 1 if kv_cache_dtype == "fp8" else next(model.parameters()).element_size()
     kv_per_token = 2 * cfg.num_hidden_layers * kv_heads * head_dim * elem
     return {"weights": total, "kv_per_token": kv_per_token}
 

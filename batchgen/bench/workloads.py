@@ -113,6 +113,18 @@ class Workload:
     # ("hf_forward", the MoE case), on the first hf_num_requests requests when it is too slow for the budget
     baselines: tuple[str, ...] = ("generate_batch",)
     hf_num_requests: int | None = None
+    quantization: str | None = None  # batchgen's runs: "fp8" quantizes the projections at load
+    kv_cache_dtype: str = "auto"  # batchgen's runs: "fp8" for an e4m3 KV cache (the baselines stay 16-bit)
+
+    @property
+    def engine_options(self) -> dict:
+        return dict(quantization=self.quantization, kv_cache_dtype=self.kv_cache_dtype)
+
+    @property
+    def precision(self) -> str:
+        """What batchgen's runs store in FP8 ("" when nothing)."""
+        parts = ["fp8 weights"] * (self.quantization == "fp8") + ["fp8 KV"] * (self.kv_cache_dtype == "fp8")
+        return " + ".join(parts)
 
     @property
     def label(self) -> str:
@@ -145,11 +157,15 @@ def quick(w: Workload) -> Workload:
     )  # fmt: skip
 
 
-def get_workload(name: str, device: str | None = None, tensor_parallel: int | None = None) -> Workload:
+def get_workload(
+    name: str, device: str | None = None, tensor_parallel: int | None = None,
+    quantization: str | None = None, kv_cache_dtype: str = "auto",
+) -> Workload:  # fmt: skip
     try:
         w = WORKLOADS[name]
     except KeyError:
         raise ValueError(f"unknown workload {name!r}; choose from {', '.join(WORKLOADS)}") from None
+    w = replace(w, quantization=quantization, kv_cache_dtype=kv_cache_dtype)
     w = replace(w, device=device) if device else w
     return replace(w, tensor_parallel=tensor_parallel) if tensor_parallel else w
 

@@ -56,8 +56,9 @@ def build_rank(
     dtype = dtype or resolve_dtype(options.dtype, device)
     limit = max_model_len(options, files.hf_config)
     bundle = build_model(options, files, group, device, dtype, limit)
-    num_blocks = group.min_int(_num_blocks(options, bundle.kv_shape, device, dtype, limit), device)
-    caches = kv_cache.allocate(bundle.kv_shape, num_blocks, options.block_size, dtype, device)
+    cache_dtype = kv_cache.cache_dtype(options.kv_cache_dtype, dtype)
+    num_blocks = group.min_int(_num_blocks(options, bundle.kv_shape, device, cache_dtype, limit), device)
+    caches = kv_cache.allocate(bundle.kv_shape, num_blocks, options.block_size, cache_dtype, device)
     async_mode = options.async_mode if options.async_mode is not None else device.type == "cuda"
     runner = _runner(options, bundle, caches, device, limit, async_mode, progress)
     return RankEngine(bundle, runner, num_blocks, device, dtype, limit, async_mode)

@@ -43,7 +43,8 @@ def _decode_split_kernel(
     cu_q_ptr,  # [B + 1] int32
     seq_lens_ptr,  # [B] int32
     bt_ptr,  # [B, max_blocks] int32
-    qk_scale,
+    qk_scale,  # softmax scale * log2(e) * k_scale (an FP8 cache's keys are q * k_scale)
+    v_scale,  # an FP8 cache's values are q * v_scale (1.0 otherwise)
     window,
     stride_qt,
     stride_qh,
@@ -91,12 +92,12 @@ def _decode_split_kernel(
         offs = start + tl.arange(0, BLOCK_N)
         valid = offs < hi
         rows = kv_rows(bt_row, offs, valid, kv_head, stride_cb, stride_co, stride_ch, BLOCK_SIZE, True)
-        k = load_rows(k_ptr, rows, valid, d, True)  # [BLOCK_N, D]
-        v = load_rows(v_ptr, rows, valid, d, True)
+        k = load_rows(k_ptr, rows, valid, d, True).to(q.dtype)  # [BLOCK_N, D]
+        v = load_rows(v_ptr, rows, valid, d, True).to(q.dtype)
         acc, l_i, m_i = _step(q, k, v, acc, l_i, m_i, valid[None, :], qk_scale, True, DOT_PREC, DOT_F32)
 
     has_keys = l_i > 0
-    out = acc / tl.where(has_keys, l_i, 1.0)[:, None]  # [GROUP_PAD, D]; an empty split leaves zeros
+    out = acc * (v_scale / tl.where(has_keys, l_i, 1.0))[:, None]  # [GROUP_PAD, D]; an empty split: zeros
     row_mask = g[:, None] < GROUP
     if NUM_SPLITS == 1:
         o_ptrs = out_ptr + row * stride_ot + heads[:, None] * stride_oh + d[None, :]
@@ -181,6 +182,7 @@ def decode_attention(
     num_warps: int = 4,
     num_stages: int = 3,
     out: torch.Tensor | None = None,
+    kv_scales: tuple[float, float] = (1.0, 1.0),
 ) -> torch.Tensor:  # [T, Hq, D]; rows with no sequence are left as they were in ``out``
     num_tokens, q_heads, head_dim = query.shape
     batch = seq_lens.shape[0]
@@ -202,7 +204,7 @@ def decode_attention(
     group = q_heads // kv_heads
     _decode_split_kernel[(batch, kv_heads, num_splits)](
         query, k_cache, v_cache, out, part_acc, part_lse, cu_seqlens_q, seq_lens, block_tables,
-        scale * LOG2E, sliding_window or 0,
+        scale * LOG2E * kv_scales[0], kv_scales[1], sliding_window or 0,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         NUM_Q_HEADS=q_heads, GROUP=group, GROUP_PAD=group_pad(group), HEAD_DIM=head_dim,

@@ -30,6 +30,7 @@ def paged_attention_triton(
     max_seq_len: int,
     max_q_len: int,
     out: torch.Tensor | None = None,
+    kv_scales: tuple[float, float] = (1.0, 1.0),
 ) -> torch.Tensor:  # [T, q_heads, head_dim]
     """Same result as ``reference.paged_attention`` for the rows that belong to a sequence.
 
@@ -37,17 +38,19 @@ def paged_attention_triton(
     varlen kernel runs (prefill chunks, decodes as chunks of 1, or a mix). ``max_seq_len`` is an upper
     bound on ``seq_lens`` that sets the decode split count (a low bound costs speed, not correctness);
     ``max_q_len`` bounds the chunk length. Padding rows (past ``cu_seqlens_q[-1]``) are not written:
-    they hold whatever ``out`` held (uninitialised memory when ``out`` is None).
+    they hold whatever ``out`` held (uninitialised memory when ``out`` is None). An FP8 (e4m3) cache holds
+    ``k / k_scale`` and ``v / v_scale`` (``kv_scales``); its tiles are converted to the query's dtype as
+    they are loaded, k_scale folds into the softmax scale and v_scale into the output.
     """
     if decode_only:
         return decode_attention(
             query, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale, sliding_window,
-            max_seq_len=max_seq_len, out=out,
+            max_seq_len=max_seq_len, out=out, kv_scales=kv_scales,
         )  # fmt: skip
     # Short chunks (mostly decodes) waste most of a 128-row tile; 64 rows halve that waste.
     group = query.shape[1] // k_cache.shape[2]
     block_m = 64 if max_q_len * group <= 64 else None
     return prefill_attention(
         query, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale, sliding_window,
-        block_m=block_m, out=out,
+        block_m=block_m, out=out, kv_scales=kv_scales,
     )  # fmt: skip

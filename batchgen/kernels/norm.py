@@ -2,7 +2,9 @@
 
 Same arithmetic as ``reference.rms_norm`` (transformers' order): the residual sum is rounded to the
 model dtype before it is normalised and stored back, the mean square is taken in fp32, the normalised
-row is rounded to the model dtype before the weight product.
+row is rounded to the model dtype before the weight product. With ``quant`` (the next projection takes
+FP8 input) the row is quantized to e4m3 in the same program, per row or per group of columns, instead of
+being stored in the model dtype: the projection's input is written once and no quantization launch runs.
 """
 
 from __future__ import annotations
@@ -11,35 +13,53 @@ import torch
 import triton
 import triton.language as tl
 
+from batchgen.kernels import fp8_quant
+from batchgen.kernels.fp8_quant import quantize_tile, to_fp8
+from batchgen.kernels.fp8_reference import MIN_SCALE, ActQuant, Fp8Act
+from batchgen.kernels.fp8_reference import quantize_act as quantize_static
+
 
 @triton.jit
 def _rms_norm_kernel(
     x_ptr,  # [T, H]
     residual_ptr,  # [T, H], updated in place to x + residual when HAS_RESIDUAL
     weight_ptr,  # [H]
-    out_ptr,  # [T, H]
+    out_ptr,  # [T, H]: model dtype, or e4m3 when QUANT
+    scale_ptr,  # [T, n_groups] fp32, written when QUANT
     stride_x,
     stride_r,
     stride_o,
     n_cols,
+    n_groups,
     eps,
+    min_scale,
     HAS_RESIDUAL: tl.constexpr,
     BLOCK: tl.constexpr,
+    QUANT: tl.constexpr,
+    GROUP: tl.constexpr,  # columns per scale when QUANT (BLOCK: the whole row)
+    ROUND: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
+    dt = x_ptr.dtype.element_ty
     x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
     if HAS_RESIDUAL:
         r = tl.load(residual_ptr + row * stride_r + cols, mask=mask, other=0.0)
-        x = (x.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(dt)
         tl.store(residual_ptr + row * stride_r + cols, x, mask=mask)
     h = x.to(tl.float32)
     mean_square = tl.sum(h * h, axis=0) / n_cols
-    h = (h * tl.rsqrt(mean_square + eps)).to(x_ptr.dtype.element_ty)
+    h = (h * tl.rsqrt(mean_square + eps)).to(dt)
     w = tl.load(weight_ptr + cols, mask=mask, other=0.0)
-    out = h.to(tl.float32) * w.to(tl.float32)
-    tl.store(out_ptr + row * stride_o + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
+    out = (h.to(tl.float32) * w.to(tl.float32)).to(dt)  # the model-dtype output, quantized from there
+    if QUANT:
+        q, scales = quantize_tile(out.to(tl.float32), min_scale, GROUP, BLOCK)
+        tl.store(out_ptr + row * stride_o + cols, to_fp8(q, out_ptr.dtype.element_ty, ROUND), mask=mask)
+        grp = tl.arange(0, BLOCK // GROUP)
+        tl.store(scale_ptr + row * n_groups + grp, scales, mask=grp < n_groups)
+    else:
+        tl.store(out_ptr + row * stride_o + cols, out, mask=mask)
 
 
 def rms_norm(
@@ -47,17 +67,28 @@ def rms_norm(
     weight: torch.Tensor,  # [H]
     eps: float,
     residual: torch.Tensor | None = None,  # [T, H], updated in place
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(RMSNorm(x + residual), x + residual); without a residual, (RMSNorm(x), x)."""
+    quant: ActQuant | None = None,
+) -> tuple[torch.Tensor | Fp8Act, torch.Tensor]:
+    """(RMSNorm(x + residual), x + residual); without a residual, (RMSNorm(x), x). With ``quant`` the
+    first is an ``Fp8Act`` (a static scale quantizes after the norm, with torch ops)."""
     assert x.dim() == 2 and x.stride(-1) == 1 and (residual is None or residual.stride(-1) == 1)
-    out = torch.empty_like(x)
     rows, cols = x.shape
-    if rows == 0:
-        return out, x if residual is None else residual
     block = triton.next_power_of_2(cols)
-    _rms_norm_kernel[(rows,)](
-        x, residual if residual is not None else x, weight, out,
-        x.stride(0), residual.stride(0) if residual is not None else 0, out.stride(0), cols, eps,
-        HAS_RESIDUAL=residual is not None, BLOCK=block, num_warps=max(1, min(16, block // 512)),
-    )  # fmt: skip
-    return out, x if residual is None else residual
+    fused = quant is not None and quant.static_scale is None
+    group = (quant.group or block) if fused else block
+    block = max(block, group)
+    out = fp8_quant.act_buffers(x, quant.group) if fused else Fp8Act(torch.empty_like(x), x.new_empty(0))
+    if rows:
+        _rms_norm_kernel[(rows,)](
+            x, residual if residual is not None else x, weight, out.data, out.scale,
+            x.stride(0), residual.stride(0) if residual is not None else 0, out.data.stride(0), cols,
+            out.scale.shape[-1] if fused else 1, eps, MIN_SCALE,
+            HAS_RESIDUAL=residual is not None, BLOCK=block, QUANT=fused, GROUP=group,
+            ROUND=fp8_quant.exact_rounding(x), num_warps=max(1, min(16, block // 512)),
+        )  # fmt: skip
+    summed = x if residual is None else residual
+    if fused:
+        return out, summed
+    if quant is not None:
+        return quantize_static(out.data, quant), summed
+    return out.data, summed

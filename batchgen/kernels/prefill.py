@@ -44,7 +44,8 @@ def _prefill_kernel(
     cu_q_ptr,  # [B + 1] int32
     seq_lens_ptr,  # [B] int32
     bt_ptr,  # [B, max_blocks] int32
-    qk_scale,
+    qk_scale,  # softmax scale * log2(e) * k_scale (an FP8 cache's keys are q * k_scale)
+    v_scale,  # an FP8 cache's values are q * v_scale (1.0 otherwise)
     window,
     num_seqs,
     num_tiles,
@@ -102,21 +103,21 @@ def _prefill_kernel(
     for start in range(kv_lo, full_hi, BLOCK_N):
         offs = start + tl.arange(0, BLOCK_N)
         rows = kv_rows(bt_row, offs, offs, kv_head, stride_cb, stride_co, stride_ch, BLOCK_SIZE, False)
-        k = load_rows(k_ptr, rows, offs, d, False)  # [BLOCK_N, D]
-        v = load_rows(v_ptr, rows, offs, d, False)
+        k = load_rows(k_ptr, rows, offs, d, False).to(q.dtype)  # [BLOCK_N, D]
+        v = load_rows(v_ptr, rows, offs, d, False).to(q.dtype)
         acc, l_i, m_i = _step(q, k, v, acc, l_i, m_i, q, qk_scale, False, DOT_PREC, DOT_F32)
     for start in range(full_hi, kv_hi, BLOCK_N):
         offs = start + tl.arange(0, BLOCK_N)
         valid = offs < kv_hi
         rows = kv_rows(bt_row, offs, valid, kv_head, stride_cb, stride_co, stride_ch, BLOCK_SIZE, True)
-        k = load_rows(k_ptr, rows, valid, d, True)  # [BLOCK_N, D]
-        v = load_rows(v_ptr, rows, valid, d, True)
+        k = load_rows(k_ptr, rows, valid, d, True).to(q.dtype)  # [BLOCK_N, D]
+        v = load_rows(v_ptr, rows, valid, d, True).to(q.dtype)
         mask = valid[None, :] & (offs[None, :] <= q_pos[:, None])  # [BLOCK_M, BLOCK_N]
         if USE_WINDOW:
             mask &= offs[None, :] > q_pos[:, None] - window
         acc, l_i, m_i = _step(q, k, v, acc, l_i, m_i, mask, qk_scale, True, DOT_PREC, DOT_F32)
 
-    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    out = acc * (v_scale / tl.where(l_i > 0, l_i, 1.0))[:, None]
     o_rows = (q_start + tok) * stride_ot + (kv_head * GROUP + vr % GROUP) * stride_oh
     tl.store(out_ptr + o_rows[:, None] + d[None, :], out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
 
@@ -147,6 +148,7 @@ def prefill_attention(
     num_warps: int | None = None,
     num_stages: int | None = None,
     out: torch.Tensor | None = None,
+    kv_scales: tuple[float, float] = (1.0, 1.0),
 ) -> torch.Tensor:  # [T, Hq, D]; padding rows are left as they were in ``out``
     num_tokens, q_heads, head_dim = query.shape
     batch = seq_lens.shape[0]
@@ -165,7 +167,7 @@ def prefill_attention(
     num_tiles = triton.cdiv(num_tokens * group, cfg["block_m"]) + batch
     _prefill_kernel[(num_tiles, kv_heads)](
         query, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_tables,
-        scale * LOG2E, sliding_window or 0, batch, num_tiles,
+        scale * LOG2E * kv_scales[0], kv_scales[1], sliding_window or 0, batch, num_tiles,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_M=cfg["block_m"], BLOCK_N=cfg["block_n"],

@@ -149,6 +149,7 @@ def rope_write_kv(
     slot_mapping: torch.Tensor,  # [T] int64, -1 = padding row, not written
     q_heads: int,
     kv_heads: int,
+    kv_scales: tuple[float, float] = (1.0, 1.0),  # an FP8 cache stores k / k_scale, v / v_scale
 ) -> torch.Tensor:  # [T, Hq, D], the rotated queries
     """Split q/k/v, apply the optional per-head norm and rotary embedding, write k/v to the cache."""
     tokens, dim = qkv.shape[0], 2 * cos.shape[-1]
@@ -159,6 +160,10 @@ def rope_write_kv(
     c = cos[positions].repeat(1, 2).unsqueeze(1)  # [T, 1, D]: both halves share the frequencies
     s = sin[positions].repeat(1, 2).unsqueeze(1)
     q, k = _rotate(q, c, s), _rotate(k, c, s)
+    if k_cache.dtype == torch.float8_e4m3fn:
+        from batchgen.kernels.fp8_reference import to_cache
+
+        k, v = to_cache(k, kv_scales[0]), to_cache(v, kv_scales[1])
     write_kv(k_cache, v_cache, k, v, slot_mapping)
     return q
 

@@ -3,7 +3,8 @@
 One program per token row of the fused qkv projection: it rotates the query heads in place and writes
 the rotated keys and the values straight into their paged-cache slot, so q/k/v are never copied out of
 the projection and the separate KV-write launch disappears. Rounding follows ``reference.rope_write_kv``
-(transformers' order: each product rounded to the model dtype, then the sum).
+(transformers' order: each product rounded to the model dtype, then the sum). An FP8 cache gets
+``k / k_scale`` and ``v / v_scale``, saturated and rounded to e4m3.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from batchgen.kernels.fp8_quant import exact_rounding, to_fp8
 
 
 @triton.jit
@@ -51,12 +54,16 @@ def _rope_kv_kernel(
     stride_ch,
     block_size,
     eps,
+    k_scale,
+    v_scale,
     Q_HEADS: tl.constexpr,
     KV_HEADS: tl.constexpr,
     Q_PAD: tl.constexpr,
     KV_PAD: tl.constexpr,
     HALF: tl.constexpr,
     QK_NORM: tl.constexpr,
+    FP8_CACHE: tl.constexpr,
+    ROUND: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + t)
@@ -90,6 +97,11 @@ def _rope_kv_kernel(
     slot = tl.maximum(slot, 0)
     dst = (slot // block_size) * stride_cb + (slot % block_size) * stride_co + hk * stride_ch + j[None, :]
     cache_dt = k_cache_ptr.dtype.element_ty
+    if FP8_CACHE:
+        k1 = to_fp8(k1.to(tl.float32) / k_scale, cache_dt, ROUND)
+        k2 = to_fp8(k2.to(tl.float32) / k_scale, cache_dt, ROUND)
+        v1 = to_fp8(v1.to(tl.float32) / v_scale, cache_dt, ROUND)
+        v2 = to_fp8(v2.to(tl.float32) / v_scale, cache_dt, ROUND)
     tl.store(k_cache_ptr + dst, k1.to(cache_dt), mask=w_mask)
     tl.store(k_cache_ptr + dst + HALF, k2.to(cache_dt), mask=w_mask)
     tl.store(v_cache_ptr + dst, v1.to(cache_dt), mask=w_mask)
@@ -109,6 +121,7 @@ def rope_write_kv(
     slot_mapping: torch.Tensor,  # [T] int64
     q_heads: int,
     kv_heads: int,
+    kv_scales: tuple[float, float] = (1.0, 1.0),  # used by an FP8 cache
 ) -> torch.Tensor:  # [T, Hq, D]: a view of qkv, rotated in place
     tokens, half = qkv.shape[0], cos.shape[-1]
     dim = 2 * half
@@ -120,9 +133,10 @@ def rope_write_kv(
         _rope_kv_kernel[(tokens,)](
             qkv, positions, cos, sin, q_norm if norm else cos, k_norm if norm else cos,
             k_cache, v_cache, slot_mapping, qkv.stride(0),
-            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), k_cache.shape[1], eps,
+            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), k_cache.shape[1], eps, *kv_scales,
             Q_HEADS=q_heads, KV_HEADS=kv_heads, Q_PAD=triton.next_power_of_2(q_heads),
             KV_PAD=triton.next_power_of_2(kv_heads), HALF=half, QK_NORM=norm,
+            FP8_CACHE=k_cache.dtype == torch.float8_e4m3fn, ROUND=exact_rounding(qkv),
             num_warps=4 if q_heads * dim >= 2048 else 2,
             enable_fp_fusion=False,  # an FMA would skip rounding a * cos, unlike transformers
         )  # fmt: skip

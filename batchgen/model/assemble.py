@@ -15,6 +15,7 @@ from batchgen.model.fused import Attention, DenseMLP, FusedForward, Layer, Proje
 from batchgen.model.moe import is_moe, moe_mlp
 from batchgen.model.spec import ModelSpec, describe, rope_tables
 from batchgen.model.weights.formats import Linear, WeightFormat
+from batchgen.model.weights.fp8 import kv_scales
 from batchgen.model.weights.sources import Part, WeightSource
 from batchgen.parallel.group import ParallelGroup
 from batchgen.parallel.layers import LMHead, RowParallel, VocabEmbedding
@@ -41,6 +42,10 @@ class Loader(NamedTuple):
         return span if self.group.is_parallel else None
 
     def dense(self, name: str, rows: Span | None = None) -> torch.Tensor:
+        if self.source.dtype(name) == torch.float8_e4m3fn:  # an FP8 checkpoint's quantized LM head
+            from batchgen.model.weights.fp8_checkpoint import dequantized
+
+            return dequantized(self.source, Part(name, rows), self.dtype)
         return self.source.get(Part(name, rows)).to(self.dtype)
 
     def row_parallel(self, name: str, cols: Span) -> Linear:
@@ -51,8 +56,9 @@ class Loader(NamedTuple):
 
 def assemble(
     skeleton: torch.nn.Module, source: WeightSource, fmt: WeightFormat, group: ParallelGroup,
-    dtype: torch.dtype, max_positions: int,
+    dtype: torch.dtype, max_positions: int, fp8_cache: bool = False,
 ) -> Assembled:  # fmt: skip
+    """``fp8_cache``: the KV cache is FP8, so each layer takes the checkpoint's KV scales (else 1.0)."""
     spec = describe(skeleton)
     problem = config_problem(skeleton.config, group.size)
     if problem is not None:
@@ -60,7 +66,9 @@ def assemble(
     heads = head_shard(spec.q_heads, spec.kv_heads, group.rank, group.size)
     vocab = vocab_span(spec.vocab, group.rank, group.size)
     load = Loader(source, fmt, group, dtype)
-    layers = [_layer(load, spec, skeleton.model.layers[i], i, heads) for i in range(spec.num_layers)]
+    layers = [
+        _layer(load, spec, skeleton.model.layers[i], i, heads, fp8_cache) for i in range(spec.num_layers)
+    ]
     embed = load.dense("model.embed_tokens.weight", load.span(vocab))
     head_name = "model.embed_tokens.weight" if spec.tied_embeddings else "lm_head.weight"
     head = embed if spec.tied_embeddings else load.dense(head_name, load.span(vocab))
@@ -74,18 +82,20 @@ def assemble(
     return Assembled(forward, spec, heads, vocab)
 
 
-def _layer(load: Loader, spec: ModelSpec, module: torch.nn.Module, i: int, heads: HeadShard) -> Layer:
+def _layer(
+    load: Loader, spec: ModelSpec, module: torch.nn.Module, i: int, heads: HeadShard, fp8_cache: bool
+) -> Layer:
     prefix = f"model.layers.{i}."
+    attn = _attention(load, spec, prefix + "self_attn.", heads, spec.sliding_windows[i])
+    if fp8_cache:
+        attn = attn._replace(kv_scales=kv_scales(load.source, prefix))
     if is_moe(module):  # dense layers between MoE ones (mlp_only_layers, decoder_sparse_step) stay dense
-        mlp = moe_mlp(load, spec.model_type, module, prefix)
+        mlp, mlp_quant = moe_mlp(load, spec.model_type, module, prefix), None
     else:
         mlp = _dense_mlp(load, spec, prefix + "mlp.")
-    return Layer(
-        load.dense(prefix + "input_layernorm.weight"),
-        _attention(load, spec, prefix + "self_attn.", heads, spec.sliding_windows[i]),
-        load.dense(prefix + "post_attention_layernorm.weight"),
-        mlp,
-    )
+        mlp_quant = mlp.gate_up.act_quant  # the post-attention norm writes the MLP's input as it wants it
+    norms = [load.dense(prefix + n) for n in ("input_layernorm.weight", "post_attention_layernorm.weight")]
+    return Layer(norms[0], attn, norms[1], mlp, mlp_quant)
 
 
 def _attention(load: Loader, spec: ModelSpec, prefix: str, heads: HeadShard, window: int | None) -> Attention:

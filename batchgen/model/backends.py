@@ -5,6 +5,10 @@ CUDA, capturable in CUDA graphs (every bound comes from the context's Python int
 contents). Both expose paged attention with its KV write, and the fused layer ops of the batchgen
 forward (``model/fused.py``): RMSNorm with residual add, q/k norm + rotary + KV write, SiLU-and-multiply,
 and the routed experts of a mixture-of-experts layer (``model/moe.py``).
+
+FP8: ``quant`` asks RMSNorm / SiLU-and-multiply for an e4m3 output (``Fp8Act``); an FP8 KV cache (its
+dtype says so) is written as ``k / k_scale`` and read back as ``q * k_scale`` with the layer's
+``kv_scales`` (ignored for 16/32-bit caches).
 """
 
 from __future__ import annotations
@@ -13,7 +17,8 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from batchgen.kernels import reference
+from batchgen.kernels import fp8_reference, reference
+from batchgen.kernels.fp8_reference import ActQuant, Fp8Act
 
 if TYPE_CHECKING:
     from batchgen.model.attention import PagedContext
@@ -23,16 +28,20 @@ class KernelBackend(Protocol):
     def write_kv(self, k_cache, v_cache, key, value, slot_mapping) -> None: ...
 
     def attention(
-        self, query, k_cache, v_cache, ctx: PagedContext, scale: float, sliding_window
-    ) -> torch.Tensor: ...
+        self, query, k_cache, v_cache, ctx: PagedContext, scale: float, sliding_window,
+        kv_scales: tuple[float, float] = (1.0, 1.0),
+    ) -> torch.Tensor: ...  # fmt: skip
 
-    def rms_norm(self, x, weight, eps: float, residual=None) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def rms_norm(
+        self, x, weight, eps: float, residual=None, quant: ActQuant | None = None
+    ) -> tuple[torch.Tensor | Fp8Act, torch.Tensor]: ...
 
     def rope_write_kv(
-        self, qkv, positions, cos, sin, q_norm, k_norm, eps, k_cache, v_cache, slot_mapping, q_heads, kv_heads
-    ) -> torch.Tensor: ...
+        self, qkv, positions, cos, sin, q_norm, k_norm, eps, k_cache, v_cache, slot_mapping, q_heads,
+        kv_heads, kv_scales: tuple[float, float] = (1.0, 1.0),
+    ) -> torch.Tensor: ...  # fmt: skip
 
-    def silu_mul(self, x) -> torch.Tensor: ...
+    def silu_mul(self, x, quant: ActQuant | None = None) -> torch.Tensor | Fp8Act: ...
 
     def moe_experts(self, h, weights, ids, gate_up, down) -> torch.Tensor: ...  # [T, H]
 
@@ -41,15 +50,25 @@ class TorchBackend:
     """The reference implementation (CPU path and oracle)."""
 
     write_kv = staticmethod(reference.write_kv)
-    rms_norm = staticmethod(reference.rms_norm)
     rope_write_kv = staticmethod(reference.rope_write_kv)
-    silu_mul = staticmethod(reference.silu_mul)
     moe_experts = staticmethod(reference.moe_experts)
 
-    def attention(self, query, k_cache, v_cache, ctx: PagedContext, scale: float, sliding_window):
-        return reference.paged_attention(
-            query, k_cache, v_cache, ctx.cu_seqlens_q, ctx.seq_lens, ctx.block_tables, scale, sliding_window
-        )
+    def rms_norm(self, x, weight, eps: float, residual=None, quant: ActQuant | None = None):
+        out, summed = reference.rms_norm(x, weight, eps, residual)
+        return (out if quant is None else fp8_reference.quantize_act(out, quant)), summed
+
+    def silu_mul(self, x, quant: ActQuant | None = None):
+        out = reference.silu_mul(x)
+        return out if quant is None else fp8_reference.quantize_act(out, quant)
+
+    def attention(
+        self, query, k_cache, v_cache, ctx: PagedContext, scale: float, sliding_window, kv_scales=(1.0, 1.0)
+    ):
+        args = (query, k_cache, v_cache, ctx.cu_seqlens_q, ctx.seq_lens, ctx.block_tables, scale,
+                sliding_window)  # fmt: skip
+        if fp8_reference.is_fp8(k_cache):
+            return fp8_reference.paged_attention(*args, kv_scales)
+        return reference.paged_attention(*args)
 
 
 class TritonBackend:
@@ -65,8 +84,11 @@ class TritonBackend:
         self.silu_mul = activation.silu_mul
         self.moe_experts = moe.moe_experts
 
-    def attention(self, query, k_cache, v_cache, ctx: PagedContext, scale: float, sliding_window):
+    def attention(
+        self, query, k_cache, v_cache, ctx: PagedContext, scale: float, sliding_window, kv_scales=(1.0, 1.0)
+    ):
         return self._kernels.paged_attention_triton(
             query, k_cache, v_cache, ctx.cu_seqlens_q, ctx.seq_lens, ctx.block_tables, scale, sliding_window,
             decode_only=ctx.max_q_len == 1, max_seq_len=ctx.max_seq_len, max_q_len=ctx.max_q_len,
+            kv_scales=kv_scales,
         )  # fmt: skip

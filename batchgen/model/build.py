@@ -83,7 +83,11 @@ def build_model(
         raise ValueError(f"--model-impl batchgen does not support this model: {reason}")
     source = _source(options, files, skeleton, group, device, dtype)
     fmt = weight_format(files.hf_config, dtype, options.quantization)
-    built = assemble(skeleton, source, fmt, group, dtype, max_positions)
+    built = assemble(skeleton, source, fmt, group, dtype, max_positions, options.kv_cache_dtype == "fp8")
+    if fmt.name != "dense" and device.type == "cuda":
+        # Quantizing at load left 16-bit parts in the allocator's cache: give them back before the KV
+        # pool is sized from the device's free memory.
+        torch.cuda.empty_cache()
     spec = built.spec
     sampler = ShardedSampler(group, built.vocab, spec.vocab) if group.is_parallel else sample
     shape = kv_cache.KVShape(spec.num_layers, built.heads.kv.size, spec.head_dim)
@@ -93,6 +97,11 @@ def build_model(
 def _transformers_bundle(options, files: ModelFiles, group, device, dtype) -> ModelBundle:
     if group.is_parallel:
         raise ValueError("--tensor-parallel needs batchgen's own forward (--model-impl auto or batchgen)")
+    if options.quantization is not None or options.kv_cache_dtype != "auto":
+        raise ValueError(
+            "--quantization fp8 and --kv-cache-dtype fp8 need batchgen's own forward (--model-impl auto or "
+            "batchgen, Llama, Mistral, Qwen2 and Qwen3 models)"
+        )
     module = (
         files.module
         if files.module is not None

@@ -8,6 +8,10 @@ one q|k|v and one gate|up projection, the q/k norm + rotary + KV write in one ke
 Projections are ``Linear`` objects of a weight format (``model/weights``); under tensor parallelism
 q|k|v and gate|up hold the rank's rows and o_proj / down are ``RowParallel`` (one all-reduce each), the
 embedding and LM head hold the rank's vocabulary range. ``model/assemble.py`` builds it.
+
+FP8 (``model/weights/fp8.py``) needs no branch here: a projection's ``act_quant`` is handed to the op that
+produces its input (RMSNorm, SiLU-and-multiply), which then writes it quantized; an FP8 KV cache is
+written and read by the attention ops with the layer's ``kv_scales``.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import NamedTuple, Protocol
 
 import torch
 
+from batchgen.kernels.fp8_reference import ActQuant, Fp8Act
 from batchgen.model.attention import PagedContext
 from batchgen.model.backends import KernelBackend
 from batchgen.model.weights.formats import Linear
@@ -24,7 +29,7 @@ from batchgen.parallel.layers import LMHead, VocabEmbedding
 
 
 class MLP(Protocol):
-    def __call__(self, h: torch.Tensor, ops: KernelBackend) -> torch.Tensor: ...  # [T, H] -> [T, H]
+    def __call__(self, h: torch.Tensor | Fp8Act, ops: KernelBackend) -> torch.Tensor: ...  # [T, H] -> [T, H]
 
 
 class DenseMLP:
@@ -33,8 +38,8 @@ class DenseMLP:
     def __init__(self, gate_up: Linear, down: Linear) -> None:
         self.gate_up, self.down = gate_up, down
 
-    def __call__(self, h: torch.Tensor, ops: KernelBackend) -> torch.Tensor:
-        return self.down(ops.silu_mul(self.gate_up(h)))  # [T, 2 * I] -> [T, I] -> [T, H]
+    def __call__(self, h: torch.Tensor | Fp8Act, ops: KernelBackend) -> torch.Tensor:
+        return self.down(ops.silu_mul(self.gate_up(h), self.down.act_quant))  # [T, 2I] -> [T, I] -> [T, H]
 
 
 class ProjectionNorm:
@@ -76,6 +81,7 @@ class Attention(NamedTuple):
     o_proj: Linear  # [T, Hq * D] -> [T, H]
     sliding_window: int | None
     full_norm: ProjectionNorm | None = None  # OLMoE
+    kv_scales: tuple[float, float] = (1.0, 1.0)  # an FP8 cache stores k / k_scale, v / v_scale
 
 
 class Layer(NamedTuple):
@@ -83,6 +89,7 @@ class Layer(NamedTuple):
     attn: Attention
     post_norm: torch.Tensor  # [H]
     mlp: MLP
+    mlp_quant: ActQuant | None = None  # how the MLP wants its input (the post-attention norm's output)
 
 
 class FusedForward:
@@ -109,14 +116,14 @@ class FusedForward:
         x = self.embed(input_ids)  # [T, H]
         residual = None
         for i, layer in enumerate(self.layers):
-            h, residual = ops.rms_norm(x, layer.input_norm, self.eps, residual)
+            h, residual = ops.rms_norm(x, layer.input_norm, self.eps, residual, layer.attn.qkv.act_quant)
             h = self._attention(i, layer.attn, h, positions, ctx)
-            h, residual = ops.rms_norm(h, layer.post_norm, self.eps, residual)
+            h, residual = ops.rms_norm(h, layer.post_norm, self.eps, residual, layer.mlp_quant)
             x = layer.mlp(h, ops)
         hidden, _ = ops.rms_norm(x, self.final_norm, self.eps, residual)
         return self.lm_head(hidden[logits_indices])
 
-    def _attention(self, i: int, w: Attention, h: torch.Tensor, positions, ctx: PagedContext) -> torch.Tensor:
+    def _attention(self, i: int, w: Attention, h, positions, ctx: PagedContext) -> torch.Tensor:
         ops = ctx.backend
         qkv = w.qkv(h)  # [T, (Hq + 2 * Hkv) * D]
         if w.full_norm is not None:
@@ -124,7 +131,9 @@ class FusedForward:
         k_cache, v_cache = ctx.kv_caches[i]
         q = ops.rope_write_kv(
             qkv, positions, self.cos, self.sin, w.q_norm, w.k_norm, self.eps,
-            k_cache, v_cache, ctx.slot_mapping, self.q_heads, self.kv_heads,
+            k_cache, v_cache, ctx.slot_mapping, self.q_heads, self.kv_heads, w.kv_scales,
         )  # fmt: skip
-        attn = ops.attention(q, k_cache, v_cache, ctx, self.scale, w.sliding_window)  # [T, Hq, D]
-        return w.o_proj(attn.reshape(h.shape[0], -1))
+        attn = ops.attention(
+            q, k_cache, v_cache, ctx, self.scale, w.sliding_window, w.kv_scales
+        )  # [T, Hq, D]
+        return w.o_proj(attn.reshape(qkv.shape[0], -1))

@@ -19,6 +19,7 @@ class RowParallel:
     def __init__(self, local: Linear, group: ParallelGroup) -> None:
         self.local, self.group = local, group
         self.out_features = local.out_features
+        self.act_quant = local.act_quant  # an FP8 input is quantized over the rank's shard of its features
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [T, in / K] -> [T, out]
         return self.group.all_reduce(self.local(x))

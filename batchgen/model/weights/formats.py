@@ -3,6 +3,8 @@
 A format turns checkpoint tensors (``Part``s of a ``WeightSource``) into a ``Linear``: a callable
 ``[T, in] -> [T, out]``. Several parts stack along the output rows (q|k|v, gate|up), each already cut
 to the rank's shard. Embeddings, norms and the LM head are not projections: they stay dense.
+Formats: dense (the model dtype), FP8 quantized at load (``fp8.py``), FP8 checkpoints
+(``fp8_checkpoint.py``).
 """
 
 from __future__ import annotations
@@ -13,17 +15,23 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+from batchgen.kernels.fp8_reference import ActQuant, Fp8Act
 from batchgen.model.weights.sources import Part, WeightSource
 
 
 class Linear(Protocol):
     out_features: int
+    # How the input should arrive: None = in the model dtype; else quantized to FP8 as this says, which
+    # the fused op producing the input can do as it writes it (an ``Fp8Act``).
+    act_quant: ActQuant | None
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor: ...  # [T, in] -> [T, out]
+    def __call__(self, x: torch.Tensor | Fp8Act) -> torch.Tensor: ...  # [T, in] -> [T, out]
 
 
 class DenseLinear:
     """A plain weight in the model dtype (``F.linear``, so bf16 rounds as transformers' layers do)."""
+
+    act_quant = None
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         self.weight, self.bias = weight, bias  # [out, in], [out]
@@ -60,18 +68,27 @@ class DenseFormat:
 
 
 def weight_format(hf_config, dtype: torch.dtype, quantization: str | None = None) -> WeightFormat:
-    """The format of a checkpoint's projections (``quantization``: what the user asked for at load)."""
-    method = quantization_method(hf_config)
-    if method is not None:
-        raise ValueError(f"quantization method {method!r} is not supported")
-    if quantization is not None:
-        raise ValueError(f"unknown quantization {quantization!r}")
+    """The format of a checkpoint's projections (``quantization``: what the user asked for at load).
+
+    A pre-quantized checkpoint loads as published (FP8 only; any other method is refused, naming it);
+    ``--quantization fp8`` on it changes nothing. Otherwise ``fp8`` quantizes the projections at load."""
+    if quantization not in (None, "fp8"):
+        raise ValueError(f"unknown quantization {quantization!r} (supported: fp8)")
+    qc = quantization_config(hf_config)
+    if qc is not None:
+        from batchgen.model.weights.fp8_checkpoint import checkpoint_format
+
+        return checkpoint_format(qc, dtype)
+    if quantization == "fp8":
+        from batchgen.model.weights.fp8 import Fp8QuantizeFormat
+
+        return Fp8QuantizeFormat(dtype)
     return DenseFormat(dtype)
 
 
-def quantization_method(hf_config) -> str | None:
+def quantization_config(hf_config) -> dict | None:
+    """The checkpoint's ``quantization_config`` as a dict (transformers may hold it as an object)."""
     qc = getattr(hf_config, "quantization_config", None)
-    if qc is None:
-        return None
-    method = qc.get("quant_method") if isinstance(qc, dict) else getattr(qc, "quant_method", None)
-    return str(getattr(method, "value", method) or "unknown")
+    if qc is None or isinstance(qc, dict):
+        return qc
+    return qc.to_dict() if hasattr(qc, "to_dict") else dict(vars(qc))

@@ -38,9 +38,19 @@ class WeightSource(Protocol):
 
     def shape(self, name: str) -> tuple[int, ...]: ...
 
+    def dtype(self, name: str) -> torch.dtype: ...
+
     def get(self, part: Part) -> torch.Tensor: ...
 
     def stack_rows(self, parts: Sequence[Part]) -> torch.Tensor: ...
+
+
+# safetensors' dtype names (the header's) -> torch dtypes
+_SAFETENSORS_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2, "I64": torch.int64, "I32": torch.int32,
+    "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
+}  # fmt: skip
 
 
 def _index(part: Part) -> tuple[int | slice, ...]:
@@ -78,6 +88,12 @@ class SafetensorsSource:
     def shape(self, name: str) -> tuple[int, ...]:
         return tuple(self._slice(name).get_shape())
 
+    def dtype(self, name: str) -> torch.dtype:
+        kind = self._slice(name).get_dtype()
+        if kind not in _SAFETENSORS_DTYPES:
+            raise ValueError(f"{name} has dtype {kind}, which batchgen does not read")
+        return _SAFETENSORS_DTYPES[kind]
+
     def get(self, part: Part) -> torch.Tensor:
         if part.rows is None and part.cols is None and part.expert is None:
             return self._handles[self._file_of[part.name]].get_tensor(part.name)
@@ -102,6 +118,9 @@ class ModuleSource:
 
     def shape(self, name: str) -> tuple[int, ...]:
         return tuple(self.tensors[name].shape)
+
+    def dtype(self, name: str) -> torch.dtype:
+        return self.tensors[name].dtype
 
     def get(self, part: Part) -> torch.Tensor:
         return self.tensors[part.name].detach()[_index(part)]
@@ -152,7 +171,7 @@ class RandomSource:
         self, shapes: dict[str, tuple[int, ...]], device: torch.device, dtype: torch.dtype,
         seed: int = 0, std: float = 0.02,
     ) -> None:  # fmt: skip
-        self.shapes, self.device, self.dtype, self.seed, self.std = shapes, device, dtype, seed, std
+        self.shapes, self.device, self.value_dtype, self.seed, self.std = shapes, device, dtype, seed, std
 
     @classmethod
     def for_model(cls, skeleton: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> RandomSource:
@@ -166,6 +185,9 @@ class RandomSource:
     def shape(self, name: str) -> tuple[int, ...]:
         return self.shapes[name]
 
+    def dtype(self, name: str) -> torch.dtype:
+        return self.value_dtype
+
     def get(self, part: Part) -> torch.Tensor:
         shape = list(self.shapes[part.name][0 if part.expert is None else 1 :])
         for dim, span in enumerate((part.rows, part.cols)):
@@ -173,11 +195,11 @@ class RandomSource:
                 shape[dim] = span.size
         leaf = part.name.rsplit(".", 2)
         if "norm" in part.name and len(shape) == 1:
-            return torch.ones(shape, dtype=self.dtype, device=self.device)
+            return torch.ones(shape, dtype=self.value_dtype, device=self.device)
         if leaf[-1] == "bias":
-            return torch.zeros(shape, dtype=self.dtype, device=self.device)
+            return torch.zeros(shape, dtype=self.value_dtype, device=self.device)
         generator = torch.Generator(self.device).manual_seed(self._seed(part))
-        out = torch.empty(shape, dtype=self.dtype, device=self.device)
+        out = torch.empty(shape, dtype=self.value_dtype, device=self.device)
         return out.normal_(0.0, self.std, generator=generator)
 
     def _seed(self, part: Part) -> int:

@@ -1,0 +1,119 @@
+"""FP8 (e4m3) matrix products on CUDA: activations [M, K] x weights [N, K] -> [M, N] in the model dtype.
+
+- Per-token x per-channel scales (``--quantization fp8``, compressed-tensors channel/tensor weights):
+  ``torch._scaled_mm`` (cuBLASLt, rowwise scales, fp32 accumulation) when it applies (bf16 output, N and K
+  multiples of 16); else the Triton kernel below, which applies the same scales in its epilogue.
+- Block scales (the ``fp8`` method's 128 x 128 weight blocks with 1 x 128 activation groups): only the
+  Triton kernel; each K tile is one scale group, so its partial product is scaled before it is added.
+
+The Triton kernel is also what the tests run under the interpreter (tl.dot of e4m3 tiles, fp32 sums).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from batchgen.kernels.fp8_reference import Fp8Act
+
+
+@triton.jit
+def _fp8_matmul_kernel(
+    a_ptr,  # [M, K] e4m3
+    b_ptr,  # [N, K] e4m3
+    c_ptr,  # [M, N] model dtype
+    as_ptr,  # [M, 1] per token, or [M, cdiv(K, BLOCK_K)] per group (BLOCKWISE), fp32
+    bs_ptr,  # [N] per channel, or [cdiv(N, SCALE_ROWS), cdiv(K, BLOCK_K)] per block (BLOCKWISE), fp32
+    M,
+    N,
+    K,
+    stride_am,
+    stride_bn,
+    stride_cm,
+    stride_as,
+    stride_bs,
+    BLOCKWISE: tl.constexpr,
+    SCALE_ROWS: tl.constexpr,  # weight rows per block-scale row (1: expanded per row)
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    m_ok = rm < M
+    n_ok = rn < N
+    a_ptrs = a_ptr + rm.to(tl.int64)[:, None] * stride_am + rk[None, :]
+    b_ptrs = b_ptr + rn.to(tl.int64)[:, None] * stride_bn + rk[None, :]
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for kb in range(0, tl.cdiv(K, BLOCK_K)):
+        k_ok = rk[None, :] < K - kb * BLOCK_K
+        a = tl.load(a_ptrs, mask=m_ok[:, None] & k_ok, other=0.0)
+        b = tl.load(b_ptrs, mask=n_ok[:, None] & k_ok, other=0.0)
+        part = tl.dot(a, tl.trans(b))  # [BLOCK_M, BLOCK_N] fp32
+        if BLOCKWISE:
+            sa = tl.load(as_ptr + rm * stride_as + kb, mask=m_ok, other=0.0)
+            sb = tl.load(bs_ptr + (rn // SCALE_ROWS) * stride_bs + kb, mask=n_ok, other=0.0)
+            acc += part * sa[:, None] * sb[None, :]
+        else:
+            acc += part
+        a_ptrs += BLOCK_K
+        b_ptrs += BLOCK_K
+    if not BLOCKWISE:
+        sa = tl.load(as_ptr + rm * stride_as, mask=m_ok, other=0.0)
+        sb = tl.load(bs_ptr + rn, mask=n_ok, other=0.0)
+        acc = acc * sa[:, None] * sb[None, :]
+    c_ptrs = c_ptr + rm.to(tl.int64)[:, None] * stride_cm + rn[None, :]
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+def _config(m: int, block_k: int) -> dict:
+    """Small M (decode): narrow tiles, so that N alone spreads the weight read over the SMs."""
+    if m <= 64:
+        return dict(BLOCK_M=max(16, triton.next_power_of_2(m)), BLOCK_N=64, num_warps=4, num_stages=4)
+    return dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3 if block_k <= 128 else 2)
+
+
+def triton_fp8_matmul(
+    act: Fp8Act, weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, *,
+    group: int | None = None, scale_rows: int = 1,
+) -> torch.Tensor:  # fmt: skip
+    """[M, K] x [N, K] -> [M, N]. ``group`` set: block scales (``scale`` [cdiv(N, scale_rows), cdiv(K,
+    group)], activation scales per ``group`` columns); else per-token x per-channel (``scale`` [N])."""
+    m, k = act.data.shape
+    n = weight.shape[0]
+    out = torch.empty((m, n), dtype=dtype, device=act.data.device)
+    if m == 0:
+        return out
+    block_k = group or 128
+    cfg = _config(m, block_k)
+    grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n, cfg["BLOCK_N"]))
+    _fp8_matmul_kernel[grid](
+        act.data, weight, out, act.scale, scale, m, n, k,
+        act.data.stride(0), weight.stride(0), out.stride(0), act.scale.stride(0),
+        scale.stride(0) if group else 0,
+        BLOCKWISE=group is not None, SCALE_ROWS=scale_rows, BLOCK_K=block_k, **cfg,
+    )  # fmt: skip
+    return out
+
+
+def scaled_mm_applies(n: int, k: int, dtype: torch.dtype) -> bool:
+    """cuBLASLt's rowwise FP8 product: bf16 output only, N and K multiples of 16."""
+    return dtype == torch.bfloat16 and n % 16 == 0 and k % 16 == 0
+
+
+def rowwise_matmul(
+    act: Fp8Act, weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
+    """Per-token x per-channel FP8 product on CUDA (``scale``: [N] fp32)."""
+    m, k = act.data.shape
+    n = weight.shape[0]
+    if m and scaled_mm_applies(n, k, dtype):
+        # weight.t() is column-major [K, N], as cuBLASLt wants its second operand.
+        return torch._scaled_mm(
+            act.data, weight.t(), scale_a=act.scale, scale_b=scale.view(1, n), out_dtype=dtype
+        )
+    return triton_fp8_matmul(act, weight, scale, dtype)
