@@ -2,7 +2,8 @@
 # GPU check on a CUDA machine: GPU tests, kernel benchmark, decode-step rooflines, B1s + B3, and on a
 # machine with 2+ GPUs tensor parallelism (B5, B1s at TP=2) and --data-parallel.
 # The mixture-of-experts stage (~4 minutes) runs only when asked: STAGES="moe" (its GPU tests, the
-# B6 decode step against its roofline, B6 async beside transformers' forward).
+# B6 decode step against its roofline, B6 async beside transformers' forward); STAGES="fp8" the FP8 ones
+# (fp8-tests, fp8-bench; fp8-b1 runs B1 alone).
 #   bash scripts/gpu_check.sh OUTDIR        (or: make gpu-check OUT=OUTDIR)
 #   STAGES="tests bench" BENCH_ARGS="--workload B3" bash scripts/gpu_check.sh OUTDIR   (a subset; also
 #   STEP_ARGS, TP_ARGS, TESTS_LIMIT)
@@ -81,6 +82,21 @@ moe tests && stage moe-tests 180 "$RUN/moe-tests.log" "$PY" -m pytest -q -m gpu 
 moe step && stage moe-step 200 "$RUN/moe-step.log" "$PY" scripts/bench_step.py --preset B6 --out "$RUN/moe-step.json"
 moe bench && stage moe-bench 420 "$RUN/moe-bench.log" "$PY" -m batchgen.bench --workload B6 --mode async \
     --out "$RUN/moe"
+# STAGES="fp8" = fp8-tests fp8-bench (FP8 weights + KV: kernels, matmul choices, B1 step vs the FP8
+# roofline, B1s and B2, then B1 alone: about 6 minutes).
+fp8() { has fp8 || has "fp8-$1"; }
+fp8 tests && stage fp8-tests 200 "$RUN/fp8-tests.log" "$PY" -m pytest -q -m gpu tests/kernels/test_fp8_kernels.py \
+    tests/engine/test_fp8_engine.py -p no:cacheprovider -o faulthandler_timeout=150
+fp8 tests && stage fp8-kernels 120 "$RUN/fp8-kernels.log" "$PY" scripts/bench_fp8.py --out "$RUN/fp8.json"
+FP8="--quantization fp8 --kv-cache-dtype fp8"
+# shellcheck disable=SC2086
+fp8 bench && stage fp8-step 150 "$RUN/fp8-step.log" "$PY" scripts/bench_step.py --preset B1 --impl batchgen $FP8
+# shellcheck disable=SC2086
+fp8 bench && stage fp8-bench 300 "$RUN/fp8-bench.log" "$PY" -m batchgen.bench --workload B1s --workload B2 \
+    --mode async --no-compare-hf $FP8 --out "$RUN/fp8"
+# shellcheck disable=SC2086
+has fp8-b1 && stage fp8-b1 200 "$RUN/fp8-b1.log" "$PY" -m batchgen.bench --workload B1 --mode async --no-compare-hf \
+    $FP8 --out "$RUN/fp8-b1"
 
 tar czf "$OUT/logs.tgz" -C "$RUN" . && rm -rf "$RUN"
 if [ "${#FAILED[@]}" -gt 0 ]; then
