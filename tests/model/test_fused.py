@@ -6,14 +6,14 @@ import pytest
 import torch
 
 from batchgen.config import EngineConfig
+from batchgen.engine.kv_cache import kv_shape
 from batchgen.model import attention
-from batchgen.model.attention import PagedContext
-from batchgen.model.backends import TorchBackend
 from batchgen.model.build import ModelFiles, build_model
 from batchgen.model.forward import TransformersForward
 from batchgen.model.fused import FusedForward
 from batchgen.model.spec import unsupported_reason
 from batchgen.parallel.group import ParallelGroup
+from batchgen.testing.paged import sequence_logits
 
 BASE = dict(
     vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
@@ -67,39 +67,9 @@ def build_forward(model: torch.nn.Module, impl: str, max_positions: int):
     ).forward
 
 
-def _context(start: int, length: int, caches, backend) -> PagedContext:
-    """One sequence whose tokens [start, start + length) are this step's; blocks in reversed order."""
-    device = caches[0][0].device
-    total = start + length
-    table = torch.arange(caches[0][0].shape[0] - 1, -1, -1, dtype=torch.int32, device=device)  # scattered
-    pos = torch.arange(start, total, device=device)
-    slots = table[pos // BLOCK].long() * BLOCK + pos % BLOCK
-    return PagedContext(
-        caches, slots, torch.tensor([0, length], dtype=torch.int32, device=device),
-        torch.tensor([total], dtype=torch.int32, device=device), table.unsqueeze(0), length, total, backend,
-    )  # fmt: skip
-
-
-def _caches(model: torch.nn.Module, dtype, tokens: int) -> list:
-    cfg, device = model.config, next(model.parameters()).device
-    dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    shape = (-(-tokens // BLOCK), BLOCK, cfg.num_key_value_heads, dim)
-    return [
-        (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
-        for _ in range(cfg.num_hidden_layers)
-    ]
-
-
 def _fused_logits(forward, model, ids, chunks: list[int], dtype, backend=None) -> torch.Tensor:
     """All positions' logits, the sequence fed in ``chunks`` (chunked prefill, then decodes)."""
-    caches, out, start = _caches(model, dtype, sum(chunks)), [], 0
-    for length in chunks:
-        ctx = _context(start, length, caches, backend or TorchBackend())
-        positions = torch.arange(start, start + length, device=ids.device)
-        kept = torch.arange(length, device=ids.device)
-        out.append(forward(ids[start : start + length], positions, kept, ctx))
-        start += length
-    return torch.cat(out)
+    return sequence_logits(forward, ids, chunks, kv_shape(model.config), dtype, backend, BLOCK)
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
