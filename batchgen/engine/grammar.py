@@ -74,7 +74,7 @@ class GrammarCompiler:
     """
 
     def __init__(self, tokenizer: Any, model_vocab: int, stop_ids: Iterable[int], cache_size: int = 64):
-        self._tokenizer, self._model_vocab, self._stop_ids = tokenizer, model_vocab, sorted(stop_ids)
+        self._tokenizer, self._stop_ids = tokenizer, sorted(stop_ids)
         self._cache: OrderedDict[tuple[str, str], Any] = OrderedDict()
         self._cache_size = cache_size
         self._lock = threading.Lock()
@@ -84,6 +84,7 @@ class GrammarCompiler:
         # are never text, and xgrammar's per-token cost grows with every id it must treat as special.
         self.vocab = min(model_vocab, len(tokenizer))
         self.mask_width = -(-self.vocab // 32)  # int32 words a bitmask row
+        self._stops: frozenset[int] = frozenset()  # the stop tokens xgrammar uses, once it is set up
 
     def _xgr(self):
         import xgrammar as xgr
@@ -94,6 +95,7 @@ class GrammarCompiler:
                 self._tokenizer, vocab_size=self.vocab, stop_token_ids=stops
             )
             self._compiler = xgr.GrammarCompiler(info, cache_enabled=False)
+            self._stops = frozenset(info.stop_token_ids)
             # Mask filling is C++ and releases the GIL: half the cores, as xgrammar's own default.
             self._batch = xgr.BatchGrammarMatcher(max(1, min(8, (os.cpu_count() or 2) // 2)))
         return xgr
@@ -127,7 +129,7 @@ class GrammarCompiler:
     def guide(self, compiled: Any) -> Guide:
         import xgrammar as xgr
 
-        return Guide(xgr.GrammarMatcher(compiled))
+        return Guide(xgr.GrammarMatcher(compiled), self._stops)
 
     def fill_masks(self, guides: Sequence[Guide | None], out: torch.Tensor) -> None:
         """Row i of ``out`` ([S, mask_width] int32, CPU) = the tokens guides[i] allows next; all ones
@@ -150,16 +152,17 @@ class GrammarCompiler:
 class Guide:
     """One (row, sample)'s position in its grammar, advanced by each confirmed token."""
 
-    __slots__ = ("matcher", "done")
+    __slots__ = ("matcher", "stops", "done")
 
-    def __init__(self, matcher: Any) -> None:
-        self.matcher = matcher
+    def __init__(self, matcher: Any, stops: frozenset[int]) -> None:
+        self.matcher, self.stops = matcher, stops
         self.done = False  # the grammar accepted its end (a stop token): nothing more may follow
 
     def accept(self, token: int) -> bool:
         """Advance by ``token``; False when the grammar refuses it (a masked sampler never picks one)."""
         ok = self.matcher.accept_token(token)
-        self.done = self.matcher.is_terminated()
+        if token in self.stops:  # only a stop token ends a grammar (asking each step costs ~1 us a row)
+            self.done = self.matcher.is_terminated()
         return ok
 
 
