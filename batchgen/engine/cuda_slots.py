@@ -61,8 +61,11 @@ class Slot:
         """Make the token-mask buffers once: captured sampling graphs keep their address."""
         if self.mask_dev is None:
             shape = (self.max_seqs, width)
-            self.mask_host = torch.full(shape, -1, dtype=torch.int32, pin_memory=True)
-            self.mask_dev = torch.full(shape, -1, dtype=torch.int32, device=self.out_tokens.device)
+            # Plain tensors even when made under inference mode (capture_all): the host writes masks
+            # outside it too (a tensor-parallel worker's loop).
+            with torch.inference_mode(False):
+                self.mask_host = torch.full(shape, -1, dtype=torch.int32, pin_memory=True)
+                self.mask_dev = torch.full(shape, -1, dtype=torch.int32, device=self.out_tokens.device)
         elif self.mask_dev.shape[1] != width:
             raise ValueError(f"token masks are {self.mask_dev.shape[1]} words wide, not {width}")
 

@@ -289,7 +289,10 @@ class Engine:
         sampled = (item.request for item in step.items if item.samples)
         for row, req in enumerate(sampled):
             if req.guide is not None and not req.finished and not req.guide.accept(tokens[row]):
-                raise RuntimeError(f"row {req.index}: the grammar refused a sampled token ({tokens[row]})")
+                # A masked sampler never picks a refused token unless the logits were not finite: fail
+                # the row, not the run.
+                req.guide, req.text = None, ""
+                req.error = f"the grammar refused sampled token {tokens[row]} (non-finite logits?)"
 
     def _postprocess(self, step: ScheduledStep, handle) -> None:
         result: StepResult = self.runner.fetch(handle)
@@ -309,7 +312,7 @@ class Engine:
             req.tokens.append(result.tokens[row])
             if req.logprobs is not None:
                 req.logprobs.append(result.logprobs[row])
-            reason = self.stops.check(req)
+            reason = "error" if req.error else self.stops.check(req)
             if not reason and req.guide is not None and req.guide.done:
                 reason = "stop"  # the grammar ended (on a stop token, which --ignore-eos cannot skip)
             if reason:
@@ -336,9 +339,18 @@ class Engine:
             text = self.stops.decode(req.output_ids)
         self._done.append(
             CompletionOutput(
-                req.index, req.sample, req.key, req.output_ids, text, reason, req.num_prompt, req.logprobs
-            )
+                req.index,
+                req.sample,
+                req.key,
+                req.output_ids,
+                text,
+                reason,
+                req.num_prompt,
+                req.logprobs,
+                req.error,
+            )  # fmt: skip
         )
+        self.stats.errors += reason == "error"
 
     def _drain_done(self) -> Iterator[CompletionOutput]:
         while self._done:

@@ -96,7 +96,7 @@ class GrammarCompiler:
             )
             self._compiler = xgr.GrammarCompiler(info, cache_enabled=False)
             self._stops = frozenset(info.stop_token_ids)
-            # Mask filling is C++ and releases the GIL: half the cores, as xgrammar's own default.
+            # Masks are filled by xgrammar's C++ threads: half the cores (its own default), at most 8.
             self._batch = xgr.BatchGrammarMatcher(max(1, min(8, (os.cpu_count() or 2) // 2)))
         return xgr
 
@@ -108,7 +108,8 @@ class GrammarCompiler:
         with self._lock:  # compiling is fast (milliseconds) next to tokenizing a batch: no need to overlap
             found = self._cache.get(key)
             if found is None:
-                found = self._cache[key] = self._compile(self._xgr(), *key)
+                self._xgr()
+                found = self._cache[key] = self._compile(*key)
                 while len(self._cache) > self._cache_size:
                     self._cache.popitem(last=False)
             self._cache.move_to_end(key)
@@ -116,7 +117,7 @@ class GrammarCompiler:
             raise found
         return found
 
-    def _compile(self, xgr, kind: str, text: str) -> Any:
+    def _compile(self, kind: str, text: str) -> Any:
         try:
             if kind == "json_schema":
                 return self._compiler.compile_json_schema(text, any_whitespace=False)
@@ -144,8 +145,7 @@ class GrammarCompiler:
                 free.append(i)
         if free:
             out[free] = -1
-        if live:
-            self._xgr()
+        if live:  # live guides exist only once a constraint was compiled: xgrammar is set up
             self._batch.batch_fill_next_token_bitmask(live, out, rows)
 
 

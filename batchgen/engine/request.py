@@ -73,6 +73,7 @@ class Request:
     logprobs: list[float] | None = None
     text: str | None = None  # final text once a stop string matched
     guide: Any = None  # structured output: the row's grammar matcher (engine/grammar.py Guide)
+    error: str | None = None  # why the row failed mid-generation (finish reason "error")
 
     def __post_init__(self) -> None:
         self.table_mirror = TableMirror()

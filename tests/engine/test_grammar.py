@@ -136,6 +136,17 @@ def test_a_constraint_that_does_not_compile_is_an_error_record(async_llm):
     assert outs[1].error.startswith("invalid regex") and outs[3].text in ("yes", "no")
 
 
+def test_a_refused_token_fails_its_row_not_the_run(async_llm, monkeypatch):
+    from batchgen.engine.grammar import Guide
+
+    monkeypatch.setattr(Guide, "accept", lambda self, token: False)  # as after non-finite logits
+    ids = async_llm.encode("Hello")
+    constrained = SamplingParams(max_new_tokens=4, choices=["yes", "no"])
+    outs = async_llm.generate([ids, ids], [constrained, SamplingParams(max_new_tokens=4)])
+    assert (outs[0].finish_reason, outs[0].text) == ("error", "") and "refused" in outs[0].error
+    assert outs[1].finish_reason in ("stop", "length")
+
+
 # --- no model ---------------------------------------------------------------------------------------------
 
 
