@@ -23,9 +23,9 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     logprobs: bool = False
-    # Structured output (engine/grammar.py): a JSON Schema (a dict, or its JSON text), a regular
-    # expression, or a list of strings the completion must be exactly one of.
-    json_schema: str | None = None
+    # Structured output (engine/grammar.py): a JSON Schema (a dict, or its JSON text; kept as compact
+    # JSON text), a regular expression, or a list of strings the completion must be exactly one of.
+    json_schema: str | dict | None = None
     regex: str | None = None
     choices: tuple[str, ...] | None = None
 
