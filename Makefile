@@ -44,13 +44,17 @@ gpu-check:
 	bash scripts/gpu_check.sh "$(OUT)"
 
 # What a bare GPU machine needs from here: the embedded model's tokenizer (a few MB, not the model wheel)
-# and an orjson wheel for its Python (3.12), which `batchgen run` needs and the machine lacks.
+# and wheels for its Python (3.12) that it lacks: orjson (`batchgen run`), and xgrammar with its
+# non-torch dependencies (structured output; torch and triton are on the machine).
 gpu-assets: setup
 	$(BIN)/python -c "from batchgen.model.loader import default_model_dir; print(default_model_dir())"
 	mkdir -p .gpu-assets/tokenizer
 	dir=$$($(BIN)/python -c "from batchgen.model.loader import default_model_dir; print(default_model_dir())"); \
 	cp "$$dir/tokenizer.json" "$$dir/tokenizer_config.json" "$$dir/chat_template.jinja" .gpu-assets/tokenizer/
 	$(BIN)/pip download -q orjson --only-binary=:all: --no-deps --python-version 3.12 --platform manylinux_2_17_x86_64 -d .gpu-assets
+	$(BIN)/pip download -q xgrammar apache-tvm-ffi pydantic pydantic-core annotated-types typing-inspection \
+		--only-binary=:all: --no-deps --python-version 3.12 --platform manylinux_2_28_x86_64 \
+		--platform manylinux_2_17_x86_64 -d .gpu-assets
 
 clean:
 	rm -rf $(VENV) .pytest_cache demo-out.jsonl demo-out.jsonl.batchgen

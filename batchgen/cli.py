@@ -115,6 +115,11 @@ def cli() -> None:
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--n", type=click.IntRange(min=1), default=1, show_default=True, help="Samples per row.")
 @click.option("--stop", multiple=True, help="Stop string (repeatable); excluded from the completion.")
+@click.option(
+    "--json-schema", type=click.Path(dir_okay=False),
+    help="A JSON Schema file: every completion is compact JSON that validates (a row's json_schema, "
+    "regex or choices column overrides it).",
+)  # fmt: skip
 @click.option("--ignore-eos", is_flag=True, help="Generate max-new-tokens whatever the model says.")
 @click.option("--logprobs", is_flag=True, help="Add the sampled tokens' log-probabilities to each record.")
 @click.option("--return-tokens", is_flag=True, help="Add the completion's token_ids to each record.")

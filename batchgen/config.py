@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, replace
+from typing import Any
+
+# Structured-output constraints: at most one per request, and a row's own replaces the run's.
+CONSTRAINT_FIELDS = ("json_schema", "regex", "choices")
 
 
 @dataclass(frozen=True)
@@ -18,6 +23,11 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     logprobs: bool = False
+    # Structured output (engine/grammar.py): a JSON Schema (a dict, or its JSON text; kept as compact
+    # JSON text), a regular expression, or a list of strings the completion must be exactly one of.
+    json_schema: str | dict | None = None
+    regex: str | None = None
+    choices: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -36,14 +46,49 @@ class SamplingParams:
             object.__setattr__(self, "stop", tuple(self.stop))
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError("stop strings must be non-empty strings")
+        self._check_constraint()
+
+    def _check_constraint(self) -> None:
+        if self.json_schema is not None:
+            object.__setattr__(self, "json_schema", _schema_text(self.json_schema))
+        if self.regex is not None and (not isinstance(self.regex, str) or not self.regex):
+            raise ValueError("regex must be a non-empty string")
+        if self.choices is not None:
+            choices = (self.choices,) if isinstance(self.choices, str) else tuple(self.choices)
+            if not choices or any(not isinstance(c, str) or not c for c in choices):
+                raise ValueError("choices must be a non-empty list of non-empty strings")
+            object.__setattr__(self, "choices", choices)
+        given = [name for name in CONSTRAINT_FIELDS if getattr(self, name) is not None]
+        if len(given) > 1:
+            raise ValueError(f"{' and '.join(given)} exclude each other: give one constraint")
+
+    @property
+    def constrained(self) -> bool:
+        return self.json_schema is not None or self.regex is not None or self.choices is not None
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0 or self.top_k == 1
 
     def with_overrides(self, **overrides) -> SamplingParams:
-        """A copy with the non-None overrides applied (per-row overrides from the input)."""
-        return replace(self, **{k: v for k, v in overrides.items() if v is not None})
+        """A copy with the non-None overrides applied (per-row overrides from the input). A row's own
+        constraint replaces the base one, whatever its kind."""
+        given = {k: v for k, v in overrides.items() if v is not None}
+        if any(name in given for name in CONSTRAINT_FIELDS):
+            given = {**dict.fromkeys(CONSTRAINT_FIELDS), **given}
+        return replace(self, **given)
+
+
+def _schema_text(schema: Any) -> str:
+    """A JSON Schema as compact JSON text (property order kept: it is the order of the output's keys)."""
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except ValueError as exc:
+            raise ValueError(f"json_schema is not valid JSON: {exc}") from None
+    if not isinstance(schema, (dict, bool)):
+        raise ValueError(f"json_schema must be a JSON object (or true), not {type(schema).__name__}")
+    return json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
 
 
 @dataclass(frozen=True)

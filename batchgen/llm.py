@@ -13,6 +13,7 @@ from batchgen.config import EngineConfig, SamplingParams
 from batchgen.engine.block_manager import BlockManager
 from batchgen.engine.build import RankEngine, build_rank
 from batchgen.engine.engine import Engine, EngineStats
+from batchgen.engine.grammar import GrammarCompiler
 from batchgen.engine.outputs import CompletionOutput, GenerationRequest
 from batchgen.engine.scheduler import Scheduler
 from batchgen.engine.stops import StopChecker
@@ -124,8 +125,11 @@ class LLM:
             from batchgen.parallel.runner import TensorParallelRunner
 
             runner = TensorParallelRunner(runner, self._workers)
-        stops = StopChecker(self.tokenizer, self._eos_ids())
-        return Engine(runner, blocks, scheduler, stops, self.max_model_len, self.async_mode)
+        eos = self._eos_ids()
+        stops = StopChecker(self.tokenizer, eos)
+        # Structured output's compiler: xgrammar is imported on the first constraint, not here.
+        self.grammars = GrammarCompiler(self.tokenizer, self.hf_config.get_text_config().vocab_size, eos)
+        return Engine(runner, blocks, scheduler, stops, self.max_model_len, self.async_mode, self.grammars)
 
     def close(self) -> None:
         """Stop the tensor-parallel workers and leave their process group (nothing to do in one
@@ -167,10 +171,14 @@ class LLM:
 
     def prepare(self, sampling: SamplingParams) -> None:
         """Ready what rows sampled like ``sampling`` need before the first step: on CUDA, the decode
-        graphs of their sampling variant (otherwise captured on first use, mid-run)."""
+        graphs of their sampling variant (otherwise captured on first use, mid-run), and for a
+        constrained one the two-part graphs of masked steps (docs/structured-output.md)."""
         runner = self._engine.runner
         if getattr(runner, "buckets", None):  # a CUDA runner with graphs
-            runner.capture_all(not sampling.greedy, sampling.logprobs, progress=self._progress)
+            width = self.grammars.mask_width if sampling.constrained else None
+            runner.capture_all(
+                not sampling.greedy, sampling.logprobs, progress=self._progress, mask_width=width
+            )
 
     def drain(self) -> None:
         """Stop admitting rows: queued rows that have not started are dropped, started ones finish."""

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# GPU check on a CUDA machine: GPU tests, kernel benchmark, decode-step rooflines, B1s + B3, and on a
+# GPU check on a CUDA machine: GPU tests, kernel benchmark, decode-step rooflines, B1s + B3 + B3j (B3
+# under a JSON Schema: structured output; needs `make gpu-assets` shipped for xgrammar), and on a
 # machine with 2+ GPUs tensor parallelism (B5, B1s at TP=2) and --data-parallel.
 # The mixture-of-experts stage (~4 minutes) runs only when asked: STAGES="moe" (its GPU tests, the
 # B6 decode step against its roofline, B6 async beside transformers' forward); STAGES="fp8" the FP8 ones
@@ -66,9 +67,9 @@ STEP_ARGS="${STEP_ARGS:---preset B1 --preset B3}"
 [ "$GPUS" -ge 2 ] && [[ "$STEP_ARGS" != *B5* ]] && STEP_ARGS="$STEP_ARGS --preset B5"
 # shellcheck disable=SC2086
 has step && stage step 300 "$RUN/step.log" "$PY" scripts/bench_step.py $STEP_ARGS --out "$RUN/step.json"
-BENCH_ARGS="${BENCH_ARGS:---workload B1s --workload B3}"
+BENCH_ARGS="${BENCH_ARGS:---workload B1s --workload B3 --workload B3j}"
 # shellcheck disable=SC2086
-has bench && stage bench 300 "$RUN/bench.log" "$PY" -m batchgen.bench $BENCH_ARGS --out "$RUN/bench"
+has bench && stage bench 420 "$RUN/bench.log" "$PY" -m batchgen.bench $BENCH_ARGS --out "$RUN/bench"
 # Tensor parallelism: B5 (Llama-3-70B shape over 2 GPUs) and B1s at TP=2 (compare with the bench stage).
 TP_ARGS="${TP_ARGS:---workload B5 --workload B1s --tensor-parallel 2 --mode async}"
 # shellcheck disable=SC2086

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
 from batchgen.app.shards import Shard
+from batchgen.config import SamplingParams
 from batchgen.io.rows import RowSpec
 
 ON_ERROR = ("record", "skip", "fail")
@@ -34,6 +36,7 @@ class RunOptions:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     logprobs: bool = False
+    json_schema: str | None = None  # --json-schema FILE's schema as compact JSON text
     return_tokens: bool = False
     # engine: EngineConfig fields (model, dtype, device, max_num_seqs, ...)
     engine: dict[str, Any] = field(default_factory=dict)
@@ -78,6 +81,7 @@ class RunOptions:
                 "stop": list(self.stop),
                 "ignore_eos": self.ignore_eos,
                 "logprobs": self.logprobs,
+                "json_schema": _digest(self.json_schema),
             },
             "prompts": {
                 "prompt_column": spec.prompt_column,
@@ -92,6 +96,25 @@ class RunOptions:
             "row_start": self.row_start,
             **part,
         }
+
+
+def _digest(text: str | None) -> str | None:
+    return None if text is None else "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def read_json_schema(path: str) -> str:
+    """--json-schema FILE -> compact JSON text (ValueError naming the problem: a usage error)."""
+    from batchgen.engine.grammar import check_json_schema
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as exc:
+        raise ValueError(f"--json-schema {path}: {exc.strerror or exc}") from None
+    problem = check_json_schema(text)
+    if problem:
+        raise ValueError(f"--json-schema {path}: {problem}")
+    return SamplingParams(json_schema=text).json_schema
 
 
 _ENGINE_FIELDS = (
@@ -127,5 +150,6 @@ def options_from_cli(
     )
     shard = parse_shard(kw["shard"]) if kw["shard"] is not None else slurm_shard()
     run = {name: kw[name] for name in _RUN_FIELDS}
+    schema = read_json_schema(kw["json_schema"]) if kw.get("json_schema") else None
     return RunOptions(input=input_path, output=output, spec=spec, shard=shard, chat=chat,
-                      stop=tuple(kw["stop"]), engine=engine, **run)  # fmt: skip
+                      stop=tuple(kw["stop"]), engine=engine, json_schema=schema, **run)  # fmt: skip

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 from batchgen.app.errors import RowFailed
 from batchgen.config import SamplingParams
+from batchgen.engine.grammar import GrammarError
 from batchgen.engine.outputs import GenerationRequest
 from batchgen.io.checkpoint import DoneSet
 from batchgen.io.readers import BadLine
@@ -53,6 +54,7 @@ class Preparer(threading.Thread):
         on_failure: Callable[[RowFailure], None],
         stop: threading.Event,
         queue_size: int,
+        grammars: Any = None,  # a GrammarCompiler: constraints compile here, off the engine thread
     ) -> None:
         super().__init__(name="batchgen-prepare", daemon=True)
         self.rows = rows
@@ -60,6 +62,7 @@ class Preparer(threading.Thread):
         self.tokenizer = tokenizer
         self.done = done
         self.on_failure = on_failure
+        self.grammars = grammars
         self.stop = stop
         self.queue: queue.Queue = queue.Queue(maxsize=queue_size)
         self.error: BaseException | None = None
@@ -108,6 +111,12 @@ class Preparer(threading.Thread):
             params = s.base.with_overrides(**row.overrides)
         except (TypeError, ValueError) as exc:
             return RowFailure(index, key, samples, f"bad per-row option: {exc}")
+        grammar = None
+        if params.constrained:  # cached per distinct constraint: a run-wide schema compiles once
+            try:
+                grammar = self.grammars.compile(params)
+            except GrammarError as exc:
+                return RowFailure(index, key, samples, str(exc))
         try:
             ids = encode_prompt(self.tokenizer, row.prompt, s.chat, s.system_prompt)
         except Exception as exc:  # chat templates raise anything (jinja errors, KeyError, ...)
@@ -118,4 +127,4 @@ class Preparer(threading.Thread):
             error = f"prompt too long: {len(ids)} tokens, the model allows at most {s.max_model_len - 1}"
             return RowFailure(index, key, samples, error, len(ids))
         todo = None if len(samples) == params.n else samples
-        return GenerationRequest(index, ids, params, key=key, samples=todo)
+        return GenerationRequest(index, ids, params, key=key, samples=todo, grammar=grammar)

@@ -264,7 +264,7 @@ class _Job:
         settings = self._prompt_settings(llm)
         llm.prepare(settings.base)  # CUDA graphs of the run's sampling variant, before the first step
         preparer = Preparer(rows, settings, copy.deepcopy(llm.tokenizer), done, sink.put,
-                            self.stop, queue_size)  # fmt: skip
+                            self.stop, queue_size, llm.grammars)  # fmt: skip
         sink.start()
         preparer.start()
         return sink, preparer
@@ -306,6 +306,7 @@ class _Job:
             stop=opts.stop,
             ignore_eos=opts.ignore_eos,
             logprobs=opts.logprobs,
+            json_schema=opts.json_schema,
         )
         return PromptSettings(
             opts.spec, base, opts.chat, opts.system_prompt, int(llm.max_model_len), opts.on_error == "fail"

@@ -167,7 +167,7 @@ def run_mode(p: Prepared, mode: str) -> dict[str, Any]:
     if mode in ENGINE_MODES:
         llm = p.make_llm(async_mode=mode == "async", **w.engine_options)
         try:
-            return runners.run_batchgen(llm, mode, p.prompts, w.max_new_tokens, p.warmup)
+            return runners.run_batchgen(llm, mode, p.prompts, w.max_new_tokens, p.warmup, w.json_schema)
         finally:
             llm.close()  # tensor-parallel workers release their GPUs before the next mode starts
             del llm

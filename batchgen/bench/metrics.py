@@ -17,6 +17,7 @@ STAT_FIELDS = (
     "prompt_tokens",
     "schedule_s",
     "postprocess_s",
+    "mask_s",
     "gpu_busy_s",
     "wall_s",
 )

@@ -70,9 +70,8 @@ def _requests(prompts: list[list[int]], params: SamplingParams) -> list[Generati
     return [GenerationRequest(i, ids, params, key=i) for i, ids in enumerate(prompts)]
 
 
-def _consume(llm, prompts: list[list[int]], new_tokens: int) -> tuple[int, int]:
+def _consume(llm, prompts: list[list[int]], params: SamplingParams) -> tuple[int, int]:
     """Generate without detokenizing (the bench measures the engine, and random ids need no text)."""
-    params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
     tokens = errors = 0
     for out in llm.stream(_requests(prompts, params), detokenize=False):
         tokens += len(out.token_ids)
@@ -81,17 +80,22 @@ def _consume(llm, prompts: list[list[int]], new_tokens: int) -> tuple[int, int]:
 
 
 def run_batchgen(
-    llm, mode: str, prompts: list[list[int]], new_tokens: int, warmup: list[list[int]] | None
-) -> dict[str, Any]:
+    llm, mode: str, prompts: list[list[int]], new_tokens: int, warmup: list[list[int]] | None,
+    json_schema: dict | None = None,
+) -> dict[str, Any]:  # fmt: skip
     """One timed ``stream`` over ``prompts``. ``warmup`` prompts run first, untimed: kernel compiles,
-    CUDA-graph captures and allocator growth are one-time costs, not throughput."""
+    CUDA-graph captures and allocator growth are one-time costs, not throughput. ``json_schema``:
+    every request is constrained by it (structured output)."""
     record = base_record(mode, "batchgen", len(prompts), new_tokens)
+    params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True, json_schema=json_schema)
+    if json_schema is not None:
+        llm.prepare(params)  # the masked steps' graphs, as batchgen run does
     if warmup:
-        _consume(llm, warmup, min(4, new_tokens))
+        _consume(llm, warmup, params.with_overrides(max_new_tokens=min(4, new_tokens)))
     before = metrics.snapshot(llm.stats)
     ranks = _rank_busy(llm)
     with timed(llm.device, record):
-        tokens, record["errors"] = _consume(llm, prompts, new_tokens)
+        tokens, record["errors"] = _consume(llm, prompts, params)
     step = metrics.delta(before, metrics.snapshot(llm.stats))
     if ranks:  # tensor parallelism: every rank's compute stream, not only rank 0's
         busy = [after - start for start, after in zip(ranks, _rank_busy(llm), strict=True)]
@@ -114,9 +118,11 @@ def _engine_fields(record: dict, step: dict) -> None:
     record["steps"] = steps
     if not steps:
         return
-    host = [step[n] for n in ("schedule_s", "postprocess_s") if step[n] is not None]
+    host = [step[n] for n in ("schedule_s", "postprocess_s", "mask_s") if step[n] is not None]
     if host:
         record["cpu_ms_step"] = 1000 * sum(host) / steps
+    if step["mask_s"]:  # structured output: advancing grammars and filling token masks
+        record["mask_ms_step"] = 1000 * step["mask_s"] / steps
     if step["gpu_busy_s"] is not None:
         record["gpu_ms_step"] = 1000 * step["gpu_busy_s"] / steps
         record["gpu_active_pct"] = 100 * step["gpu_busy_s"] / record["wall_s"]

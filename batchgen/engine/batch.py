@@ -33,6 +33,9 @@ class StepInputs(NamedTuple):
     want_logprobs: bool
     max_q_len: int
     max_seq_len: int
+    # Some sampled row is constrained (structured output): the runner computes the logits, and samples
+    # once the engine has filled the step's token masks (``runner.sample``).
+    masked: bool = False
 
     @property
     def num_tokens(self) -> int:
@@ -55,7 +58,7 @@ def build_step(step: ScheduledStep, block_size: int) -> StepInputs:
     tables = _block_tables(step)
     blocks = tables[seq_of_row, positions // block_size]
     input_ids, carry_rows = _input_tokens(step, total)
-    sampling = _sampling_rows(step, cu)
+    *sampling, masked = _sampling_rows(step, cu)
     return StepInputs(
         step.step_id,
         input_ids,
@@ -68,6 +71,7 @@ def build_step(step: ScheduledStep, block_size: int) -> StepInputs:
         *sampling,
         max_q_len=int(counts.max()),
         max_seq_len=int((starts + counts).max()),
+        masked=masked,
     )
 
 
@@ -108,7 +112,7 @@ def _sampling_rows(step: ScheduledStep, cu: np.ndarray) -> tuple:
     sampled = [(i, it.request) for i, it in enumerate(step.items) if it.samples]
     for row, (_, req) in enumerate(sampled):
         req.carry_step, req.carry_row = step.step_id, row
-    consts = np.array([req.sampling_row for _, req in sampled], np.float64).reshape(-1, 5)  # [S, 5]
+    consts = np.array([req.sampling_row for _, req in sampled], np.float64).reshape(-1, 6)  # [S, 6]
     # Index of the output token each row samples: outputs so far, counting this step's.
     steps = np.fromiter((len(r.tokens) - r.num_prompt + r.num_pending - 1 for _, r in sampled), np.int64)
     temperature = consts[:, 0].astype(np.float32)
@@ -121,4 +125,5 @@ def _sampling_rows(step: ScheduledStep, cu: np.ndarray) -> tuple:
         steps,
         bool((temperature > 0).any()),
         bool(consts[:, 4].any()),
+        bool(consts[:, 5].any()),
     )

@@ -13,6 +13,11 @@ sampling / log-probability variants when the caller says it will need them (``LL
 lazily on first use (a device sync each). Decode-only steps replay a graph captured per (slot, batch bucket,
 sampling variant); steps with prefill chunks run eagerly on the compute stream (they are GPU-bound, so
 launch overhead does not matter there, and the host still runs ahead).
+A masked step (structured output) runs as two parts on the compute stream, each a graph for decode
+steps: ``launch`` enqueues its forward into a logits buffer; ``sample`` copies the token masks the engine
+filled meanwhile (H2D stream) and enqueues the sampling behind that copy. The engine calls ``sample``
+before it launches the next step, so the compute stream always runs forward, sampling, forward, ...:
+one logits buffer serves both slots.
 """
 
 from __future__ import annotations
@@ -22,67 +27,23 @@ import time
 from collections.abc import Callable
 from typing import NamedTuple
 
-import numpy as np
 import torch
 
 from batchgen.engine.batch import StepInputs
-from batchgen.engine.runner import Sampler, StepResult, apply_carry_over, forward_and_sample
+from batchgen.engine.cuda_slots import (
+    SAMPLE_FIELDS,
+    Shape,
+    Slot,
+    decode_buckets,
+    fill_host,
+    reset_inputs,
+    rows_of,
+)
+from batchgen.engine.runner import Sampler, StepResult, apply_carry_over
 from batchgen.engine.sampler import SamplingTensors, sample
 from batchgen.model.attention import PagedContext
 from batchgen.model.backends import KernelBackend
 from batchgen.model.forward import ModelForward
-
-_TOKEN_FIELDS = ("input_ids", "carry_rows", "positions", "slot_mapping")  # [T]
-_SAMPLE_FIELDS = ("logits_indices", "temperature", "top_p", "top_k", "rng_keys", "rng_steps")  # [S]
-_PAD = {"carry_rows": -1, "slot_mapping": -1, "top_p": 1.0}  # padding rows: no KV write, no carry
-
-
-def decode_buckets(max_num_seqs: int) -> list[int]:
-    sizes = [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512]
-    return sorted({s for s in sizes if s < max_num_seqs} | {max_num_seqs})
-
-
-class Slot:
-    """Pinned host and device buffers of one slot, and the events that guard their reuse."""
-
-    def __init__(self, device: torch.device, max_tokens: int, max_seqs: int, max_blocks: int) -> None:
-        shapes = {name: (max_tokens,) for name in _TOKEN_FIELDS}
-        shapes |= {name: (max_seqs,) for name in _SAMPLE_FIELDS}
-        shapes |= {
-            "cu_seqlens_q": (max_seqs + 1,),
-            "seq_lens": (max_seqs,),
-            "block_tables": (max_seqs, max_blocks),
-        }
-        dtypes = {"temperature": torch.float32, "top_p": torch.float32}
-        dtypes |= {name: torch.int32 for name in ("cu_seqlens_q", "seq_lens", "block_tables")}
-        self.host = {
-            n: torch.zeros(s, dtype=dtypes.get(n, torch.int64), pin_memory=True) for n, s in shapes.items()
-        }
-        self.dev = {
-            n: torch.zeros(s, dtype=dtypes.get(n, torch.int64), device=device) for n, s in shapes.items()
-        }
-        self.out_tokens = torch.zeros(max_seqs, dtype=torch.int64, device=device)
-        self.out_logprobs = torch.zeros(max_seqs, dtype=torch.float32, device=device)
-        self.host_tokens = torch.zeros(max_seqs, dtype=torch.int64, pin_memory=True)
-        self.host_logprobs = torch.zeros(max_seqs, dtype=torch.float32, pin_memory=True)
-        self.h2d_done = torch.cuda.Event()
-        self.compute_start = torch.cuda.Event(enable_timing=True)
-        self.compute_done = torch.cuda.Event(enable_timing=True)
-        self.d2h_done = torch.cuda.Event()
-        for name, value in _PAD.items():
-            self.dev[name].fill_(value)
-
-
-def _zeros(shape: tuple[int, ...], dtype: torch.dtype | None, **where) -> torch.Tensor:
-    return torch.zeros(shape, dtype=dtype or torch.int64, **where)
-
-
-class Shape(NamedTuple):
-    """How many rows of each kind a launch uses (padded to the bucket for graph replays)."""
-
-    tokens: int
-    seqs: int
-    samples: int
 
 
 class CudaHandle(NamedTuple):
@@ -90,6 +51,10 @@ class CudaHandle(NamedTuple):
     slot: int
     samples: int
     want_logprobs: bool
+    masked: bool = False  # sampled by ``sample``, after ``launch``
+    shape: Shape | None = None
+    bucket: int = 0  # > 0: decode graphs of this bucket
+    any_sampling: bool = False
 
 
 class CudaRunner:
@@ -115,7 +80,10 @@ class CudaRunner:
         self.slots = [Slot(device, max_tokens, max_num_seqs, max_blocks) for _ in range(num_slots)]
         self.h2d, self.compute, self.d2h = (torch.cuda.Stream(device) for _ in range(3))
         self.buckets = decode_buckets(max_num_seqs) if cuda_graphs else []
-        self.graphs: dict[tuple[int, int, bool, bool], torch.cuda.CUDAGraph] = {}
+        # (slot, bucket, part, any_sampling, want_logprobs) -> graph; part: "step" (forward + sampling),
+        # or a masked step's "logits" and "sample" (see _run)
+        self.graphs: dict[tuple[int, int, str, bool, bool], torch.cuda.CUDAGraph] = {}
+        self._logits: torch.Tensor | None = None  # [max_seqs, V / K] float32: a masked step's logits
         self.pool = torch.cuda.graph_pool_handle() if cuda_graphs else None
         self.gpu_busy_s = 0.0
         self.prep_s = 0.0
@@ -137,9 +105,11 @@ class CudaRunner:
             if bucket
             else Shape(inputs.num_tokens, len(inputs.seq_lens), len(inputs.logits_indices))
         )
-        graph = self._graph(slot_id, bucket, inputs.any_sampling, inputs.want_logprobs) if bucket else None
+        flags = (inputs.any_sampling, inputs.want_logprobs)
+        part = "logits" if inputs.masked else "step"
+        graph = self._graph(slot_id, bucket, part, *flags) if bucket else None
         self._wait(slot.h2d_done)  # the pinned inputs of this slot's last step are on the device
-        _fill_host(slot, inputs, shape)
+        fill_host(slot, inputs, shape)
         self._copy_inputs(slot, shape)
         with torch.cuda.stream(self.compute):
             self.compute.wait_event(slot.h2d_done)
@@ -148,11 +118,45 @@ class CudaRunner:
             if graph is not None:
                 graph.replay()
             else:
-                self._forward(slot_id, shape, inputs)
-            slot.compute_done.record(self.compute)
-        self._copy_outputs(slot, shape.samples, inputs.want_logprobs)
+                self._run(part, slot_id, shape, flags, (inputs.max_q_len, inputs.max_seq_len))
+            (slot.logits_done if inputs.masked else slot.compute_done).record(self.compute)
+        if not inputs.masked:
+            self._copy_outputs(slot, shape.samples, inputs.want_logprobs)
         self.prep_s += time.perf_counter() - t0
-        return CudaHandle(inputs.step_id, slot_id, len(inputs.logits_indices), inputs.want_logprobs)
+        samples, masked = len(inputs.logits_indices), inputs.masked
+        return CudaHandle(
+            inputs.step_id, slot_id, samples, inputs.want_logprobs, masked, shape, bucket, flags[0]
+        )
+
+    def mask_buffer(self, handle: CudaHandle, width: int) -> torch.Tensor:
+        """Where the engine writes a masked step's token bitmask: [S, width] int32, pinned host memory."""
+        slot = self.slots[handle.slot]
+        slot.mask_buffers(width)
+        self._wait(slot.mask_ready)  # this slot's previous masks are on the device
+        return slot.mask_host[: handle.samples]
+
+    @torch.inference_mode()
+    def sample(self, handle: CudaHandle) -> None:
+        """Enqueue a masked step's sampling behind the copy of its masks (``mask_buffer``)."""
+        t0 = time.perf_counter()
+        slot, rows = self.slots[handle.slot], handle.shape.samples
+        flags = (handle.any_sampling, handle.want_logprobs)
+        graph = self._graph(handle.slot, handle.bucket, "sample", *flags) if handle.bucket else None
+        slot.mask_host[handle.samples : rows] = -1  # graph padding rows: unconstrained
+        with torch.cuda.stream(self.h2d):
+            self.h2d.wait_event(slot.compute_done)  # the last sampling that read this slot's masks
+            slot.mask_dev[:rows].copy_(slot.mask_host[:rows], non_blocking=True)
+            slot.mask_ready.record(self.h2d)
+        with torch.cuda.stream(self.compute):
+            self.compute.wait_event(slot.mask_ready)
+            slot.sample_start.record(self.compute)
+            if graph is not None:
+                graph.replay()
+            else:
+                self._run("sample", handle.slot, handle.shape, flags, (1, 1))
+            slot.compute_done.record(self.compute)
+        self._copy_outputs(slot, handle.samples, handle.want_logprobs)
+        self.prep_s += time.perf_counter() - t0
 
     def reset(self) -> None:
         """Nothing to forget: carry-over reads the other slot's outputs, and a fresh stream's first
@@ -161,7 +165,12 @@ class CudaRunner:
     def fetch(self, handle: CudaHandle) -> StepResult:
         slot = self.slots[handle.slot]
         self._wait(slot.d2h_done)
-        self.gpu_busy_s += slot.compute_start.elapsed_time(slot.compute_done) / 1000.0
+        if handle.masked:
+            busy = slot.compute_start.elapsed_time(slot.logits_done)
+            busy += slot.sample_start.elapsed_time(slot.compute_done)
+        else:
+            busy = slot.compute_start.elapsed_time(slot.compute_done)
+        self.gpu_busy_s += busy / 1000.0
         tokens = slot.host_tokens[: handle.samples].tolist()
         logprobs = slot.host_logprobs[: handle.samples].tolist() if handle.want_logprobs else None
         return StepResult(handle.step_id, tokens, logprobs)
@@ -184,7 +193,7 @@ class CudaRunner:
         with torch.cuda.stream(self.h2d):
             self.h2d.wait_event(slot.compute_done)  # the last compute that read these device inputs
             for name, host in slot.host.items():
-                rows = _rows(name, shape)
+                rows = rows_of(name, shape)
                 slot.dev[name][:rows].copy_(host[:rows], non_blocking=True)
             slot.h2d_done.record(self.h2d)
 
@@ -198,121 +207,111 @@ class CudaRunner:
 
     # --- the step body: eager or captured ---------------------------------------------------------
 
-    def _forward(self, slot_id: int, shape: Shape, inputs: StepInputs, bounds: tuple[int, int] | None = None):
-        """Forward + sampling from the slot's device buffers into its output buffers (no host sync)."""
+    def _run(self, part: str, slot_id: int, shape: Shape, flags: tuple[bool, bool], bounds: tuple[int, int]):
+        """A step's device work from the slot's buffers into its output buffers (no host sync). part:
+        "step" = forward + sampling; a masked step's "logits" = the forward into the logits buffer, then
+        its "sample" = sampling those logits under the slot's token masks."""
+        slot, samples = self.slots[slot_id], shape.samples
+        mask = None
+        if part == "sample":
+            logits, mask = self._logits[:samples], slot.mask_dev[:samples]
+        else:
+            logits = self._model_logits(slot_id, shape, bounds)  # [S, V / K]
+            if part == "logits":
+                if self._logits is None:  # first met outside any capture (warm-up runs come first)
+                    self._logits = torch.empty((slot.max_seqs, logits.shape[1]), device=self.device)
+                self._logits[:samples].copy_(logits)
+                return
+            logits = logits.float()
+        params = SamplingTensors(*(slot.dev[n][:samples] for n in SAMPLE_FIELDS[1:]), token_mask=mask)
+        tokens, logprobs = self.sampler(logits, params, *flags)
+        slot.out_tokens[:samples].copy_(tokens)
+        if logprobs is not None:
+            slot.out_logprobs[:samples].copy_(logprobs)
+
+    def _model_logits(self, slot_id: int, shape: Shape, bounds: tuple[int, int]) -> torch.Tensor:
         slot, other = self.slots[slot_id], self.slots[(slot_id - 1) % len(self.slots)]
         dev = slot.dev
-        max_q_len, max_seq_len = bounds or (inputs.max_q_len, inputs.max_seq_len)
         ctx = PagedContext(
             self.kv_caches,
             dev["slot_mapping"][: shape.tokens],
             dev["cu_seqlens_q"][: shape.seqs + 1],
             dev["seq_lens"][: shape.seqs],
             dev["block_tables"][: shape.seqs],
-            max_q_len,
-            max_seq_len,
+            *bounds,
             self.backend,
         )
         ids = apply_carry_over(
             dev["input_ids"][: shape.tokens], dev["carry_rows"][: shape.tokens], other.out_tokens
         )
-        params = SamplingTensors(*(dev[n][: shape.samples] for n in _SAMPLE_FIELDS[1:]))
         positions, kept = dev["positions"][: shape.tokens], dev["logits_indices"][: shape.samples]
-        tokens, logprobs = forward_and_sample(
-            self.forward, self.sampler, ids, positions, kept, ctx, params, inputs
-        )
-        slot.out_tokens[: shape.samples].copy_(tokens)
-        if logprobs is not None:
-            slot.out_logprobs[: shape.samples].copy_(logprobs)
+        return self.forward(ids, positions, kept, ctx)
 
     def _graph(
-        self, slot_id: int, bucket: int, any_sampling: bool, want_logprobs: bool
+        self, slot_id: int, bucket: int, part: str, any_sampling: bool, want_logprobs: bool
     ) -> torch.cuda.CUDAGraph:
-        key = (slot_id, bucket, any_sampling, want_logprobs)
+        key = _key(slot_id, bucket, part, any_sampling, want_logprobs)
         graph = self.graphs.get(key)
         if graph is None:
-            graph = self.graphs[key] = self._capture(slot_id, bucket, any_sampling, want_logprobs)
+            graph = self.graphs[key] = self._capture(slot_id, bucket, part, key[3:])
         return graph
 
     def _capture(
-        self, slot_id: int, bucket: int, any_sampling: bool, want_logprobs: bool
+        self, slot_id: int, bucket: int, part: str, flags: tuple[bool, bool]
     ) -> torch.cuda.CUDAGraph:
-        """Capture a decode step of ``bucket`` sequences; replays read whatever the slot buffers hold."""
-        dummy = _dummy_inputs(bucket, any_sampling, want_logprobs)
+        """Capture one part of a decode step of ``bucket`` sequences; replays read whatever the slot
+        buffers hold."""
         shape = Shape(bucket, bucket, bucket)
         bounds = (1, self.max_model_len)
         with torch.cuda.stream(self.compute):
             # Warm-up runs (JIT compiles, allocator settles) happen eagerly, outside the capture, on
-            # all-padding inputs: stale inputs of an earlier step would rewrite its KV slots.
+            # all-padding inputs: stale inputs of an earlier step would rewrite its KV slots. A sampling
+            # part is captured between its step's two parts: it writes no KV, and its inputs are live.
             self.compute.wait_stream(torch.cuda.current_stream(self.device))
             self.compute.wait_stream(self.h2d)
             self.compute.wait_event(self.slots[slot_id].d2h_done)  # its last tokens were copied out
-            _reset_inputs(self.slots[slot_id])
+            if part != "sample":
+                reset_inputs(self.slots[slot_id])
             for _ in range(2):
-                self._forward(slot_id, shape, dummy, bounds)
+                self._run(part, slot_id, shape, flags, bounds)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool, stream=self.compute):
-                self._forward(slot_id, shape, dummy, bounds)
+                self._run(part, slot_id, shape, flags, bounds)
         self._wait(self.compute)
         return graph
 
     @torch.inference_mode()
     def capture_all(
-        self, any_sampling: bool = False, want_logprobs: bool = False, progress: bool = True
-    ) -> None:
+        self, any_sampling: bool = False, want_logprobs: bool = False, progress: bool = True,
+        mask_width: int | None = None,
+    ) -> None:  # fmt: skip
         """Capture every (slot, bucket) decode graph of one sampling variant up front (those already
-        captured are kept); the first call records what the graphs cost in memory."""
+        captured are kept); with ``mask_width``, the two parts of masked steps instead. The first call
+        records what the graphs cost in memory."""
         from tqdm import tqdm
 
-        keys = [(s, b) for s in range(len(self.slots)) for b in reversed(self.buckets)]
-        keys = [k for k in keys if (*k, any_sampling, want_logprobs) not in self.graphs]
+        parts = ("logits", "sample") if mask_width else ("step",)
+        if mask_width:
+            for slot in self.slots:
+                slot.mask_buffers(mask_width)
+        keys = [(s, b, p) for p in parts for s in range(len(self.slots)) for b in reversed(self.buckets)]
+        keys = [k for k in keys if _key(*k, any_sampling, want_logprobs) not in self.graphs]
         first = not self.graph_memory
         # Capturing empties the allocator's cache first: do it now, or blocks freed earlier (weights
         # replaced by merged copies, say) would vanish from the baseline and make the cost negative.
         torch.cuda.empty_cache()
         base = torch.cuda.memory_reserved(self.device)
-        for slot_id, bucket in tqdm(keys, desc="capturing CUDA graphs", disable=not progress, leave=False):
-            self._graph(slot_id, bucket, any_sampling, want_logprobs)
+        for slot_id, bucket, part in tqdm(
+            keys, desc="capturing CUDA graphs", disable=not progress, leave=False
+        ):
+            self._graph(slot_id, bucket, part, any_sampling, want_logprobs)
             if first and slot_id == 0 and bucket == self.buckets[0]:
                 self.graph_memory["one_slot"] = torch.cuda.memory_reserved(self.device) - base
         if first:
             self.graph_memory["all_slots"] = torch.cuda.memory_reserved(self.device) - base
 
 
-def _rows(name: str, shape: Shape) -> int:
-    if name in _TOKEN_FIELDS:
-        return shape.tokens
-    if name in _SAMPLE_FIELDS:
-        return shape.samples
-    return shape.seqs + 1 if name == "cu_seqlens_q" else shape.seqs
-
-
-def _reset_inputs(slot: Slot) -> None:
-    for name, dev in slot.dev.items():
-        dev.fill_(_PAD.get(name, 0))
-
-
-def _fill_host(slot: Slot, inputs: StepInputs, shape: Shape) -> None:
-    """Copy the step's arrays into the slot's pinned buffers; pad up to ``shape`` with inert rows."""
-    for name, host in slot.host.items():
-        src = getattr(inputs, name)
-        view = host.numpy()
-        n = len(src)
-        if src.ndim == 2:  # block tables: columns past the step's widest table are never read
-            view[:n, : src.shape[1]] = src
-        else:
-            view[:n] = src
-        rows = _rows(name, shape)
-        if rows > n:
-            pad = src[-1] if name == "cu_seqlens_q" else _PAD.get(name, 0)  # empty padding sequences
-            view[n:rows] = pad
-
-
-def _dummy_inputs(bucket: int, any_sampling: bool, want_logprobs: bool) -> StepInputs:
-    """An all-padding decode step: what the slot buffers hold while a graph is captured."""
-    zeros = np.zeros(bucket, np.int64)
-    return StepInputs(
-        -1, zeros, zeros - 1, zeros, zeros - 1, np.zeros(bucket + 1, np.int32), np.zeros(bucket, np.int32),
-        np.zeros((bucket, 1), np.int32), zeros, np.zeros(bucket, np.float32), np.ones(bucket, np.float32),
-        zeros, zeros, zeros, any_sampling, want_logprobs, 1, 1,
-    )  # fmt: skip
+def _key(slot_id: int, bucket: int, part: str, any_sampling: bool, want_logprobs: bool) -> tuple:
+    """A graph's key: a masked step's forward ("logits") is the same whatever its sampling variant."""
+    flags = (False, False) if part == "logits" else (any_sampling, want_logprobs)
+    return (slot_id, bucket, part, *flags)

@@ -4,6 +4,11 @@ In asynchronous mode the loop keeps one step in flight: it schedules and launche
 postprocesses step N, so the host's work overlaps the device's. Postprocessing therefore runs one step
 late: a request that finished in step N may sit in step N+1 too; that extra token is discarded and the
 request's blocks are released only once step N+1 is done with them.
+
+Structured output: a step with constrained rows is launched in two parts (runner.py). Its logits are
+computed at once; its token masks depend on the tokens of the step before, so they are filled, and the
+step sampled, as soon as that step is postprocessed (``_sample_pending``), while the device computes
+the logits. Unconstrained rows never wait; docs/structured-output.md has the design.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from typing import Any
 
 from batchgen.engine.batch import build_step
 from batchgen.engine.block_manager import BlockManager
+from batchgen.engine.grammar import GrammarCompiler, GrammarError
 from batchgen.engine.outputs import CompletionOutput, GenerationRequest
 from batchgen.engine.request import Request, Status
 from batchgen.engine.runner import StepResult
@@ -42,6 +48,7 @@ class EngineStats:
     schedule_s: float = 0.0  # host time: scheduling + batch building
     prep_s: float = 0.0  # host time: filling step buffers and launching (CUDA runner)
     postprocess_s: float = 0.0
+    mask_s: float = 0.0  # host time advancing grammars and filling token masks (structured output)
     gpu_busy_s: float = 0.0  # compute-stream busy time, from CUDA events (0 on the CPU)
     wall_s: float = 0.0  # time inside stream() with work in the engine
     finish_reasons: dict[str, int] = field(default_factory=lambda: defaultdict(int))
@@ -56,12 +63,14 @@ class Engine:
         stops: StopChecker,
         max_model_len: int,
         async_mode: bool,
+        grammars: GrammarCompiler | None = None,
     ) -> None:
         self.runner = runner
         self.blocks = blocks
         self.scheduler = scheduler
         self.stops = stops
         self.max_model_len = max_model_len
+        self.grammars = grammars
         self.lag = 1 if async_mode else 0
         self.stats = EngineStats()
         self._ids = itertools.count()
@@ -70,6 +79,8 @@ class Engine:
         self._detokenize = True
         self._draining = False
         self._inflight: deque = deque()  # (step, runner handle) launched, not yet postprocessed
+        self._unsampled: tuple | None = None  # the newest step when it is masked and not yet sampled
+        self._masked: set[int] = set()  # ids of in-flight masked steps (their tokens advance grammars)
 
     def drain(self) -> None:
         """Stop admitting: rows not yet started are dropped (never yielded), started ones finish.
@@ -117,6 +128,7 @@ class Engine:
             self.stats.prep_s = getattr(self.runner, "prep_s", 0.0)
 
     def _abandon(self) -> None:
+        self._sample_pending(fill=False)  # its tokens are never used, but fetch needs it sampled
         while self._inflight:  # their device work must end before their blocks are handed out again
             self.runner.fetch(self._inflight.popleft()[1])
         for req in [*self.scheduler.running, *(r for reqs in self._deferred.values() for r in reqs)]:
@@ -125,6 +137,7 @@ class Engine:
         self.scheduler.running.clear()
         self.scheduler.waiting.clear()
         self._deferred.clear()
+        self._masked.clear()
         self._done.clear()
         self.runner.reset()
 
@@ -170,12 +183,15 @@ class Engine:
     def _add(self, row: GenerationRequest) -> None:
         samples = row.samples if row.samples is not None else tuple(range(row.params.n))
         error = self._validate(row)
+        grammar = None
+        if not error and row.params.constrained:
+            grammar, error = self._grammar(row)
         parent = None
         for sample in samples:
             if error:
                 self._emit_error(row, sample, error)
                 continue
-            req = self._make_request(row, sample, parent)
+            req = self._make_request(row, sample, parent, grammar)
             parent = parent or req
             self.scheduler.add(req)
 
@@ -193,7 +209,20 @@ class Engine:
             )
         return None
 
-    def _make_request(self, row: GenerationRequest, sample: int, parent: Request | None) -> Request:
+    def _grammar(self, row: GenerationRequest) -> tuple[object | None, str | None]:
+        """The row's compiled constraint (``batchgen run`` compiles it on the prompt thread), or why not."""
+        if row.grammar is not None:
+            return row.grammar, None
+        if self.grammars is None:
+            return None, "structured output needs a tokenizer"
+        try:
+            return self.grammars.compile(row.params), None
+        except GrammarError as exc:
+            return None, str(exc)
+
+    def _make_request(
+        self, row: GenerationRequest, sample: int, parent: Request | None, grammar: object | None
+    ) -> Request:
         n = len(row.prompt_ids)
         self.stats.prompt_tokens += n
         return Request(
@@ -208,6 +237,7 @@ class Engine:
             rng_key=rng_key(row.params.seed, row.index, sample),
             parent=parent,
             logprobs=[] if row.params.logprobs else None,
+            guide=self.grammars.guide(grammar) if grammar is not None else None,
         )
 
     def _emit_error(self, row: GenerationRequest, sample: int, error: str) -> None:
@@ -228,13 +258,50 @@ class Engine:
         self.stats.schedule_s += time.perf_counter() - t0
         if inflight:
             self.stats.overlapped_steps += 1
-        inflight.append((step, self.runner.launch(inputs)))
+        handle = self.runner.launch(inputs)
+        inflight.append((step, handle))
+        if inputs.masked:
+            self._masked.add(step.step_id)
+            self._unsampled = (step, handle)
+            if len(inflight) == 1:  # nothing in flight before it: its masks can be filled now
+                self._sample_pending()
         self.stats.steps += 1
         self.stats.max_step_tokens = max(self.stats.max_step_tokens, inputs.num_tokens)
         return True
 
+    def _sample_pending(self, fill: bool = True) -> None:
+        """Fill the masked newest step's token masks and sample it: called once every step before it
+        was postprocessed, so every token its constrained rows' grammars depend on is known."""
+        if self._unsampled is None:
+            return
+        step, handle = self._unsampled
+        self._unsampled = None
+        t0 = time.perf_counter()
+        out = self.runner.mask_buffer(handle, self.grammars.mask_width)
+        if fill:
+            self.grammars.fill_masks([item.request.guide for item in step.items if item.samples], out)
+        else:
+            out.fill_(-1)
+        self.stats.mask_s += time.perf_counter() - t0
+        self.runner.sample(handle)
+
+    def _advance_guides(self, step: ScheduledStep, tokens: list[int]) -> None:
+        sampled = (item.request for item in step.items if item.samples)
+        for row, req in enumerate(sampled):
+            if req.guide is not None and not req.finished and not req.guide.accept(tokens[row]):
+                # A masked sampler never picks a refused token unless the logits were not finite: fail
+                # the row, not the run.
+                req.guide, req.text = None, ""
+                req.error = f"the grammar refused sampled token {tokens[row]} (non-finite logits?)"
+
     def _postprocess(self, step: ScheduledStep, handle) -> None:
         result: StepResult = self.runner.fetch(handle)
+        if step.step_id in self._masked:
+            t0 = time.perf_counter()
+            self._masked.discard(step.step_id)
+            self._advance_guides(step, result.tokens)
+            self.stats.mask_s += time.perf_counter() - t0
+        self._sample_pending()  # the next step waited for these tokens: start its sampling first
         t0 = time.perf_counter()
         sampled = (item.request for item in step.items if item.samples)
         for row, req in enumerate(sampled):
@@ -245,7 +312,9 @@ class Engine:
             req.tokens.append(result.tokens[row])
             if req.logprobs is not None:
                 req.logprobs.append(result.logprobs[row])
-            reason = self.stops.check(req)
+            reason = "error" if req.error else self.stops.check(req)
+            if not reason and req.guide is not None and req.guide.done:
+                reason = "stop"  # the grammar ended (on a stop token, which --ignore-eos cannot skip)
             if reason:
                 self._finish(req, reason, step.step_id)
         for req in self._deferred.pop(step.step_id, ()):
@@ -270,9 +339,18 @@ class Engine:
             text = self.stops.decode(req.output_ids)
         self._done.append(
             CompletionOutput(
-                req.index, req.sample, req.key, req.output_ids, text, reason, req.num_prompt, req.logprobs
-            )
+                req.index,
+                req.sample,
+                req.key,
+                req.output_ids,
+                text,
+                reason,
+                req.num_prompt,
+                req.logprobs,
+                req.error,
+            )  # fmt: skip
         )
+        self.stats.errors += reason == "error"
 
     def _drain_done(self) -> Iterator[CompletionOutput]:
         while self._done:

@@ -21,6 +21,7 @@ class GenerationRequest(NamedTuple):
     params: SamplingParams
     key: Any = None  # opaque to the engine (the CLI passes the row's id and kept columns)
     samples: tuple[int, ...] | None = None
+    grammar: Any = None  # params' constraint compiled ahead (engine/grammar.py); None: the engine compiles
 
 
 class CompletionOutput(NamedTuple):

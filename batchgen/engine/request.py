@@ -72,12 +72,22 @@ class Request:
     finish_reason: str | None = None
     logprobs: list[float] | None = None
     text: str | None = None  # final text once a stop string matched
+    guide: Any = None  # structured output: the row's grammar matcher (engine/grammar.py Guide)
+    error: str | None = None  # why the row failed mid-generation (finish reason "error")
 
     def __post_init__(self) -> None:
         self.table_mirror = TableMirror()
         p = self.params
-        # The per-step sampling inputs that never change: (temperature, top_p, top_k, rng key, logprobs).
-        self.sampling_row = (0.0 if p.greedy else p.temperature, p.top_p, p.top_k, self.rng_key, p.logprobs)
+        # The per-step sampling inputs that never change: (temperature, top_p, top_k, rng key, logprobs,
+        # constrained).
+        self.sampling_row = (
+            0.0 if p.greedy else p.temperature,
+            p.top_p,
+            p.top_k,
+            self.rng_key,
+            p.logprobs,
+            self.guide is not None,
+        )
 
     @property
     def num_output(self) -> int:

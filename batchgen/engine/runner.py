@@ -3,11 +3,16 @@
 ``EagerRunner`` runs each step eagerly on the current device; the engine drives it one step ahead of
 postprocessing in asynchronous mode, so a decode's input token may be the previous step's sampled
 token: it is patched in on the device from the previous step's output (carry-over), never via the host.
+
+A step with constrained rows (``inputs.masked``, structured output) runs in two parts: ``launch``
+computes its logits, then the engine fills the token masks into ``mask_buffer(handle)`` once the tokens
+they depend on are known, and ``sample(handle)`` samples. Every runner has these three calls.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -20,10 +25,13 @@ from batchgen.model.backends import KernelBackend
 from batchgen.model.forward import ModelForward
 
 
-class StepOutput(NamedTuple):
+@dataclass
+class StepOutput:
     step_id: int
-    tokens: torch.Tensor  # [S] int64, on the device
+    tokens: torch.Tensor | None  # [S] int64, on the device; None until a masked step is sampled
     logprobs: torch.Tensor | None  # [S] float32
+    pending: tuple | None = None  # a masked step's (logits, sampling tensors, inputs) until sample()
+    mask: torch.Tensor | None = None  # its [S, W] int32 token bitmask, filled by the engine
 
 
 class StepResult(NamedTuple):
@@ -98,26 +106,39 @@ class EagerRunner:
 
     @torch.inference_mode()
     def launch(self, inputs: StepInputs) -> StepOutput:
-        prev_tokens = self._prev.tokens if self._prev is not None else None
+        prev = self._prev
         if (inputs.carry_rows >= 0).any() and (
-            self._prev is None or self._prev.step_id != inputs.step_id - 1
+            prev is None or prev.step_id != inputs.step_id - 1 or prev.tokens is None
         ):
-            raise RuntimeError("carry-over needs the previous step's output")
+            raise RuntimeError("carry-over needs the previous step's sampled output")
         input_ids = apply_carry_over(
-            self._tensor(inputs.input_ids), self._tensor(inputs.carry_rows), prev_tokens
+            self._tensor(inputs.input_ids), self._tensor(inputs.carry_rows), prev and prev.tokens
         )
+        args = (input_ids, self._tensor(inputs.positions), self._tensor(inputs.logits_indices))
+        if inputs.masked:
+            logits = self.forward(*args, self._context(inputs)).float()
+            self._prev = StepOutput(inputs.step_id, None, None, (logits, self._sampling(inputs), inputs))
+            return self._prev
         tokens, logprobs = forward_and_sample(
-            self.forward,
-            self.sampler,
-            input_ids,
-            self._tensor(inputs.positions),
-            self._tensor(inputs.logits_indices),
-            self._context(inputs),
-            self._sampling(inputs),
-            inputs,
+            self.forward, self.sampler, *args, self._context(inputs), self._sampling(inputs), inputs
         )
         self._prev = StepOutput(inputs.step_id, tokens, logprobs)
         return self._prev
+
+    def mask_buffer(self, handle: StepOutput, width: int) -> torch.Tensor:
+        """Where the engine writes a masked step's token bitmask: [S, width] int32 on the host."""
+        handle.mask = torch.empty((len(handle.pending[2].logits_indices), width), dtype=torch.int32)
+        return handle.mask
+
+    @torch.inference_mode()
+    def sample(self, handle: StepOutput) -> None:
+        """Sample a masked step with the bitmask the engine wrote into ``mask_buffer(handle)``."""
+        logits, params, inputs = handle.pending
+        params = params._replace(token_mask=handle.mask.to(self.device, non_blocking=True))
+        handle.tokens, handle.logprobs = self.sampler(
+            logits, params, inputs.any_sampling, inputs.want_logprobs
+        )
+        handle.pending = handle.mask = None
 
     def reset(self) -> None:
         """Forget the previous step (after an abandoned stream: nothing may carry over from it)."""

@@ -11,6 +11,8 @@ from typing import NamedTuple
 
 import torch
 
+from batchgen.engine.grammar import apply_token_mask
+
 _MASK32 = 0xFFFFFFFF
 
 
@@ -20,6 +22,9 @@ class SamplingTensors(NamedTuple):
     top_k: torch.Tensor  # [S] int64, 0 = off
     rng_keys: torch.Tensor  # [S] int64
     rng_steps: torch.Tensor  # [S] int64
+    # [S, W] int32 bitmask of the tokens each row may take (structured output, engine/grammar.py); an
+    # all-ones row is unconstrained. None: no row of the step is constrained.
+    token_mask: torch.Tensor | None = None
 
 
 def _mix32(x: torch.Tensor) -> torch.Tensor:
@@ -74,7 +79,11 @@ def sample(
     any_sampling: bool,
     want_logprobs: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Sampled token ids [S] and, when asked, their log-probabilities under the model [S]."""
+    """Sampled token ids [S] and, when asked, their log-probabilities under the model [S] (before the
+    token mask, temperature and truncation, like vLLM's raw log-probabilities)."""
+    raw = logits
+    if params.token_mask is not None:
+        logits = apply_token_mask(logits, params.token_mask)
     greedy = torch.argmax(logits, dim=-1)
     tokens = greedy
     if any_sampling:
@@ -86,5 +95,5 @@ def sample(
         tokens = torch.where(params.temperature > 0, torch.argmax(noisy, dim=-1), greedy)
     logprobs = None
     if want_logprobs:
-        logprobs = torch.log_softmax(logits, dim=-1).gather(1, tokens.unsqueeze(1)).squeeze(1)
+        logprobs = torch.log_softmax(raw, dim=-1).gather(1, tokens.unsqueeze(1)).squeeze(1)
     return tokens, logprobs

@@ -21,7 +21,10 @@ OUTPUT_FIELDS = (
     "token_ids",
     "logprobs",
 )
-OVERRIDE_FIELDS = ("max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop")
+# Structured output (json_schema, regex, choices): a row's own constraint replaces --json-schema.
+OVERRIDE_FIELDS = (
+    "max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop", "json_schema", "regex", "choices",
+)  # fmt: skip
 _INT_FIELDS = ("max_new_tokens", "top_k", "seed")
 _FLOAT_FIELDS = ("temperature", "top_p")
 
@@ -226,6 +229,18 @@ def _override_value(name: str, value: Any) -> Any:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"{name} must be a number, not {value!r}")
         return float(value)
+    if name == "json_schema":  # an object, or its JSON text (checked by SamplingParams)
+        if not isinstance(value, (dict, str, bool)):
+            raise ValueError(f"json_schema must be an object or a JSON string, not {type(value).__name__}")
+        return value
+    if name == "regex":
+        if not isinstance(value, str):
+            raise ValueError(f"regex must be a string, not {value!r}")
+        return value
+    if name == "choices":
+        if not isinstance(value, (list, tuple)) or not all(isinstance(c, str) for c in value):
+            raise ValueError(f"choices must be a list of strings, not {value!r}")
+        return tuple(value)
     # stop: a string or a list of strings
     if isinstance(value, str):
         return (value,)

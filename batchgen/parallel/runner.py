@@ -18,6 +18,7 @@ class TensorParallelRunner:
     def __init__(self, local, pool: WorkerPool) -> None:
         self.local, self.pool = local, pool
         local.check_alive = pool.check  # rank 0's waits notice a dead rank instead of hanging
+        self._mask = None  # the token masks of the masked step being sampled
 
     def __getattr__(self, name: str) -> Any:  # forward, kv_caches, buckets, gpu_busy_s, ...
         return getattr(self.local, name)
@@ -25,6 +26,16 @@ class TensorParallelRunner:
     def launch(self, inputs: StepInputs):
         self.pool.send(("launch", inputs))
         return self.local.launch(inputs)
+
+    def mask_buffer(self, handle, width: int):
+        self._mask = self.local.mask_buffer(handle, width)
+        return self._mask
+
+    def sample(self, handle) -> None:
+        """A masked step's sampling: the token masks rank 0 filled go to every rank with the order."""
+        self.pool.send(("sample", self._mask.numpy()))
+        self._mask = None
+        self.local.sample(handle)
 
     def fetch(self, handle) -> StepResult:
         self.pool.check()
@@ -35,10 +46,11 @@ class TensorParallelRunner:
         self.local.reset()
 
     def capture_all(
-        self, any_sampling: bool = False, want_logprobs: bool = False, progress: bool = True
-    ) -> None:
-        self.pool.send(("capture", any_sampling, want_logprobs))
-        self.local.capture_all(any_sampling, want_logprobs, progress=progress)
+        self, any_sampling: bool = False, want_logprobs: bool = False, progress: bool = True,
+        mask_width: int | None = None,
+    ) -> None:  # fmt: skip
+        self.pool.send(("capture", any_sampling, want_logprobs, mask_width))
+        self.local.capture_all(any_sampling, want_logprobs, progress=progress, mask_width=mask_width)
 
     def rank_stats(self) -> list[dict]:
         """Every rank's busy and host-prep time (rank 0 first)."""

@@ -4,6 +4,8 @@ its own carry-over of sampled tokens into the next step (no broadcast from rank 
 Greedy steps reduce per rank: each sends its best (logit, token id) per row, [S, 2] instead of the
 [S, V / K] logits. Steps that sample or want log-probabilities gather the whole logits and run the
 one-process sampler on every rank (its noise is a function of row, step and token id: identical).
+Steps with token masks (structured output) gather too: every rank holds the same masks (rank 0 sends
+them with the step's sampling order), so every rank applies them alike.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ class ShardedSampler:
     def __call__(
         self, logits: torch.Tensor, params: SamplingTensors, any_sampling: bool, want_logprobs: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None]:  # logits: [S, vocab.size] float32
-        if any_sampling or want_logprobs:
+        if any_sampling or want_logprobs or params.token_mask is not None:
             return sample(self._gather(logits), params, any_sampling, want_logprobs)
         return self._greedy(logits), None
 

@@ -25,6 +25,8 @@ log = logging.getLogger("batchgen")
 
 def serve(conn: Connection, runner, group) -> None:
     """Run rank 0's orders until it says stop or goes away."""
+    import torch
+
     inflight: deque = deque()
     while True:
         try:
@@ -33,15 +35,21 @@ def serve(conn: Connection, runner, group) -> None:
             return  # rank 0 is gone
         if kind == "launch":
             inflight.append(runner.launch(args[0]))
-            if len(inflight) > 1:
+            if len(inflight) > 1:  # rank 0 sampled it before launching this one
                 runner.fetch(inflight.popleft())
+            continue
+        if kind == "sample":  # the newest step is masked: rank 0's token masks, then its sampling
+            mask = torch.from_numpy(args[0])
+            runner.mask_buffer(inflight[-1], mask.shape[1]).copy_(mask)
+            runner.sample(inflight[-1])
             continue
         while inflight:
             runner.fetch(inflight.popleft())
         if kind == "reset":
             runner.reset()
         elif kind == "capture":
-            runner.capture_all(*args, progress=False)
+            any_sampling, want_logprobs, mask_width = args
+            runner.capture_all(any_sampling, want_logprobs, progress=False, mask_width=mask_width)
         elif kind == "stats":
             conn.send(runner_stats(runner))
         elif kind == "time_all_reduce":

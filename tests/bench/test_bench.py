@@ -11,7 +11,14 @@ from batchgen.bench import metrics, report
 from batchgen.bench.__main__ import failed, parse_args
 from batchgen.bench.cli_entry import modes_for, run_bench, run_workload
 from batchgen.bench.runners import base_record
-from batchgen.bench.workloads import WORKLOADS, Workload, build_random_model, quick, random_prompts
+from batchgen.bench.workloads import (
+    RECORDS_SCHEMA,
+    WORKLOADS,
+    Workload,
+    build_random_model,
+    quick,
+    random_prompts,
+)
 
 REQUESTS, PROMPT, NEW = 4, 8, 8
 
@@ -129,6 +136,16 @@ def test_moe_workload_beside_transformers_forward(tiny_models):
     assert hf["error"] is None and hf["output_tokens"] == hf["expected_tokens"] == 2 * NEW
     assert "transformers' forward" in hf["note"]
     assert "batchgen / hf_forward" in report.render([fused | {"workload": "w"}, hf | {"workload": "w"}])
+
+
+def test_structured_output_workload_keeps_every_row_to_its_length(tiny_llama):
+    """B3j's shape on the tiny model: every request under RECORDS_SCHEMA still decodes exactly
+    max_new_tokens (the schema asks for more), and the host's mask time is reported."""
+    w = Workload("tiny-j", tiny_llama, REQUESTS, PROMPT, NEW, device="cpu", dtype="float32",
+                 json_schema=RECORDS_SCHEMA)  # fmt: skip
+    (record,) = run_workload(w, ["async"], compare_hf=False)
+    _check_engine_record(record, "tiny-j", "cpu")
+    assert record["mask_ms_step"] > 0 and WORKLOADS["B3j"].json_schema is RECORDS_SCHEMA
 
 
 def test_cli_args():

@@ -140,3 +140,57 @@ def test_prepare_captures_the_sampling_graphs_before_the_first_step(tiny_models)
     prompts = [[1, 2, 3, 4 + i] for i in range(5)]
     outs = _outputs(llm, prompts, params)
     assert len(outs) == 5 and len(runner.graphs) == 2 * greedy  # nothing captured mid-run
+
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "n": {"type": "integer", "minimum": 0, "maximum": 999},
+        "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3},
+    },
+    "required": ["n", "tags"],
+}
+
+
+def test_structured_output_agrees_across_modes(tiny_models):
+    """Masked steps (the forward graph, then the sampling graph behind the copy of the token masks)
+    give the same tokens in every mode, beside unconstrained rows, and the completions validate."""
+    import json
+
+    import jsonschema
+    from transformers import AutoTokenizer
+
+    path = tiny_models["llama"]
+    prompts = make_prompts(AutoTokenizer.from_pretrained(path), count=24, max_tokens=300)
+    kinds = [GREEDY, SAMPLED.with_overrides(ignore_eos=False)]
+    params = [
+        kinds[i % 2].with_overrides(max_new_tokens=40, json_schema=SCHEMA if i % 3 else None)
+        for i in range(24)
+    ]
+    results = {}
+    for name, mode in MODES.items():
+        llm = LLM(path, dtype="float32", max_num_seqs=8, max_batch_tokens=128, **mode)
+        outs = llm.generate(prompts, params)
+        results[name] = [o.token_ids for o in outs]
+        for out, p in zip(outs, params, strict=True):
+            if p.constrained:
+                assert out.finish_reason == "stop", (name, out.text)
+                jsonschema.validate(json.loads(out.text), SCHEMA)
+        if mode["cuda_graphs"]:
+            assert {k[2] for k in llm._engine.runner.graphs} == {"step", "logits", "sample"}
+        assert llm.stats.gpu_busy_s > 0 and llm.stats.mask_s > 0
+        del llm
+        torch.cuda.empty_cache()
+    for name, tokens in results.items():
+        assert tokens == results["async_graphs"], f"{name} differs from async_graphs"
+
+
+def test_prepare_captures_both_parts_of_masked_steps(tiny_models):
+    llm = LLM(tiny_models["llama"], dtype="float32", max_num_seqs=8)
+    runner = llm._engine.runner
+    params = SamplingParams(max_new_tokens=24, temperature=0.8, seed=1, json_schema=SCHEMA)
+    llm.prepare(params)
+    captured = len(runner.graphs)
+    assert captured == 3 * 2 * len(runner.buckets)  # greedy steps, then the two parts of masked ones
+    outs = _outputs(llm, [[1, 2, 3, 4 + i] for i in range(8)], params)
+    assert len(outs) == 8 and len(runner.graphs) == captured  # nothing captured mid-run

@@ -74,3 +74,20 @@ def test_indivisible_head_count_is_refused_before_any_process_starts(tiny_llama)
     with pytest.raises(ValueError, match="--tensor-parallel 3 does not divide the model's 4 attention heads"):
         LLM(tiny_llama, tensor_parallel=3)
     assert _children() == before
+
+
+def test_structured_output_over_two_ranks_matches_one(tiny_llama, tiny_prompts):
+    """Token masks reach every rank with the sampling order (the asynchronous loop: a step's masks are
+    filled after the next step was launched)."""
+    number = {"type": "integer", "minimum": 0, "maximum": 99}
+    schema = {"type": "object", "properties": {"n": number}, "required": ["n"]}
+    kinds = [dict(json_schema=schema), dict(choices=["yes", "no"]), dict(regex="[a-c]{1,6}"), {}]
+    params = [
+        (SAMPLED if i % 3 else GREEDY).with_overrides(max_new_tokens=24, **kinds[i % 4])
+        for i in range(len(tiny_prompts))
+    ]
+    reference = LLM(tiny_llama, async_mode=True, **ENGINE).generate(tiny_prompts, params)
+    with LLM(tiny_llama, tensor_parallel=2, async_mode=True, **ENGINE) as split:
+        outs = split.generate(tiny_prompts, params)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in reference]
+    assert all(o.finish_reason == "stop" for o, p in zip(outs, params, strict=True) if p.constrained)
