@@ -1,7 +1,7 @@
 """Kernel backends: the device-specific ops a forward pass calls, behind one interface.
 
-``TorchBackend`` is the reference (CPU path and oracle); ``TritonBackend`` runs the Triton kernels on
-CUDA, capturable in CUDA graphs (every bound comes from the context's Python ints, never from tensor
+``TorchBackend`` is the CPU path (torch ops); ``TritonBackend`` runs the Triton kernels on CUDA,
+capturable in CUDA graphs (every bound comes from the context's Python ints, never from tensor
 contents). Both expose paged attention with its KV write, and the fused layer ops of the batchgen
 forward (``model/fused.py``): RMSNorm with residual add, q/k norm + rotary + KV write, SiLU-and-multiply.
 """
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from batchgen.kernels import reference
+from batchgen.kernels import cpu_attention, reference
 
 if TYPE_CHECKING:
     from batchgen.model.attention import PagedContext
@@ -35,7 +35,8 @@ class KernelBackend(Protocol):
 
 
 class TorchBackend:
-    """The reference implementation (CPU path and oracle)."""
+    """The CPU path: the torch reference ops, with attention whose cost follows each sequence's own
+    context (``kernels/cpu_attention.py``, tested against ``reference.paged_attention``)."""
 
     write_kv = staticmethod(reference.write_kv)
     rms_norm = staticmethod(reference.rms_norm)
@@ -43,7 +44,7 @@ class TorchBackend:
     silu_mul = staticmethod(reference.silu_mul)
 
     def attention(self, query, k_cache, v_cache, ctx: PagedContext, scale: float, sliding_window):
-        return reference.paged_attention(
+        return cpu_attention.paged_attention(
             query, k_cache, v_cache, ctx.cu_seqlens_q, ctx.seq_lens, ctx.block_tables, scale, sliding_window
         )
 
