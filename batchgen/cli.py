@@ -137,6 +137,11 @@ def cli() -> None:
 @click.option("--async/--sync", "async_mode", default=None, help="[default: async on CUDA]")
 @click.option("--cuda-graphs/--no-cuda-graphs", default=None, help="[default: on on CUDA]")
 @click.option("--prefix-caching/--no-prefix-caching", default=True, show_default=True)
+@click.option(
+    "--threads",
+    type=click.IntRange(min=1),
+    help="CPU threads for the model [default on the CPU: the cores free, by affinity and load average].",
+)
 @click.option("--kv-cache-bytes", hidden=True, help="Explicit KV cache budget, e.g. 2G.")
 @click.option("--attention-backend", type=click.Choice(["torch", "triton"]), hidden=True)
 @click.option(
@@ -281,6 +286,7 @@ def _run_options(input_path: str, output: str, kw: dict[str, Any]):
         attention_backend=kw["attention_backend"],
         model_impl=kw["model_impl"],
         trust_remote_code=kw["trust_remote_code"],
+        threads=kw["threads"],
     )
     try:
         EngineConfig(**engine)

@@ -66,6 +66,9 @@ class EngineConfig:
     # "auto": batchgen's fused forward for the Llama family, else transformers' modelling code.
     model_impl: str = "auto"  # "auto" | "batchgen" | "transformers"
     trust_remote_code: bool = False
+    threads: int | None = (
+        None  # torch intra-op threads; None = on the CPU, the cores free (batchgen/threads.py)
+    )
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -81,5 +84,7 @@ class EngineConfig:
             raise ValueError(f"unknown dtype {self.dtype!r}")
         if self.attention_backend not in (None, "torch", "triton"):
             raise ValueError(f"unknown attention backend {self.attention_backend!r}")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads}")
         if self.model_impl not in ("auto", "batchgen", "transformers"):
             raise ValueError(f"unknown model implementation {self.model_impl!r}")

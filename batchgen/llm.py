@@ -21,6 +21,7 @@ from batchgen.model.backends import TorchBackend, TritonBackend
 from batchgen.model.forward import build_forward
 from batchgen.model.loader import LoadedModel, load_model
 from batchgen.model.tokenize import encode_prompt
+from batchgen.threads import set_cpu_threads
 
 _ACTIVATION_RESERVE = 2 << 30  # CUDA: room for activations and logits beside the KV pool
 
@@ -73,6 +74,7 @@ class LLM:
             loaded.dtype,
         )
         self.model_name = loaded.name
+        self.threads = set_cpu_threads(config.threads, self.device)
         self.max_model_len = self._max_model_len()
         self.default_sampling = self._default_sampling()
         self.async_mode = config.async_mode if config.async_mode is not None else self.device.type == "cuda"
