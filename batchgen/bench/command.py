@@ -13,8 +13,8 @@ import click
     "--mode",
     "modes",
     multiple=True,
-    type=click.Choice(["async", "sync", "generate_batch", "hf_loop", "hf_padded"]),
-    help="repeatable [async sync]",
+    type=click.Choice(["async", "sync", "run", "generate_batch", "hf_loop", "hf_padded"]),
+    help="repeatable [async sync; B4: run, the plain batchgen run command]",
 )
 @click.option(
     "--out", "out_dir", type=click.Path(file_okay=False), help="Write bench.json and bench.md here."
@@ -23,10 +23,18 @@ import click
 @click.option("--no-compare-hf", "compare_hf", is_flag=True, flag_value=False, default=True,
               help="Skip transformers' generate_batch baseline.")  # fmt: skip
 @click.option("--device", help="Override every workload's device (cuda, cpu, cuda:1).")
-def bench_command(workloads, modes, out_dir, quick, compare_hf, device) -> None:
-    """The benchmark workloads (B1-B4): batchgen async and sync beside transformers' generate_batch."""
+@click.option(
+    "--threads", type=click.IntRange(min=1), help="B4: CPU threads of both commands [batchgen's default]."
+)
+@click.option("--prompts", type=click.Path(dir_okay=False, exists=True),
+              help="B4: a JSONL prompt file instead of the built-in mixed-length prompts.")  # fmt: skip
+@click.option(
+    "--repeat", type=click.IntRange(min=1), default=1, show_default=True, help="B4: side-by-side rounds."
+)
+def bench_command(workloads, modes, out_dir, quick, compare_hf, device, threads, prompts, repeat) -> None:
+    """The benchmark workloads (B1-B4): batchgen beside transformers' generate_batch (B4: whole commands)."""
     from batchgen.bench.__main__ import failed
-    from batchgen.bench.cli_entry import run_bench
+    from batchgen.bench.cli_entry import CommandOptions, run_bench
     from batchgen.bench.workloads import WORKLOADS
 
     unknown = [w for w in workloads if w not in WORKLOADS]
@@ -34,5 +42,6 @@ def bench_command(workloads, modes, out_dir, quick, compare_hf, device) -> None:
         raise click.BadParameter(
             f"{unknown[0]!r}; choose from {', '.join(WORKLOADS)}", param_hint="--workload"
         )
-    records = run_bench(list(workloads) or ["B4"], list(modes), out_dir, quick, compare_hf, device)
+    opts = CommandOptions(threads, prompts, repeat)
+    records = run_bench(list(workloads) or ["B4"], list(modes), out_dir, quick, compare_hf, device, opts)
     sys.exit(1 if any(failed(r) for r in records) else 0)

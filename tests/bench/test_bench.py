@@ -7,10 +7,19 @@ import json
 import pytest
 import torch
 
-from batchgen.bench import metrics, report
+from batchgen.bench import commands, metrics, report
 from batchgen.bench.__main__ import failed, parse_args
 from batchgen.bench.cli_entry import modes_for, run_bench, run_workload
-from batchgen.bench.workloads import WORKLOADS, Workload, build_random_model, quick, random_prompts
+from batchgen.bench.workloads import (
+    WORKLOADS,
+    Workload,
+    build_random_model,
+    load_tokenizer,
+    mixed_prompts,
+    quick,
+    random_prompts,
+)
+from batchgen.model.tokenize import encode_prompt
 
 REQUESTS, PROMPT, NEW = 4, 8, 8
 
@@ -89,13 +98,48 @@ def test_workload_table_and_quick():
     q = quick(WORKLOADS["B1s"])
     assert q.max_new_tokens == 256 and q.hf_max_new_tokens <= 64
     assert quick(WORKLOADS["B4"]) == WORKLOADS["B4"]
-    assert modes_for(WORKLOADS["B4"], ["sync"], True) == ["sync", "generate_batch", "hf_loop", "hf_padded"]
+    assert modes_for(WORKLOADS["B4"], [], True) == ["run", "generate_batch"]  # whole commands
+    assert modes_for(WORKLOADS["B4"], ["sync"], False) == ["sync"]
+    cpu = Workload("cpu", "x", 4, 8, 8, device="cpu")
+    assert modes_for(cpu, ["sync"], True) == ["sync", "generate_batch", "hf_loop", "hf_padded"]
     assert modes_for(WORKLOADS["B3"], ["async"], True) == ["async", "generate_batch"]
+    assert modes_for(WORKLOADS["B3"], [], False) == ["async", "sync"]
+
+
+def test_b4_prompts_mix_short_and_long():
+    """B4's prompts as the issue describes them: most 40-60 tokens with the chat template, two long."""
+    prompts = mixed_prompts()
+    assert prompts == mixed_prompts()  # fixed text
+    lens = sorted(len(encode_prompt(load_tokenizer(), p)) for p in prompts)
+    assert len(lens) == 78 and lens[0] >= 40 and lens[-3] <= 60
+    assert 480 <= lens[-2] <= 540 and 780 <= lens[-1] <= 840
+
+
+def test_whole_commands_side_by_side(tiny_llama, tmp_path):
+    """batchgen run and the generate_batch command on the same prompt file, each a timed process."""
+    path = commands.write_prompts(
+        ["Say hi.", [{"role": "user", "content": "Count to three."}]], tmp_path / "p.jsonl"
+    )
+    assert commands.read_prompts(str(path))[1] == [{"role": "user", "content": "Count to three."}]
+    for mode in ("run", "generate_batch"):
+        r = commands.run_command(mode, path, 2, 4, threads=1, model=tiny_llama)
+        assert r["error"] is None, r["error"]
+        assert r["output_tokens"] == r["expected_tokens"] == 8  # EOS ignored / disabled in both
+        assert r["wall_s"] > r["gen_s"] > 0 and r["peak_mem_gib"] > 0 and r["threads"] == 1
+        assert not failed(r)
+
+
+def test_ratios_use_the_median_of_repeats():
+    runs = [("run", 30.0), ("run", 10.0), ("run", 20.0), ("generate_batch", 5.0)]
+    records = [{"workload": "B4", "shape": "s", "mode": m, "tok_s": t} for m, t in runs]
+    assert "| B4 | - | 4.00x |" in report.ratios_table(records)
 
 
 def test_cli_args():
     args = parse_args(["--workload", "B1s", "--workload", "B3", "--out", "x", "--quick"])
     assert args.workload == ["B1s", "B3"] and args.quick and args.compare_hf
+    args = parse_args(["--threads", "1", "--repeat", "3", "--prompts", "p.jsonl", "--mode", "run"])
+    assert (args.threads, args.repeat, args.prompts, args.mode) == (1, 3, "p.jsonl", ["run"])
 
 
 @pytest.mark.parametrize(("arch", "billions"), [("llama3-8b", 8.03), ("qwen3-0.6b", 0.596)])
