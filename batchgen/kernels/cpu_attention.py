@@ -119,15 +119,17 @@ def chunk_attention(
     mask = k_pos.view(1, -1) <= q_pos.view(-1, 1)  # [Lq, Lk] causal, aligned to the context's end
     if sliding_window is not None:
         mask &= k_pos.view(1, -1) > q_pos.view(-1, 1) - sliding_window
+    # 4-d inputs: with 3-d ones and GQA, torch 2.13 takes SDPA's math path, ~2x slower on a long prompt
+    # and materialising the [Hq, Lq, Lk] scores the flash path avoids.
     out = F.scaled_dot_product_attention(
-        query.transpose(0, 1).float(),  # [Hq, Lq, D]
-        k.transpose(0, 1).float(),  # [Hkv, Lk, D]
-        v.transpose(0, 1).float(),
+        query.transpose(0, 1).float().unsqueeze(0),  # [1, Hq, Lq, D]
+        k.transpose(0, 1).float().unsqueeze(0),  # [1, Hkv, Lk, D]
+        v.transpose(0, 1).float().unsqueeze(0),
         attn_mask=mask,
         scale=scale,
         enable_gqa=True,
     )
-    return out.transpose(0, 1)
+    return out[0].transpose(0, 1)
 
 
 def paged_attention(
