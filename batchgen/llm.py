@@ -74,7 +74,7 @@ class LLM:
             loaded.dtype,
         )
         self.model_name = loaded.name
-        self.threads = set_cpu_threads(config.threads, self.device)
+        self._threads = set_cpu_threads(config.threads, self.device)  # the governor of automatic CPU threads
         self.max_model_len = self._max_model_len()
         self.default_sampling = self._default_sampling()
         self.async_mode = config.async_mode if config.async_mode is not None else self.device.type == "cuda"
@@ -130,7 +130,7 @@ class LLM:
         cfg = self.config
         forward = build_forward(self.model, cfg.model_impl, self.max_model_len)
         if self.device.type != "cuda":
-            return EagerRunner(forward, caches, TorchBackend(), self.device)
+            return EagerRunner(forward, caches, TorchBackend(self._threads), self.device)
         from batchgen.engine.cuda_runner import CudaRunner
 
         triton = cfg.attention_backend != "torch"

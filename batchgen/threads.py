@@ -1,25 +1,37 @@
 """How many cores a CPU run computes on: torch's intra-op threads, and the tokenizers' own pool.
 
-torch's default is one thread per core of the machine. On a machine shared with other work that is the
-worst choice: every parallel op waits at a barrier for its slowest thread, and a thread that lost its
-core to another process stalls the op for a scheduler time slice. Measured on a 2-core VM at load
-average ~6: one decode step of the embedded model took 2.2x longer with 2 threads than with 1.
+torch's default, one thread per core, is the worst choice on a machine shared with other work: every
+parallel op waits at a barrier for its slowest thread, and a thread that lost its core to another process
+stalls the op for a scheduler time slice. Measured on a 2-core VM at load average ~3: the B4 generation
+took 41-43 s with 1 thread, 71 s and 428 s in two runs with 2.
 
-So the default is the cores this process may run on (``os.sched_getaffinity``: taskset, cgroups, Slurm),
-less the cores other work keeps busy by the 1-minute load average, and at least one. ``--threads N``
-(``LLM(threads=N)``) overrides it; ``OMP_NUM_THREADS`` caps it. The tokenizers' Rust thread pool is
-switched off (``TOKENIZERS_PARALLELISM=false`` unless set): prompts are tokenized one at a time in the
-prompt thread, beside the engine, and a pool would only compete with the engine for the same cores.
+So on the CPU (unless ``--threads N`` / ``LLM(threads=N)`` fixes the count):
+- the run starts with the cores this process may use (``os.sched_getaffinity``: taskset, cgroups, Slurm)
+  less those the 1-minute load average says are busy, at least one; ``OMP_NUM_THREADS`` caps it;
+- every couple of seconds a ``ThreadGovernor`` looks at what happened since: one thread fewer while this
+  process's threads waited for a CPU (their run-queue delay in ``/proc/self/task/*/schedstat``), one
+  more while a core of its affinity sat idle (``/proc/stat``), waiting longer after each step down so a
+  bursty neighbour does not make it flap.
+The tokenizers' Rust pool is switched off (``TOKENIZERS_PARALLELISM=false`` unless set): prompts are
+tokenized one at a time in the prompt thread, and a pool would only compete with the engine's threads.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import time
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
 log = logging.getLogger("batchgen")
+
+_INTERVAL_S = 2.0  # how often the governor looks: several decode steps of a small model on the CPU
+_WAITING_CORES = 0.25  # run-queue delay, in cores' worth of this process's threads, that means contention
+_IDLE_CORES = 0.75  # idle time, in cores, that means a core is free
+_HOLD_S, _MAX_HOLD_S = 10.0, 300.0  # no step up for this long after a step down, doubled each time
 
 
 def available_cores() -> int:
@@ -30,25 +42,105 @@ def available_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def busy_cores() -> int:
-    """Cores kept busy by other processes, by the 1-minute load average (before this run computes)."""
-    try:
-        return int(os.getloadavg()[0])
-    except (AttributeError, OSError):
-        return 0
+def max_threads() -> int:
+    cores = available_cores()
+    omp = os.environ.get("OMP_NUM_THREADS", "")
+    return min(cores, int(omp)) if omp.isdigit() and int(omp) > 0 else cores
 
 
 def default_threads() -> int:
-    cores = available_cores()
-    threads = max(1, cores - busy_cores())
-    omp = os.environ.get("OMP_NUM_THREADS", "")
-    if omp.isdigit() and int(omp) > 0:
-        threads = min(threads, int(omp))
-    return threads
+    """The cores free now: the affinity's, less those busy by the 1-minute load average, at least 1."""
+    try:
+        busy = int(os.getloadavg()[0])
+    except (AttributeError, OSError):
+        busy = 0
+    return max(1, min(max_threads(), available_cores() - busy))
 
 
-def set_cpu_threads(requested: int | None, device: torch.device) -> int | None:
-    """Apply ``--threads`` (or, on the CPU, the default above); the thread count now in use.
+class Sample(NamedTuple):
+    when: float  # monotonic seconds
+    waited_s: dict[int, float]  # thread id -> its total run-queue delay so far
+    idle_s: float  # idle time so far, summed over the affinity's cores
+
+
+def read_sample(clock: Callable[[], float] = time.monotonic) -> Sample | None:
+    """This process's threads' run-queue delays and its cores' idle time; None without /proc."""
+    try:
+        waited = {}
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{tid}/schedstat") as f:
+                    waited[int(tid)] = int(f.read().split()[1]) / 1e9
+            except (OSError, IndexError, ValueError):  # the thread just ended
+                continue
+        return Sample(clock(), waited, _idle_seconds())
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _idle_seconds() -> float:
+    cores = {f"cpu{c}" for c in os.sched_getaffinity(0)}
+    ticks = 0
+    with open("/proc/stat") as f:
+        for line in f:
+            fields = line.split()
+            if fields and fields[0] in cores:
+                ticks += int(fields[4]) + int(fields[5])  # idle + iowait
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+class ThreadGovernor:
+    """Moves torch's intra-op thread count by one, between 1 and ``limit``, as the machine's load moves.
+
+    ``tick`` must run on the thread that runs the model (torch's count is per thread under OpenMP): the
+    CPU kernel backend calls it from its attention, a cheap clock read when no look is due.
+    """
+
+    def __init__(
+        self,
+        threads: int,
+        limit: int,
+        sampler: Callable[[], Sample | None] = read_sample,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.threads, self.limit = threads, limit
+        self._sampler, self._clock = sampler, clock
+        self._last = sampler()
+        self._hold = _HOLD_S
+        self._no_raise_until = 0.0
+        self.changes = 0
+
+    def tick(self) -> None:
+        if self._last is None or self._clock() < self._last.when + _INTERVAL_S:
+            return
+        sample = self._sampler()
+        if sample is None:
+            return
+        waiting, idle = _rates(self._last, sample)
+        self._last = sample
+        if self.threads > 1 and waiting > _WAITING_CORES:
+            self._no_raise_until = sample.when + self._hold
+            self._hold = min(2 * self._hold, _MAX_HOLD_S)
+            self._set(self.threads - 1, f"threads waited {waiting:.2f} cores for a CPU")
+        elif self.threads < self.limit and idle > _IDLE_CORES and sample.when >= self._no_raise_until:
+            self._set(self.threads + 1, f"{idle:.2f} cores idle")
+
+    def _set(self, threads: int, why: str) -> None:
+        log.debug("torch intra-op threads %d -> %d: %s", self.threads, threads, why)
+        self.threads = threads
+        self.changes += 1
+        torch.set_num_threads(threads)
+
+
+def _rates(old: Sample, new: Sample) -> tuple[float, float]:
+    """(cores' worth of this process's threads waiting for a CPU, idle cores), averaged in between."""
+    span = max(new.when - old.when, 1e-6)
+    waited = sum(max(0.0, w - old.waited_s.get(tid, w)) for tid, w in new.waited_s.items())
+    return waited / span, max(0.0, new.idle_s - old.idle_s) / span
+
+
+def set_cpu_threads(requested: int | None, device: torch.device) -> ThreadGovernor | None:
+    """Apply ``--threads``, or on the CPU the default above; the governor when the count is automatic.
 
     On CUDA with no explicit count nothing changes: the host only schedules there.
     """
@@ -58,4 +150,6 @@ def set_cpu_threads(requested: int | None, device: torch.device) -> int | None:
     threads = requested if requested is not None else default_threads()
     torch.set_num_threads(threads)
     log.debug("torch intra-op threads: %d (%d cores available)", threads, available_cores())
-    return threads
+    if requested is not None or max_threads() == 1:
+        return None
+    return ThreadGovernor(threads, max_threads())

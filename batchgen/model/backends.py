@@ -16,6 +16,7 @@ from batchgen.kernels import cpu_attention, reference
 
 if TYPE_CHECKING:
     from batchgen.model.attention import PagedContext
+    from batchgen.threads import ThreadGovernor
 
 
 class KernelBackend(Protocol):
@@ -36,7 +37,11 @@ class KernelBackend(Protocol):
 
 class TorchBackend:
     """The CPU path: the torch reference ops, with attention whose cost follows each sequence's own
-    context (``kernels/cpu_attention.py``, tested against ``reference.paged_attention``)."""
+    context (``kernels/cpu_attention.py``, tested against ``reference.paged_attention``). A ``governor``
+    adjusts torch's CPU threads to the machine's load; it looks from here, the thread the model runs on."""
+
+    def __init__(self, governor: ThreadGovernor | None = None) -> None:
+        self.governor = governor
 
     write_kv = staticmethod(reference.write_kv)
     rms_norm = staticmethod(reference.rms_norm)
@@ -44,6 +49,8 @@ class TorchBackend:
     silu_mul = staticmethod(reference.silu_mul)
 
     def attention(self, query, k_cache, v_cache, ctx: PagedContext, scale: float, sliding_window):
+        if self.governor is not None:
+            self.governor.tick()
         return cpu_attention.paged_attention(
             query, k_cache, v_cache, ctx.cu_seqlens_q, ctx.seq_lens, ctx.block_tables, scale, sliding_window
         )
