@@ -126,7 +126,7 @@ class ThreadGovernor:
             self._set(self.threads + 1, f"{idle:.2f} cores idle")
 
     def _set(self, threads: int, why: str) -> None:
-        log.debug("torch intra-op threads %d -> %d: %s", self.threads, threads, why)
+        log.info("CPU threads %d -> %d: %s", self.threads, threads, why)
         self.threads = threads
         self.changes += 1
         torch.set_num_threads(threads)
@@ -149,7 +149,8 @@ def set_cpu_threads(requested: int | None, device: torch.device) -> ThreadGovern
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     threads = requested if requested is not None else default_threads()
     torch.set_num_threads(threads)
-    log.debug("torch intra-op threads: %d (%d cores available)", threads, available_cores())
+    how = "--threads" if requested is not None else "automatic, following the load"
+    log.info("CPU threads: %d (%s; %d cores available)", threads, how, available_cores())
     if requested is not None or max_threads() == 1:
         return None
     return ThreadGovernor(threads, max_threads())

@@ -19,7 +19,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true", help="shorter decodes, for smoke runs")
     ap.add_argument("--no-compare-hf", dest="compare_hf", action="store_false", help="skip the baselines")
     ap.add_argument("--device", help="override every workload's device (cuda, cpu, cuda:1)")
-    ap.add_argument("--threads", type=int, help="B4: CPU threads of both commands [batchgen's default]")
+    ap.add_argument("--threads", type=int, help="B4: CPU threads of both commands [each its default]")
     ap.add_argument("--prompts", help="B4: a JSONL prompt file instead of the built-in mixed-length prompts")
     ap.add_argument("--repeat", type=int, default=1, help="B4: side-by-side rounds [1]")
     return ap.parse_args(argv)

@@ -43,7 +43,7 @@ def log(msg: str) -> None:
 
 @dataclass(frozen=True)
 class CommandOptions:
-    """For whole-command workloads: the thread count for both commands (None = batchgen's default), a
+    """For whole-command workloads: the thread count of both commands (None: each its own default), a
     JSONL prompt file instead of the built-in mix, and how many side-by-side rounds."""
 
     threads: int | None = None
@@ -204,18 +204,16 @@ def modes_for(w: Workload, modes: list[str], compare_hf: bool) -> list[str]:
 
 def run_command_workload(w: Workload, modes: list[str], compare_hf: bool, opts: CommandOptions):
     """B4: whole commands on the embedded model (``bench/commands.py``)."""
-    from batchgen.threads import default_threads
-
     bad = [m for m in modes if m not in commands.COMMAND_MODES]
     if bad or w.arch != EMBEDDED:
         raise ValueError(
             f"{w.name} runs whole commands on the embedded model: modes {commands.COMMAND_MODES}"
         )
     prompts = commands.read_prompts(opts.prompts) if opts.prompts else mixed_prompts(w.num_requests)
-    threads = opts.threads or default_threads()
-    log(f"{w.name}: whole commands, {len(prompts)} prompts, {threads} threads, {opts.repeat} round(s)")
+    threads = f"{opts.threads} threads each" if opts.threads else "each command's default threads"
+    log(f"{w.name}: whole commands, {len(prompts)} prompts, {threads}, {opts.repeat} round(s)")
     return commands.run_command_workload(
-        w.name, prompts, modes_for(w, modes, compare_hf), w.max_new_tokens, threads, opts.repeat
+        w.name, prompts, modes_for(w, modes, compare_hf), w.max_new_tokens, opts.threads, opts.repeat
     )
 
 

@@ -24,7 +24,7 @@ import click
               help="Skip transformers' generate_batch baseline.")  # fmt: skip
 @click.option("--device", help="Override every workload's device (cuda, cpu, cuda:1).")
 @click.option(
-    "--threads", type=click.IntRange(min=1), help="B4: CPU threads of both commands [batchgen's default]."
+    "--threads", type=click.IntRange(min=1), help="B4: CPU threads of both commands [each its default]."
 )
 @click.option("--prompts", type=click.Path(dir_okay=False, exists=True),
               help="B4: a JSONL prompt file instead of the built-in mixed-length prompts.")  # fmt: skip

@@ -1,15 +1,17 @@
 """Whole-command runs (B4): ``batchgen run`` and the transformers baseline command on the same prompts.
 
 Each mode is a fresh process timed from start to exit, so the wall time is what a user waits for:
-imports, model load, tokenizing, generation and writing the output. Both commands get the same torch
-thread count (``--threads``, else batchgen's default for this machine, decided once before the first
-command), so the comparison is between the engines, not between thread policies.
+imports, model load, tokenizing, generation and writing the output. With ``threads`` both commands get
+that many torch threads: a comparison of the engines alone. Without, each runs as its user would get it:
+batchgen with its automatic threads (``batchgen/threads.py``), the transformers script with torch's
+default of one thread per core.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -30,8 +32,11 @@ def write_prompts(prompts: list[str | list[dict]], path: Path) -> Path:
     return path
 
 
-def _argv(mode: str, prompts: Path, out: Path, new_tokens: int, threads: int, model: str | None) -> list[str]:
-    common = [str(prompts), str(out), "--max-new-tokens", str(new_tokens), "--threads", str(threads)]
+def _argv(
+    mode: str, prompts: Path, out: Path, new_tokens: int, threads: int | None, model: str | None
+) -> list[str]:
+    common = [str(prompts), str(out), "--max-new-tokens", str(new_tokens)]
+    common += ["--threads", str(threads)] if threads else []
     common += ["--model", model] if model else []
     if mode == "generate_batch":
         return [sys.executable, "-m", "batchgen.bench.hf_baseline", *common]
@@ -52,12 +57,12 @@ def _wait(argv: list[str], log: Path) -> tuple[int, float, float]:
 
 
 def run_command(
-    mode: str, prompts: Path, num_prompts: int, new_tokens: int, threads: int, model: str | None = None
+    mode: str, prompts: Path, num_prompts: int, new_tokens: int, threads: int | None, model: str | None = None
 ) -> dict[str, Any]:
     """One whole command (``model``: a local directory, else the embedded model)."""
     engine = "transformers" if mode == "generate_batch" else "batchgen"
     record = base_record(mode, engine, num_prompts, new_tokens)
-    record["threads"] = threads
+    record["threads"] = threads or "default"
     with tempfile.TemporaryDirectory(prefix="batchgen-bench-") as tmp:
         out, log = Path(tmp) / "out.jsonl", Path(tmp) / "log.txt"
         record["load_1m_start"] = os.getloadavg()[0]
@@ -69,8 +74,8 @@ def run_command(
             record["error"] = f"exit {code}: {text.strip().splitlines()[-1] if text.strip() else ''}"
             return record
         tokens, gen_s = _generated(mode, out, text)
-    record["gen_s"] = gen_s
-    record["note"] = f"whole command; generation {gen_s:.1f} s; {threads} threads"
+    record["gen_s"], record["threads_used"] = gen_s, _threads_used(mode, text)
+    record["note"] = f"whole command; generation {gen_s:.1f} s; threads {record['threads_used']}"
     return finish(record, tokens)
 
 
@@ -81,6 +86,14 @@ def _generated(mode: str, out: Path, log: str) -> tuple[int, float]:
         return summary["output_tokens"], summary["wall_s"]
     stats = json.loads(out.with_suffix(".stats.json").read_text())
     return stats["completion_tokens"], stats["wall_s"]
+
+
+def _threads_used(mode: str, log: str) -> str:
+    """The thread counts the command ran with, as it logged them: ``1``, ``2 -> 1``."""
+    if mode == "generate_batch":
+        return str(json.loads(log.strip().splitlines()[-1])["threads"])
+    counts = re.findall(r"CPU threads: (\d+)|CPU threads \d+ -> (\d+)", log)
+    return " -> ".join(a or b for a, b in counts) or "?"
 
 
 def read_prompts(path: str) -> list[str | list[dict]]:
@@ -101,7 +114,12 @@ def shape_label(prompts: list[str | list[dict]], new_tokens: int) -> str:
 
 
 def run_command_workload(
-    name: str, prompts: list[str | list[dict]], modes: list[str], new_tokens: int, threads: int, repeat: int
+    name: str,
+    prompts: list[str | list[dict]],
+    modes: list[str],
+    new_tokens: int,
+    threads: int | None,
+    repeat: int,
 ) -> list[dict[str, Any]]:
     """Each mode once per round, ``repeat`` rounds: side by side, so slow drifts in the machine's load
     hit every mode alike."""

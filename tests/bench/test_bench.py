@@ -125,7 +125,7 @@ def test_whole_commands_side_by_side(tiny_llama, tmp_path):
         r = commands.run_command(mode, path, 2, 4, threads=1, model=tiny_llama)
         assert r["error"] is None, r["error"]
         assert r["output_tokens"] == r["expected_tokens"] == 8  # EOS ignored / disabled in both
-        assert r["wall_s"] > r["gen_s"] > 0 and r["peak_mem_gib"] > 0 and r["threads"] == 1
+        assert r["wall_s"] > r["gen_s"] > 0 and r["peak_mem_gib"] > 0 and r["threads_used"] == "1"
         assert not failed(r)
 
 
