@@ -378,6 +378,9 @@ cli.add_command(bench_command)
 
 
 def main(argv: list[str] | None = None) -> None:
+    from batchgen.threads import prefer_passive_waits
+
+    prefer_passive_waits()  # before anything loads torch: OpenMP reads it once, at load
     cli.main(args=argv, prog_name="batchgen")
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from batchgen.bench.runners import base_record, finish
+from batchgen.threads import DEFAULTED, PASSIVE_WAITS
 
 COMMAND_MODES = ("run", "async", "sync", "generate_batch")  # run = batchgen's default mode for the device
 
@@ -46,11 +47,22 @@ def _argv(
             "--no-progress", "--overwrite", "--stats-file", str(stats), *flags]  # fmt: skip
 
 
-def _wait(argv: list[str], log: Path) -> tuple[int, float, float]:
+def _env(mode: str, threads: int | None) -> dict[str, str]:
+    """batchgen run sets its OpenMP wait policy itself. The baseline gets the same one when both run
+    on the same threads, else the policy its user would have: the environment's, or OpenMP's default."""
+    env = dict(os.environ)
+    if mode != "generate_batch":
+        return env
+    if threads is not None:
+        return {**PASSIVE_WAITS, **env}
+    return {k: v for k, v in env.items() if k not in DEFAULTED}
+
+
+def _wait(argv: list[str], env: dict[str, str], log: Path) -> tuple[int, float, float]:
     """Run to exit; (exit code, wall seconds, peak RSS GiB of that process)."""
     t0 = time.perf_counter()
     with open(log, "w") as f:
-        proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=env)
         _, status, usage = os.wait4(proc.pid, 0)  # wait4: the rusage of this child alone
     proc.returncode = os.waitstatus_to_exitcode(status)
     return proc.returncode, time.perf_counter() - t0, usage.ru_maxrss / (1 << 20)  # KiB -> GiB
@@ -67,7 +79,7 @@ def run_command(
         out, log = Path(tmp) / "out.jsonl", Path(tmp) / "log.txt"
         record["load_1m_start"] = os.getloadavg()[0]
         argv = _argv(mode, prompts, out, new_tokens, threads, model)
-        code, record["wall_s"], record["peak_mem_gib"] = _wait(argv, log)
+        code, record["wall_s"], record["peak_mem_gib"] = _wait(argv, _env(mode, threads), log)
         record["load_1m"] = os.getloadavg()[0]
         text = log.read_text()
         if code != 0:

@@ -182,3 +182,22 @@ def test_stat_deltas_survive_a_reset():
     assert d["steps"] == 4 and d["output_tokens"] == 16 and d["gpu_busy_s"] is None
     reset = dict(after) | {"steps": 3}  # an engine that restarts its counters per stream
     assert metrics.delta(before, reset)["steps"] == 3
+
+
+def test_baseline_env_follows_the_thread_setting(monkeypatch):
+    """Same threads: same OpenMP wait policy for both commands. Defaults: the baseline does not inherit
+    the policy batchgen's command line set for itself."""
+    from batchgen import threads
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.setattr(threads, "DEFAULTED", set())
+    monkeypatch.setattr(commands, "DEFAULTED", threads.DEFAULTED)
+    threads.prefer_passive_waits()
+    assert commands._env("run", None)["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert commands._env("generate_batch", 1)["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert "OMP_WAIT_POLICY" not in commands._env("generate_batch", None)
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")  # the user's own choice reaches both
+    monkeypatch.setattr(threads, "DEFAULTED", set())
+    monkeypatch.setattr(commands, "DEFAULTED", threads.DEFAULTED)
+    threads.prefer_passive_waits()
+    assert commands._env("generate_batch", None)["OMP_WAIT_POLICY"] == "ACTIVE"
