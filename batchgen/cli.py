@@ -378,9 +378,9 @@ cli.add_command(bench_command)
 
 
 def main(argv: list[str] | None = None) -> None:
-    from batchgen.threads import prefer_passive_waits
+    from batchgen.threads import prefer_short_spins
 
-    prefer_passive_waits()  # before anything loads torch: OpenMP reads it once, at load
+    prefer_short_spins()  # before anything loads torch: OpenMP reads it once, at load
     cli.main(args=argv, prog_name="batchgen")
 
 

@@ -2,8 +2,8 @@
 
 torch's default, one thread per core, is the worst choice on a machine shared with other work: every
 parallel op waits at a barrier for its slowest thread, and a thread that lost its core to another process
-stalls the op for a scheduler time slice. Measured on a 2-core VM at load average ~3: the B4 generation
-took 41-43 s with 1 thread, 71 s and 428 s in two runs with 2.
+stalls the op for a scheduler time slice. Measured on a 2-core VM at load average ~3, with OpenMP's
+default spinning: the B4 generation took 41-43 s with 1 thread, 71 s and 428 s in two runs with 2.
 
 So on the CPU (unless ``--threads N`` / ``LLM(threads=N)`` fixes the count):
 - the run starts with the cores this process may use (``os.sched_getaffinity``: taskset, cgroups, Slurm)
@@ -15,10 +15,12 @@ So on the CPU (unless ``--threads N`` / ``LLM(threads=N)`` fixes the count):
 The tokenizers' Rust pool is switched off (``TOKENIZERS_PARALLELISM=false`` unless set): prompts are
 tokenized one at a time in the prompt thread, and a pool would only compete with the engine's threads.
 
-The command line also makes OpenMP's idle threads sleep rather than spin (``OMP_WAIT_POLICY=PASSIVE``
-unless set; it must be set before torch loads). A spinning thread burns the time slice its partner needs
-to finish: at load ~4 on the 2-core VM, 16 B4 steps took 31-101 s on 2 spinning threads, 17-25 s on 2
-sleeping ones, and 13-22 s on 1.
+The command line also shortens how long an idle OpenMP thread spins before it sleeps: 1000 rounds
+(``GOMP_SPINCOUNT=1000``, unless it or ``OMP_WAIT_POLICY`` is set; read once, when torch loads) instead
+of 300000. Beside other work, a spinning thread burns the time slice its descheduled partner needs.
+Measured on the 2-core VM with 2 threads: at load ~4.5, 16 B4 steps took 31-101 s with the default
+spin, 17-25 s with 1000 (13-22 s on 1 thread); at load ~1.5 the whole B4 generation took 23.5-23.7 s
+with the default, 23.2-25.5 s with 1000, 27.9-30.8 s never spinning (``OMP_WAIT_POLICY=PASSIVE``).
 """
 
 from __future__ import annotations
@@ -40,13 +42,15 @@ _IDLE_CORES = 0.75  # idle time, in cores, that means a core is free
 _HOLD_S, _MAX_HOLD_S = 10.0, 300.0  # no step up for this long after a step down, doubled each time
 
 
-PASSIVE_WAITS = {"OMP_WAIT_POLICY": "PASSIVE"}
-DEFAULTED: set[str] = set()  # the variables prefer_passive_waits set (the user had not)
+SHORT_SPINS = {"GOMP_SPINCOUNT": "1000"}
+DEFAULTED: set[str] = set()  # the variables prefer_short_spins set (the user had not)
 
 
-def prefer_passive_waits() -> None:
-    """Before torch loads (the command line's first step): idle OpenMP threads sleep, see above."""
-    for key, value in PASSIVE_WAITS.items():
+def prefer_short_spins() -> None:
+    """Before torch loads (the command line's first step): idle OpenMP threads soon sleep, see above."""
+    if "OMP_WAIT_POLICY" in os.environ:  # the user chose how OpenMP waits
+        return
+    for key, value in SHORT_SPINS.items():
         if key not in os.environ:
             os.environ[key] = value
             DEFAULTED.add(key)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from batchgen.bench.runners import base_record, finish
-from batchgen.threads import DEFAULTED, PASSIVE_WAITS
+from batchgen.threads import DEFAULTED, SHORT_SPINS
 
 COMMAND_MODES = ("run", "async", "sync", "generate_batch")  # run = batchgen's default mode for the device
 
@@ -48,13 +48,13 @@ def _argv(
 
 
 def _env(mode: str, threads: int | None) -> dict[str, str]:
-    """batchgen run sets its OpenMP wait policy itself. The baseline gets the same one when both run
-    on the same threads, else the policy its user would have: the environment's, or OpenMP's default."""
+    """batchgen run sets how OpenMP threads wait itself. The baseline gets the same when both run on
+    the same threads, else what its user would have: the environment's, or OpenMP's default."""
     env = dict(os.environ)
     if mode != "generate_batch":
         return env
-    if threads is not None:
-        return {**PASSIVE_WAITS, **env}
+    if threads is not None and "OMP_WAIT_POLICY" not in env:
+        return {**SHORT_SPINS, **env}
     return {k: v for k, v in env.items() if k not in DEFAULTED}
 
 

@@ -185,19 +185,24 @@ def test_stat_deltas_survive_a_reset():
 
 
 def test_baseline_env_follows_the_thread_setting(monkeypatch):
-    """Same threads: same OpenMP wait policy for both commands. Defaults: the baseline does not inherit
-    the policy batchgen's command line set for itself."""
+    """Same threads: the same OpenMP spin for both commands. Defaults: the baseline does not inherit
+    what batchgen's command line set for itself; a user's own setting reaches both."""
     from batchgen import threads
 
+    def fresh_cli_start():
+        monkeypatch.setattr(threads, "DEFAULTED", set())
+        monkeypatch.setattr(commands, "DEFAULTED", threads.DEFAULTED)
+        threads.prefer_short_spins()
+
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
-    monkeypatch.setattr(threads, "DEFAULTED", set())
-    monkeypatch.setattr(commands, "DEFAULTED", threads.DEFAULTED)
-    threads.prefer_passive_waits()
-    assert commands._env("run", None)["OMP_WAIT_POLICY"] == "PASSIVE"
-    assert commands._env("generate_batch", 1)["OMP_WAIT_POLICY"] == "PASSIVE"
-    assert "OMP_WAIT_POLICY" not in commands._env("generate_batch", None)
-    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")  # the user's own choice reaches both
-    monkeypatch.setattr(threads, "DEFAULTED", set())
-    monkeypatch.setattr(commands, "DEFAULTED", threads.DEFAULTED)
-    threads.prefer_passive_waits()
-    assert commands._env("generate_batch", None)["OMP_WAIT_POLICY"] == "ACTIVE"
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    fresh_cli_start()
+    assert commands._env("run", None)["GOMP_SPINCOUNT"] == "1000"
+    assert commands._env("generate_batch", 1)["GOMP_SPINCOUNT"] == "1000"
+    assert "GOMP_SPINCOUNT" not in commands._env("generate_batch", None)
+    monkeypatch.delenv("GOMP_SPINCOUNT")
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")  # the user's choice: nothing added, for either
+    fresh_cli_start()
+    assert "GOMP_SPINCOUNT" not in commands._env("run", None)
+    assert "GOMP_SPINCOUNT" not in commands._env("generate_batch", 1)
+    assert commands._env("generate_batch", None)["OMP_WAIT_POLICY"] == "PASSIVE"
