@@ -5,8 +5,9 @@ Same contract and cache layout as ``reference.paged_attention`` (the oracle it i
 Decodes (one query row each) run together, split by KV block in the manner of flash-decoding: every
 (sequence, block) pair is one item of a batched matmul, and the pairs' partial softmaxes are merged per
 sequence. The work is the sum of the sequences' own block counts, with a fixed number of torch ops per
-layer whatever the batch holds. The reference instead pads every decode to the longest context, so one
-800-token prompt made each of 78 short decodes read 800 tokens of K and V (9x the work, measured).
+layer whatever the batch holds. The reference instead pads every decode to the longest context: in B4
+(78 prompts, two of them long) each step gathered 9x the K and V of the sequences' own contexts, and
+attention took 78% of the run (70 of 90 s for 8 steps; 3.7 of 19 s with this module, same load).
 
 Multi-token query runs (prefill chunks) go one sequence at a time through SDPA over that sequence's own
 blocks: a few of them per step, each large enough to amortise the loop, and SDPA's CPU kernel never
