@@ -7,7 +7,8 @@ default spinning: the B4 generation took 41-43 s with 1 thread, 71 s and 428 s i
 
 So on the CPU (unless ``--threads N`` / ``LLM(threads=N)`` fixes the count):
 - the run starts with the cores this process may use (``os.sched_getaffinity``: taskset, cgroups, Slurm)
-  less those the 1-minute load average says are busy, at least one; ``OMP_NUM_THREADS`` caps it;
+  less those the 1-minute load average says are busy, at least one; ``OMP_NUM_THREADS`` caps it, and
+  so does a lower count set on torch beforehand;
 - every couple of seconds a ``ThreadGovernor`` looks at what happened since: one thread fewer while this
   process's threads waited for a CPU (their run-queue delay in ``/proc/self/task/*/schedstat``), one
   more while a core of its affinity sat idle (``/proc/stat``), waiting longer after each step down so a
@@ -64,19 +65,37 @@ def available_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+_ours: int | None = None  # the count batchgen last gave torch
+
+
 def max_threads() -> int:
-    cores = available_cores()
+    """The most threads an automatic count may use: the cores available, capped by ``OMP_NUM_THREADS``
+    and by a lower count set on torch before (``torch.set_num_threads`` in a library user's code)."""
+    import torch
+
+    cap = available_cores()
     omp = os.environ.get("OMP_NUM_THREADS", "")
-    return min(cores, int(omp)) if omp.isdigit() and int(omp) > 0 else cores
+    if omp.isdigit() and int(omp) > 0:
+        cap = min(cap, int(omp))
+    current = torch.get_num_threads()
+    return cap if current == _ours else min(cap, current)
 
 
-def default_threads() -> int:
+def _apply(threads: int) -> None:
+    import torch
+
+    global _ours
+    torch.set_num_threads(threads)
+    _ours = threads
+
+
+def default_threads(limit: int | None = None) -> int:
     """The cores free now: the affinity's, less those busy by the 1-minute load average, at least 1."""
     try:
         busy = int(os.getloadavg()[0])
     except (AttributeError, OSError):
         busy = 0
-    return max(1, min(max_threads(), available_cores() - busy))
+    return max(1, min(limit or max_threads(), available_cores() - busy))
 
 
 class Sample(NamedTuple):
@@ -148,12 +167,10 @@ class ThreadGovernor:
             self._set(self.threads + 1, f"{idle:.2f} cores idle")
 
     def _set(self, threads: int, why: str) -> None:
-        import torch
-
         log.info("CPU threads %d -> %d: %s", self.threads, threads, why)
         self.threads = threads
         self.changes += 1
-        torch.set_num_threads(threads)
+        _apply(threads)
 
 
 def _rates(old: Sample, new: Sample) -> tuple[float, float]:
@@ -168,15 +185,14 @@ def set_cpu_threads(requested: int | None, device: torch.device) -> ThreadGovern
 
     On CUDA with no explicit count nothing changes: the host only schedules there.
     """
-    import torch
-
     if requested is None and device.type != "cpu":
         return None
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    threads = requested if requested is not None else default_threads()
-    torch.set_num_threads(threads)
+    limit = max_threads()
+    threads = requested if requested is not None else default_threads(limit)
+    _apply(threads)
     how = "--threads" if requested is not None else "automatic, following the load"
     log.info("CPU threads: %d (%s; %d cores available)", threads, how, available_cores())
-    if requested is not None or max_threads() == 1:
+    if requested is not None or limit == 1:
         return None
-    return ThreadGovernor(threads, max_threads())
+    return ThreadGovernor(threads, limit)

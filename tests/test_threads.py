@@ -88,9 +88,24 @@ def test_explicit_threads_are_fixed_and_cuda_untouched(monkeypatch):
     assert threads.set_cpu_threads(None, torch.device("cpu")) is None  # nothing to govern with one core
 
 
+def test_a_lower_torch_count_set_beforehand_caps_the_automatic_one(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(threads, "available_cores", lambda: 8)
+    monkeypatch.setattr(threads.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    monkeypatch.setattr(threads, "_ours", None)
+    torch.set_num_threads(1)  # a library user's (or a test's) own choice
+    assert threads.set_cpu_threads(None, torch.device("cpu")) is None and torch.get_num_threads() == 1
+    torch.set_num_threads(3)
+    gov = threads.set_cpu_threads(None, torch.device("cpu"))
+    assert gov.limit == 3 and torch.get_num_threads() == 3
+    gov._set(2, "test")  # batchgen's own lower count is no cap for the next LLM
+    assert threads.max_threads() == 8
+
+
 def test_default_leaves_busy_cores_alone(monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(threads, "available_cores", lambda: 8)
+    monkeypatch.setattr(threads, "_ours", torch.get_num_threads())  # torch's count is no cap
     monkeypatch.setattr(threads.os, "getloadavg", lambda: (2.7, 0.0, 0.0))
     assert threads.default_threads() == 6
     monkeypatch.setattr(threads.os, "getloadavg", lambda: (20.0, 0.0, 0.0))
