@@ -143,6 +143,11 @@ def cli() -> None:
 @click.option("--async/--sync", "async_mode", default=None, help="[default: async on CUDA]")
 @click.option("--cuda-graphs/--no-cuda-graphs", default=None, help="[default: on on CUDA]")
 @click.option("--prefix-caching/--no-prefix-caching", default=True, show_default=True)
+@click.option(
+    "--threads",
+    type=click.IntRange(min=1),
+    help="CPU threads for the model [default on the CPU: the cores free, by affinity and load average].",
+)
 @click.option("--kv-cache-bytes", hidden=True, help="Explicit KV cache budget, e.g. 2G.")
 @click.option("--attention-backend", type=click.Choice(["torch", "triton"]), hidden=True)
 @click.option(
@@ -339,6 +344,9 @@ cli.add_command(bench_command)
 
 
 def main(argv: list[str] | None = None) -> None:
+    from batchgen.threads import prefer_short_spins
+
+    prefer_short_spins()  # before anything loads torch: OpenMP reads it once, at load
     cli.main(args=argv, prog_name="batchgen")
 
 

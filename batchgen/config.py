@@ -115,6 +115,7 @@ class EngineConfig:
     load_format: str = "auto"  # "auto": the checkpoint's weights; "random": random weights of its shapes
     quantization: str | None = None  # "fp8": quantize a bf16/fp16 checkpoint's projections at load
     kv_cache_dtype: str = "auto"  # "auto" (the model dtype) | "fp8"
+    threads: int | None = None  # torch intra-op threads; None: on the CPU, the free cores (threads.py)
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -130,6 +131,8 @@ class EngineConfig:
             raise ValueError(f"unknown dtype {self.dtype!r}")
         if self.attention_backend not in (None, "torch", "triton"):
             raise ValueError(f"unknown attention backend {self.attention_backend!r}")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads}")
         if self.model_impl not in ("auto", "batchgen", "transformers"):
             raise ValueError(f"unknown model implementation {self.model_impl!r}")
         if self.tensor_parallel < 1:

@@ -120,7 +120,7 @@ def read_json_schema(path: str) -> str:
 _ENGINE_FIELDS = (
     "model", "device", "max_num_seqs", "max_batch_tokens", "max_model_len", "gpu_memory_utilization",
     "block_size", "async_mode", "cuda_graphs", "prefix_caching", "attention_backend", "model_impl",
-    "trust_remote_code", "tensor_parallel", "quantization", "kv_cache_dtype",
+    "trust_remote_code", "tensor_parallel", "quantization", "kv_cache_dtype", "threads",
 )  # fmt: skip
 _RUN_FIELDS = (
     "limit", "system_prompt", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "n",

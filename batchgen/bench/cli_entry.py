@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from batchgen.bench import metrics, report, runners
+from batchgen.bench import commands, metrics, report, runners
 from batchgen.bench.workloads import (
     ARCHS,
     EMBEDDED,
@@ -23,6 +23,7 @@ from batchgen.bench.workloads import (
     build_random_model,
     get_workload,
     load_tokenizer,
+    mixed_prompts,
     random_prompts,
     text_prompts,
 )
@@ -39,6 +40,16 @@ _BURN_IN_TOKENS = 1024
 
 def log(msg: str) -> None:
     print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class CommandOptions:
+    """For whole-command workloads: the thread count of both commands (None: each its own default), a
+    JSONL prompt file instead of the built-in mix, and how many side-by-side rounds."""
+
+    threads: int | None = None
+    prompts: str | None = None
+    repeat: int = 1
 
 
 @dataclass
@@ -233,18 +244,38 @@ def _safe_run(p: Prepared, mode: str, bandwidth: float, sizes: dict) -> dict[str
 
 
 def modes_for(w: Workload, modes: list[str], compare_hf: bool) -> list[str]:
-    """The engine modes asked for, then the baselines: the workload's (generate_batch, or transformers'
-    forward for B6), and beside generate_batch the hand-written ``model.generate`` loops on CPU only
-    (on a GPU they would take longer than the rest together)."""
-    out = list(dict.fromkeys(modes))
+    """The engine modes asked for (default: async and sync; a whole-command workload: batchgen run as is),
+    then the baselines: the workload's (generate_batch, or transformers' forward for B6), and beside
+    generate_batch the hand-written ``model.generate`` loops on CPU only (on a GPU they would take longer
+    than the rest together) and not as commands."""
+    out = list(dict.fromkeys(modes or (["run"] if w.command else DEFAULT_MODES)))
     if compare_hf and w.tensor_parallel == 1:  # a split model exists whole in no process
-        loops = w.device == "cpu" and "generate_batch" in w.baselines
+        loops = w.device == "cpu" and "generate_batch" in w.baselines and not w.command
         extra = list(w.baselines) + (["hf_loop", "hf_padded"] if loops else [])
         out += [m for m in extra if m not in out]
     return out
 
 
-def run_workload(w: Workload, modes: list[str], compare_hf: bool = True) -> list[dict[str, Any]]:
+def run_command_workload(w: Workload, modes: list[str], compare_hf: bool, opts: CommandOptions):
+    """B4: whole commands on the embedded model (``bench/commands.py``)."""
+    bad = [m for m in modes if m not in commands.COMMAND_MODES]
+    if bad or w.arch != EMBEDDED:
+        raise ValueError(
+            f"{w.name} runs whole commands on the embedded model: modes {commands.COMMAND_MODES}"
+        )
+    prompts = commands.read_prompts(opts.prompts) if opts.prompts else mixed_prompts(w.num_requests)
+    threads = f"{opts.threads} threads each" if opts.threads else "each command's default threads"
+    log(f"{w.name}: whole commands, {len(prompts)} prompts, {threads}, {opts.repeat} round(s)")
+    return commands.run_command_workload(
+        w.name, prompts, modes_for(w, modes, compare_hf), w.max_new_tokens, opts.threads, opts.repeat
+    )
+
+
+def run_workload(
+    w: Workload, modes: list[str], compare_hf: bool = True, opts: CommandOptions | None = None
+) -> list[dict[str, Any]]:
+    if w.command:
+        return run_command_workload(w, modes, compare_hf, opts or CommandOptions())
     log(f"{w.name}: preparing {w.arch} on {w.device} ({w.dtype})")
     p = prepare(w)
     bandwidth = metrics.measure_bandwidth(p.device) * w.tensor_parallel  # K GPUs read their shards at once
@@ -254,9 +285,10 @@ def run_workload(w: Workload, modes: list[str], compare_hf: bool = True) -> list
     }
     log(f"{w.name}: {p.shape}; copy bandwidth {bandwidth / 1e9:.0f} GB/s")
     records = []
-    if p.device.type == "cuda" and modes:
+    modes = modes_for(w, modes, compare_hf)
+    if p.device.type == "cuda":
         _burn_in(p, modes[0], bandwidth, sizes)
-    for mode in modes_for(w, modes, compare_hf):
+    for mode in modes:
         record = _safe_run(p, mode, bandwidth, sizes)
         status = record["error"] or f"{record['wall_s']:.2f} s, {record['tok_s']:.1f} tok/s"
         if p.device.type == "cuda":  # what the next mode starts with: a leak shows up here
@@ -317,6 +349,7 @@ def run_bench(
     tensor_parallel: int | None = None,
     quantization: str | None = None,
     kv_cache_dtype: str = "auto",
+    opts: CommandOptions | None = None,
 ) -> list[dict]:
     """Run each workload in each mode (plus the transformers baselines), print and write the tables.
     ``quantization`` / ``kv_cache_dtype``: FP8 for batchgen's runs (the baselines run the model as built)."""
@@ -325,7 +358,7 @@ def run_bench(
     for w in specs:
         w = quick_workload(w) if quick else w
         try:
-            records += run_workload(w, modes or DEFAULT_MODES, compare_hf)
+            records += run_workload(w, modes, compare_hf, opts)
         except Exception as e:  # e.g. no CUDA device for a GPU workload: report it, run the rest
             failed = runners.base_record("-", "-", w.num_requests, w.max_new_tokens)
             failed.update(workload=w.name, shape=w.label, error=f"{type(e).__name__}: {e}")

@@ -13,8 +13,8 @@ import click
     "--mode",
     "modes",
     multiple=True,
-    type=click.Choice(["async", "sync", "generate_batch", "hf_loop", "hf_padded", "hf_forward"]),
-    help="repeatable [async sync]",
+    type=click.Choice(["async", "sync", "run", "generate_batch", "hf_loop", "hf_padded", "hf_forward"]),
+    help="repeatable [async sync; B4: run, the plain batchgen run command]",
 )
 @click.option(
     "--out", "out_dir", type=click.Path(file_okay=False), help="Write bench.json and bench.md here."
@@ -27,13 +27,19 @@ import click
 @click.option("--quantization", type=click.Choice(["fp8"]), help="batchgen's runs: FP8 projections.")
 @click.option("--kv-cache-dtype", type=click.Choice(["auto", "fp8"]), default="auto", show_default=True,
               help="batchgen's runs: the KV cache's dtype.")  # fmt: skip
-def bench_command(
-    workloads, modes, out_dir, quick, compare_hf, device, tensor_parallel, quantization, kv_cache_dtype
-) -> None:
+@click.option(
+    "--threads", type=click.IntRange(min=1), help="B4: CPU threads of both commands [each its default]."
+)
+@click.option("--prompts", type=click.Path(dir_okay=False, exists=True),
+              help="B4: a JSONL prompt file instead of the built-in mixed-length prompts.")  # fmt: skip
+@click.option(
+    "--repeat", type=click.IntRange(min=1), default=1, show_default=True, help="B4: side-by-side rounds."
+)
+def bench_command(workloads, modes, out_dir, quick, compare_hf, device, **kw) -> None:
     """The benchmark workloads (B1-B6): batchgen async and sync beside transformers (generate_batch, or
-    its forward on batchgen's engine for the MoE workload B6)."""
+    its forward on batchgen's engine for the MoE workload B6; B4: whole commands)."""
     from batchgen.bench.__main__ import failed
-    from batchgen.bench.cli_entry import run_bench
+    from batchgen.bench.cli_entry import CommandOptions, run_bench
     from batchgen.bench.workloads import WORKLOADS
 
     unknown = [w for w in workloads if w not in WORKLOADS]
@@ -41,6 +47,7 @@ def bench_command(
         raise click.BadParameter(
             f"{unknown[0]!r}; choose from {', '.join(WORKLOADS)}", param_hint="--workload"
         )
+    opts = CommandOptions(kw["threads"], kw["prompts"], kw["repeat"])
     records = run_bench(
         list(workloads) or ["B4"],
         list(modes),
@@ -48,8 +55,9 @@ def bench_command(
         quick,
         compare_hf,
         device,
-        tensor_parallel,
-        quantization,
-        kv_cache_dtype,
+        kw["tensor_parallel"],
+        kw["quantization"],
+        kw["kv_cache_dtype"],
+        opts,
     )
     sys.exit(1 if any(failed(r) for r in records) else 0)

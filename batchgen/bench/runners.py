@@ -160,8 +160,11 @@ def _greedy_config(new_tokens: int, eos: int | None, pad: int | None, cb: bool):
     )
 
 
-def run_generate_batch(model, tokenizer, prompts: list[list[int]], new_tokens: int) -> dict[str, Any]:
-    """transformers' continuous batching. Only arguments that 5.17 and later share are passed."""
+def run_generate_batch(
+    model, tokenizer, prompts: list[list[int]], new_tokens: int, keep_outputs: bool = False
+) -> dict[str, Any]:
+    """transformers' continuous batching. Only arguments that 5.17 and later share are passed.
+    ``keep_outputs`` adds each prompt's generated ids, in input order, as ``record["outputs"]``."""
     record = base_record("generate_batch", "transformers", len(prompts), new_tokens)
     config = _greedy_config(new_tokens, None, _pad_id(tokenizer), cb=True)
     kwargs: dict[str, Any] = {"generation_config": config}
@@ -176,6 +179,8 @@ def run_generate_batch(model, tokenizer, prompts: list[list[int]], new_tokens: i
         results = model.generate_batch(inputs=prompts, **kwargs)
     outs = list(results.values())
     record["errors"] = sum(getattr(o, "error", None) is not None for o in outs) + len(prompts) - len(outs)
+    if keep_outputs:
+        record["outputs"] = [list(o.generated_tokens) for o in outs]
     return finish(record, sum(len(o.generated_tokens) for o in outs))
 
 

@@ -2,7 +2,9 @@
 
 GPU workloads use random-weight models built from the real architectures' configs, so nothing is
 downloaded; prompts are random token ids of a fixed length and every request decodes exactly
-``max_new_tokens`` (EOS ignored), so runs are comparable token for token.
+``max_new_tokens`` (EOS ignored), so runs are comparable token for token. B4 is the CPU case as a user
+meets it: the embedded model, chat prompts of mixed length (a few long ones among many short), timed as
+whole commands (``bench/commands.py``).
 """
 
 from __future__ import annotations
@@ -128,6 +130,7 @@ class Workload:
 
     # Structured output: every request under this JSON Schema (its length is bounded by max_new_tokens)
     json_schema: dict | None = None
+    command: bool = False  # timed as whole commands (batchgen run vs a generate_batch script), mixed prompts
 
     @property
     def label(self) -> str:
@@ -158,13 +161,49 @@ WORKLOADS: dict[str, Workload] = {
     "B1s": Workload("B1s", "llama3-8b", 32, 256, 1024, hf_max_new_tokens=256),
     "B2": Workload("B2", "llama3-8b", 1024, 512, 512, hf_max_new_tokens=128),
     "B3": Workload("B3", "qwen3-0.6b", 256, 128, 1024, hf_max_new_tokens=256),
-    "B4": Workload("B4", EMBEDDED, 0, 0, 64, device="cpu", dtype="float32"),
+    "B4": Workload("B4", EMBEDDED, 78, 0, 64, device="cpu", dtype="float32", command=True),
     "B5": Workload("B5", "llama3-70b", 64, 512, 1024, tensor_parallel=2),
     # The fused MoE path; its baseline is one wave (256 = max_num_seqs) of the same requests.
     "B6": Workload("B6", "qwen3-30b-a3b", 512, 512, 512, baselines=("hf_forward",), hf_num_requests=256),
     # B3 with a JSON Schema on every row (issue 14: >= 0.8x B3's tok/s, GPU active >= 95 %)
     "B3j": Workload("B3j", "qwen3-0.6b", 256, 128, 1024, baselines=(), json_schema=RECORDS_SCHEMA),
 }
+
+# B4's prompts: short questions (41-60 tokens with the chat template) and two long ones (507 and 812
+# tokens), as a real prompt file mixes them. Built from fixed text, so every run sees the same tokens.
+_TOPICS = (
+    "the ocean", "volcanoes", "bread baking", "chess openings", "honey bees", "the moon", "railways",
+    "coffee", "glaciers", "jazz", "bicycles", "owls", "copper", "deserts", "lighthouses", "paper making",
+    "solar panels", "whales", "castles", "maple syrup", "clocks", "bridges", "spiders", "comets", "salt",
+    "windmills",
+)  # fmt: skip
+_ASKS = (
+    "Explain in simple terms how {} work and why people care about them.",
+    "Write a short paragraph describing {} for a curious child.",
+    "Give three surprising facts about {}, one sentence each.",
+    "What are the main risks and benefits associated with {}?",
+    "Describe the history of {}, the people who shaped it, and one question about it that is still open "
+    "today, in a friendly tone.",
+)
+_LONG_NOTES = (19, 31)  # meeting notes of ~25 tokens each: 507- and 812-token prompts
+
+
+def _notes(count: int, offset: int) -> str:
+    notes = (
+        f"Note {k + 1}: the committee reviewed item {k + 1} about {_TOPICS[(offset + 7 * k) % len(_TOPICS)]} "
+        "and agreed to revisit it after the next quarterly review."
+        for k in range(count)
+    )
+    return "Summarize these meeting notes in three bullet points:\n" + " ".join(notes)
+
+
+def mixed_prompts(num: int = 78, long_notes: tuple[int, ...] = _LONG_NOTES) -> list[str]:
+    """``num`` prompts: the long ones spread evenly among short questions."""
+    short = num - len(long_notes)
+    prompts = [_ASKS[i % len(_ASKS)].format(_TOPICS[(3 * i) % len(_TOPICS)]) for i in range(short)]
+    for j, n in enumerate(long_notes):
+        prompts.insert((j + 1) * len(prompts) // (len(long_notes) + 1), _notes(n, j))
+    return prompts
 
 
 def quick(w: Workload) -> Workload:

@@ -17,6 +17,7 @@ from batchgen.model.backends import TorchBackend, TritonBackend
 from batchgen.model.build import ModelBundle, ModelFiles, build_model
 from batchgen.model.loader import resolve_device, resolve_dtype
 from batchgen.parallel.group import ParallelGroup
+from batchgen.threads import ThreadGovernor, set_cpu_threads
 
 ACTIVATION_RESERVE = 2 << 30  # CUDA: room for activations and logits beside the KV pool
 DEFAULT_MAX_MODEL_LEN = 4096
@@ -54,13 +55,14 @@ def build_rank(
     if device.type == "cuda" and device.index is not None:
         torch.cuda.set_device(device)
     dtype = dtype or resolve_dtype(options.dtype, device)
+    governor = set_cpu_threads(options.threads, device, group.size)  # before loading: it computes
     limit = max_model_len(options, files.hf_config)
     bundle = build_model(options, files, group, device, dtype, limit)
     cache_dtype = kv_cache.cache_dtype(options.kv_cache_dtype, dtype)
     num_blocks = group.min_int(_num_blocks(options, bundle.kv_shape, device, cache_dtype, limit), device)
     caches = kv_cache.allocate(bundle.kv_shape, num_blocks, options.block_size, cache_dtype, device)
     async_mode = options.async_mode if options.async_mode is not None else device.type == "cuda"
-    runner = _runner(options, bundle, caches, device, limit, async_mode, progress)
+    runner = _runner(options, bundle, caches, device, limit, async_mode, progress, governor)
     return RankEngine(bundle, runner, num_blocks, device, dtype, limit, async_mode)
 
 
@@ -76,12 +78,13 @@ def _num_blocks(options: EngineConfig, shape: kv_cache.KVShape, device, dtype, l
 
 
 def _runner(
-    options: EngineConfig, bundle: ModelBundle, caches, device, limit: int, async_mode: bool, progress
-):
+    options: EngineConfig, bundle: ModelBundle, caches, device, limit: int, async_mode: bool, progress,
+    governor: ThreadGovernor | None,
+):  # fmt: skip
     from batchgen.engine.runner import EagerRunner
 
     if device.type != "cuda":
-        return EagerRunner(bundle.forward, caches, TorchBackend(), device, bundle.sampler)
+        return EagerRunner(bundle.forward, caches, TorchBackend(governor), device, bundle.sampler)
     from batchgen.engine.cuda_runner import CudaRunner
 
     triton = options.attention_backend != "torch"

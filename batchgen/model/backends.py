@@ -1,7 +1,7 @@
 """Kernel backends: the device-specific ops a forward pass calls, behind one interface.
 
-``TorchBackend`` is the reference (CPU path and oracle); ``TritonBackend`` runs the Triton kernels on
-CUDA, capturable in CUDA graphs (every bound comes from the context's Python ints, never from tensor
+``TorchBackend`` is the CPU path (torch ops); ``TritonBackend`` runs the Triton kernels on CUDA,
+capturable in CUDA graphs (every bound comes from the context's Python ints, never from tensor
 contents). Both expose paged attention with its KV write, and the fused layer ops of the batchgen
 forward (``model/fused.py``): RMSNorm with residual add, q/k norm + rotary + KV write, SiLU-and-multiply,
 and the routed experts of a mixture-of-experts layer (``model/moe.py``).
@@ -17,11 +17,12 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from batchgen.kernels import fp8_reference, reference
+from batchgen.kernels import cpu_attention, fp8_reference, reference
 from batchgen.kernels.fp8_reference import ActQuant, Fp8Act
 
 if TYPE_CHECKING:
     from batchgen.model.attention import PagedContext
+    from batchgen.threads import ThreadGovernor
 
 
 class KernelBackend(Protocol):
@@ -47,7 +48,12 @@ class KernelBackend(Protocol):
 
 
 class TorchBackend:
-    """The reference implementation (CPU path and oracle)."""
+    """The CPU path: the torch reference ops, with attention whose cost follows each sequence's own
+    context (``kernels/cpu_attention.py``, tested against ``reference.paged_attention``). A ``governor``
+    adjusts torch's CPU threads to the machine's load; it looks from here, the thread the model runs on."""
+
+    def __init__(self, governor: ThreadGovernor | None = None) -> None:
+        self.governor = governor
 
     write_kv = staticmethod(reference.write_kv)
     rope_write_kv = staticmethod(reference.rope_write_kv)
@@ -64,11 +70,13 @@ class TorchBackend:
     def attention(
         self, query, k_cache, v_cache, ctx: PagedContext, scale: float, sliding_window, kv_scales=(1.0, 1.0)
     ):
+        if self.governor is not None:
+            self.governor.tick()
         args = (query, k_cache, v_cache, ctx.cu_seqlens_q, ctx.seq_lens, ctx.block_tables, scale,
                 sliding_window)  # fmt: skip
-        if fp8_reference.is_fp8(k_cache):
+        if fp8_reference.is_fp8(k_cache):  # the oracle's FP8 path: rare on the CPU
             return fp8_reference.paged_attention(*args, kv_scales)
-        return reference.paged_attention(*args)
+        return cpu_attention.paged_attention(*args)
 
 
 class TritonBackend:

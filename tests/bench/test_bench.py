@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from batchgen.bench import metrics, report
+from batchgen.bench import commands, metrics, report
 from batchgen.bench.__main__ import failed, parse_args
 from batchgen.bench.cli_entry import modes_for, run_bench, run_workload
 from batchgen.bench.runners import base_record
@@ -16,9 +16,12 @@ from batchgen.bench.workloads import (
     WORKLOADS,
     Workload,
     build_random_model,
+    load_tokenizer,
+    mixed_prompts,
     quick,
     random_prompts,
 )
+from batchgen.model.tokenize import encode_prompt
 
 REQUESTS, PROMPT, NEW = 4, 8, 8
 
@@ -119,8 +122,12 @@ def test_workload_table_and_quick():
     q = quick(WORKLOADS["B1s"])
     assert q.max_new_tokens == 256 and q.hf_max_new_tokens <= 64
     assert quick(WORKLOADS["B4"]) == WORKLOADS["B4"]
-    assert modes_for(WORKLOADS["B4"], ["sync"], True) == ["sync", "generate_batch", "hf_loop", "hf_padded"]
+    assert modes_for(WORKLOADS["B4"], [], True) == ["run", "generate_batch"]  # whole commands
+    assert modes_for(WORKLOADS["B4"], ["sync"], False) == ["sync"]
+    cpu = Workload("cpu", "x", 4, 8, 8, device="cpu")
+    assert modes_for(cpu, ["sync"], True) == ["sync", "generate_batch", "hf_loop", "hf_padded"]
     assert modes_for(WORKLOADS["B3"], ["async"], True) == ["async", "generate_batch"]
+    assert modes_for(WORKLOADS["B3"], [], False) == ["async", "sync"]
     assert modes_for(WORKLOADS["B6"], ["async"], True) == ["async", "hf_forward"]
     assert quick(WORKLOADS["B6"]).hf_num_requests == 64
 
@@ -148,9 +155,40 @@ def test_structured_output_workload_keeps_every_row_to_its_length(tiny_llama):
     assert record["mask_ms_step"] > 0 and WORKLOADS["B3j"].json_schema is RECORDS_SCHEMA
 
 
+def test_b4_prompts_mix_short_and_long():
+    """B4's prompts as the issue describes them: most 40-60 tokens with the chat template, two long."""
+    prompts = mixed_prompts()
+    assert prompts == mixed_prompts()  # fixed text
+    lens = sorted(len(encode_prompt(load_tokenizer(), p)) for p in prompts)
+    assert len(lens) == 78 and lens[0] >= 40 and lens[-3] <= 60
+    assert 480 <= lens[-2] <= 540 and 780 <= lens[-1] <= 840
+
+
+def test_whole_commands_side_by_side(tiny_llama, tmp_path):
+    """batchgen run and the generate_batch command on the same prompt file, each a timed process."""
+    path = commands.write_prompts(
+        ["Say hi.", [{"role": "user", "content": "Count to three."}]], tmp_path / "p.jsonl"
+    )
+    assert commands.read_prompts(str(path))[1] == [{"role": "user", "content": "Count to three."}]
+    for mode in ("run", "generate_batch"):
+        r = commands.run_command(mode, path, 2, 4, threads=1, model=tiny_llama)
+        assert r["error"] is None, r["error"]
+        assert r["output_tokens"] == r["expected_tokens"] == 8  # EOS ignored / disabled in both
+        assert r["wall_s"] > r["gen_s"] > 0 and r["peak_mem_gib"] > 0 and r["threads_used"] == "1"
+        assert not failed(r)
+
+
+def test_ratios_use_the_median_of_repeats():
+    runs = [("run", 30.0), ("run", 10.0), ("run", 20.0), ("generate_batch", 5.0)]
+    records = [{"workload": "B4", "shape": "s", "mode": m, "tok_s": t} for m, t in runs]
+    assert "| B4 | - | 4.00x |" in report.ratios_table(records)
+
+
 def test_cli_args():
     args = parse_args(["--workload", "B1s", "--workload", "B3", "--out", "x", "--quick"])
     assert args.workload == ["B1s", "B3"] and args.quick and args.compare_hf
+    args = parse_args(["--threads", "1", "--repeat", "3", "--prompts", "p.jsonl", "--mode", "run"])
+    assert (args.threads, args.repeat, args.prompts, args.mode) == (1, 3, "p.jsonl", ["run"])
 
 
 @pytest.mark.parametrize(
@@ -196,3 +234,27 @@ def test_stat_deltas_survive_a_reset():
     assert d["steps"] == 4 and d["output_tokens"] == 16 and d["gpu_busy_s"] is None
     reset = dict(after) | {"steps": 3}  # an engine that restarts its counters per stream
     assert metrics.delta(before, reset)["steps"] == 3
+
+
+def test_baseline_env_follows_the_thread_setting(monkeypatch):
+    """Same threads: the same OpenMP spin for both commands. Defaults: the baseline does not inherit
+    what batchgen's command line set for itself; a user's own setting reaches both."""
+    from batchgen import threads
+
+    def fresh_cli_start():
+        monkeypatch.setattr(threads, "DEFAULTED", set())
+        monkeypatch.setattr(commands, "DEFAULTED", threads.DEFAULTED)
+        threads.prefer_short_spins()
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    fresh_cli_start()
+    assert commands._env("run", None)["GOMP_SPINCOUNT"] == "1000"
+    assert commands._env("generate_batch", 1)["GOMP_SPINCOUNT"] == "1000"
+    assert "GOMP_SPINCOUNT" not in commands._env("generate_batch", None)
+    monkeypatch.delenv("GOMP_SPINCOUNT")
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")  # the user's choice: nothing added, for either
+    fresh_cli_start()
+    assert "GOMP_SPINCOUNT" not in commands._env("run", None)
+    assert "GOMP_SPINCOUNT" not in commands._env("generate_batch", 1)
+    assert commands._env("generate_batch", None)["OMP_WAIT_POLICY"] == "PASSIVE"

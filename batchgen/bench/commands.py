@@ -1,0 +1,149 @@
+"""Whole-command runs (B4): ``batchgen run`` and the transformers baseline command on the same prompts.
+
+Each mode is a fresh process timed from start to exit, so the wall time is what a user waits for:
+imports, model load, tokenizing, generation and writing the output. With ``threads`` both commands get
+that many torch threads: a comparison of the engines alone. Without, each runs as its user would get it:
+batchgen with its automatic threads (``batchgen/threads.py``), the transformers script with torch's
+default of one thread per core.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from batchgen.bench.runners import base_record, finish
+from batchgen.threads import DEFAULTED, SHORT_SPINS
+
+COMMAND_MODES = ("run", "async", "sync", "generate_batch")  # run = batchgen's default mode for the device
+
+
+def write_prompts(prompts: list[str | list[dict]], path: Path) -> Path:
+    with open(path, "w") as f:
+        for i, p in enumerate(prompts):
+            row = {"id": f"p{i}", "prompt": p} if isinstance(p, str) else {"id": f"p{i}", "messages": p}
+            f.write(json.dumps(row) + "\n")
+    return path
+
+
+def _argv(
+    mode: str, prompts: Path, out: Path, new_tokens: int, threads: int | None, model: str | None
+) -> list[str]:
+    common = [str(prompts), str(out), "--max-new-tokens", str(new_tokens)]
+    common += ["--threads", str(threads)] if threads else []
+    common += ["--model", model] if model else []
+    if mode == "generate_batch":
+        return [sys.executable, "-m", "batchgen.bench.hf_baseline", *common]
+    flags = {"run": [], "async": ["--async"], "sync": ["--sync"]}[mode]
+    stats = out.with_suffix(".stats.json")
+    return [sys.executable, "-m", "batchgen", "run", *common, "--ignore-eos", "--device", "cpu",
+            "--no-progress", "--overwrite", "--stats-file", str(stats), *flags]  # fmt: skip
+
+
+def _env(mode: str, threads: int | None) -> dict[str, str]:
+    """batchgen run sets how OpenMP threads wait itself. The baseline gets the same when both run on
+    the same threads, else what its user would have: the environment's, or OpenMP's default."""
+    env = dict(os.environ)
+    if mode != "generate_batch":
+        return env
+    if threads is not None and "OMP_WAIT_POLICY" not in env:
+        return {**SHORT_SPINS, **env}
+    return {k: v for k, v in env.items() if k not in DEFAULTED}
+
+
+def _wait(argv: list[str], env: dict[str, str], log: Path) -> tuple[int, float, float]:
+    """Run to exit; (exit code, wall seconds, peak RSS GiB of that process)."""
+    t0 = time.perf_counter()
+    with open(log, "w") as f:
+        proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=env)
+        _, status, usage = os.wait4(proc.pid, 0)  # wait4: the rusage of this child alone
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return proc.returncode, time.perf_counter() - t0, usage.ru_maxrss / (1 << 20)  # KiB -> GiB
+
+
+def run_command(
+    mode: str, prompts: Path, num_prompts: int, new_tokens: int, threads: int | None, model: str | None = None
+) -> dict[str, Any]:
+    """One whole command (``model``: a local directory, else the embedded model)."""
+    engine = "transformers" if mode == "generate_batch" else "batchgen"
+    record = base_record(mode, engine, num_prompts, new_tokens)
+    record["threads"] = threads or "default"
+    with tempfile.TemporaryDirectory(prefix="batchgen-bench-") as tmp:
+        out, log = Path(tmp) / "out.jsonl", Path(tmp) / "log.txt"
+        record["load_1m_start"] = os.getloadavg()[0]
+        argv = _argv(mode, prompts, out, new_tokens, threads, model)
+        code, record["wall_s"], record["peak_mem_gib"] = _wait(argv, _env(mode, threads), log)
+        record["load_1m"] = os.getloadavg()[0]
+        text = log.read_text()
+        if code != 0:
+            record["error"] = f"exit {code}: {text.strip().splitlines()[-1] if text.strip() else ''}"
+            return record
+        tokens, gen_s = _generated(mode, out, text)
+    record["gen_s"], record["threads_used"] = gen_s, _threads_used(mode, text)
+    record["note"] = f"whole command; generation {gen_s:.1f} s; threads {record['threads_used']}"
+    return finish(record, tokens)
+
+
+def _generated(mode: str, out: Path, log: str) -> tuple[int, float]:
+    """(output tokens, generation seconds) as the command itself reported them."""
+    if mode == "generate_batch":
+        summary = json.loads(log.strip().splitlines()[-1])
+        return summary["output_tokens"], summary["wall_s"]
+    stats = json.loads(out.with_suffix(".stats.json").read_text())
+    return stats["completion_tokens"], stats["wall_s"]
+
+
+def _threads_used(mode: str, log: str) -> str:
+    """The thread counts the command ran with, as it logged them: ``1``, ``2 -> 1``."""
+    if mode == "generate_batch":
+        return str(json.loads(log.strip().splitlines()[-1])["threads"])
+    counts = re.findall(r"CPU threads: (\d+)|CPU threads \d+ -> (\d+)", log)
+    return " -> ".join(a or b for a, b in counts) or "?"
+
+
+def read_prompts(path: str) -> list[str | list[dict]]:
+    """A JSONL prompt file's prompts (``prompt`` strings or ``messages`` lists), for ``--prompts``."""
+    with open(path) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    return [r.get("messages") or r["prompt"] for r in rows]
+
+
+def shape_label(prompts: list[str | list[dict]], new_tokens: int) -> str:
+    """``78 x (41-812, mean 61 + 64)``: prompt lengths as the embedded model's chat template makes them."""
+    from batchgen.bench.workloads import load_tokenizer
+    from batchgen.model.tokenize import encode_prompt
+
+    tokenizer = load_tokenizer()
+    lens = [len(encode_prompt(tokenizer, p)) for p in prompts]
+    return f"{len(lens)} x ({min(lens)}-{max(lens)}, mean {sum(lens) / len(lens):.0f} + {new_tokens})"
+
+
+def run_command_workload(
+    name: str,
+    prompts: list[str | list[dict]],
+    modes: list[str],
+    new_tokens: int,
+    threads: int | None,
+    repeat: int,
+) -> list[dict[str, Any]]:
+    """Each mode once per round, ``repeat`` rounds: side by side, so slow drifts in the machine's load
+    hit every mode alike."""
+    shape = shape_label(prompts, new_tokens)
+    records = []
+    with tempfile.TemporaryDirectory(prefix="batchgen-bench-") as tmp:
+        path = write_prompts(prompts, Path(tmp) / "prompts.jsonl")
+        for _ in range(repeat):
+            for mode in modes:
+                record = run_command(mode, path, len(prompts), new_tokens, threads)
+                record.update(workload=name, shape=shape, device="cpu")
+                status = record["error"] or f"{record['wall_s']:.1f} s, load {record['load_1m']:.1f}"
+                print(f"[bench] {name} {mode}: {status}", file=sys.stderr, flush=True)
+                records.append(record)
+    return records

@@ -1,0 +1,165 @@
+"""Paged attention for the CPU path: each sequence costs its own context, never the batch's longest.
+
+Same contract and cache layout as ``reference.paged_attention`` (the oracle it is tested against).
+
+Decodes (one query row each) run together, split by KV block in the manner of flash-decoding: every
+(sequence, block) pair is one item of a batched matmul, and the pairs' partial softmaxes are merged per
+sequence. The work is the sum of the sequences' own block counts, with a fixed number of torch ops per
+layer whatever the batch holds. The reference instead pads every decode to the longest context: in B4
+(78 prompts, two of them long) each step gathered 9x the K and V of the sequences' own contexts, and
+attention took 78% of the run (70 of 90 s for 8 steps; 3.7 of 19 s with this module, same load).
+
+Multi-token query runs (prefill chunks) go one sequence at a time through SDPA over that sequence's own
+blocks: a few of them per step, each large enough to amortise the loop, and SDPA's CPU kernel never
+materialises the [Lq, Lk] score matrix of a long prompt.
+
+Only the blocks a query can see are read: with a sliding window, those inside the window.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+
+class DecodePlan(NamedTuple):
+    """Which cache blocks each decode reads: one entry per (sequence, block) pair, P pairs in all."""
+
+    seq: torch.Tensor  # [P] int64, the pair's sequence (0..B-1), pairs of one sequence adjacent
+    rank: torch.Tensor  # [P] int64, the pair's index among its sequence's pairs
+    blocks: torch.Tensor  # [P] int64, the cache block
+    bias: torch.Tensor  # [P, block_size] float32: 0 where the query sees the slot, -inf elsewhere
+    max_pairs: int  # the most pairs any one sequence has
+
+
+def plan_decode(
+    seq_lens: torch.Tensor,  # [B] context lengths after this step's write
+    block_tables: torch.Tensor,  # [B, max_blocks]
+    block_size: int,
+    sliding_window: int | None,
+) -> DecodePlan:
+    device = seq_lens.device
+    last = seq_lens.long() - 1  # [B] the query's position
+    first = torch.zeros_like(last)  # [B] first visible position
+    if sliding_window is not None:
+        first = (last - sliding_window + 1).clamp(min=0)
+    first_block = first // block_size
+    counts = last // block_size - first_block + 1  # [B] blocks per sequence, each >= 1
+    seq = torch.repeat_interleave(torch.arange(len(counts), device=device), counts)  # [P]
+    rank = torch.arange(len(seq), device=device) - (counts.cumsum(0) - counts)[seq]
+    column = first_block[seq] + rank  # [P] the block's index in its sequence's table
+    blocks = block_tables.long()[seq, column]
+    pos = column.view(-1, 1) * block_size + torch.arange(block_size, device=device)  # [P, bs]
+    visible = (pos <= last[seq].view(-1, 1)) & (pos >= first[seq].view(-1, 1))
+    bias = torch.zeros(pos.shape, device=device).masked_fill_(~visible, float("-inf"))
+    return DecodePlan(seq, rank, blocks, bias, int(counts.max()))
+
+
+def decode_attention(
+    query: torch.Tensor,  # [B, Hq, D], one row per sequence
+    k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
+    v_cache: torch.Tensor,
+    plan: DecodePlan,
+    scale: float,
+) -> torch.Tensor:  # [B, Hq, D] float32
+    batch, q_heads, dim = query.shape
+    kv_heads = k_cache.shape[2]
+    pairs = len(plan.seq)
+    # Gathering from the [blocks, Hkv, bs, D] view writes each block head-major in one pass, so the
+    # matmuls below read it without another copy.
+    k = k_cache.transpose(1, 2).index_select(0, plan.blocks).float()  # [P, Hkv, bs, D]
+    v = v_cache.transpose(1, 2).index_select(0, plan.blocks).float()
+    q = query.view(batch, kv_heads, -1, dim).float().index_select(0, plan.seq)  # [P, Hkv, G, D]
+    scores = torch.matmul(q, k.transpose(-1, -2)).mul_(scale)  # [P, Hkv, G, bs]
+    scores.add_(plan.bias.view(pairs, 1, 1, -1))
+    peak = scores.amax(-1, keepdim=True)  # [P, Hkv, G, 1], finite: every pair sees >= 1 slot
+    probs = torch.exp(scores.sub_(peak))
+    partial = torch.matmul(probs, v).view(pairs, q_heads, dim)  # [P, Hq, D], unnormalised
+    return _merge(peak.view(pairs, q_heads), probs.sum(-1).view(pairs, q_heads), partial, plan, batch)
+
+
+def _merge(
+    peak: torch.Tensor,  # [P, Hq] each pair's score maximum
+    total: torch.Tensor,  # [P, Hq] each pair's sum of exp(score - peak)
+    partial: torch.Tensor,  # [P, Hq, D] each pair's exp-weighted sum of values
+    plan: DecodePlan,
+    batch: int,
+) -> torch.Tensor:  # [B, Hq, D]
+    """Combine the pairs of each sequence: rescale to the sequence's maximum score, sum, normalise."""
+    heads = peak.shape[1]
+    grid = peak.new_full((batch, plan.max_pairs, heads), float("-inf"))  # small: B x pairs x heads
+    grid[plan.seq, plan.rank] = peak
+    weight = torch.exp(peak - grid.amax(1).index_select(0, plan.seq))  # [P, Hq]
+    norm = peak.new_zeros(batch, heads).index_add_(0, plan.seq, total * weight)
+    out = partial.new_zeros(batch, heads, partial.shape[2])
+    out.index_add_(0, plan.seq, partial * weight.unsqueeze(-1))
+    return out / norm.unsqueeze(-1)
+
+
+def chunk_attention(
+    query: torch.Tensor,  # [Lq, Hq, D], the sequence's new tokens, the last Lq of its context
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    table: torch.Tensor,  # [max_blocks], the sequence's block table
+    ctx: int,  # context length after this step's write
+    scale: float,
+    sliding_window: int | None,
+) -> torch.Tensor:  # [Lq, Hq, D] float32
+    block_size, kv_heads, dim = k_cache.shape[1:]
+    q_len = query.shape[0]
+    start = 0 if sliding_window is None else max(0, ctx - q_len - sliding_window + 1)
+    first, n_blocks = start // block_size, -(-ctx // block_size)
+    blocks = table[first:n_blocks].long()
+    offset = first * block_size  # position of the first gathered slot
+    k = k_cache.index_select(0, blocks).view(-1, kv_heads, dim)[: ctx - offset]  # [Lk, Hkv, D]
+    v = v_cache.index_select(0, blocks).view(-1, kv_heads, dim)[: ctx - offset]
+    k_pos = torch.arange(offset, ctx, device=query.device)
+    q_pos = torch.arange(ctx - q_len, ctx, device=query.device)
+    mask = k_pos.view(1, -1) <= q_pos.view(-1, 1)  # [Lq, Lk] causal, aligned to the context's end
+    if sliding_window is not None:
+        mask &= k_pos.view(1, -1) > q_pos.view(-1, 1) - sliding_window
+    # 4-d inputs: with 3-d ones and GQA, torch 2.13 takes SDPA's math path, ~2x slower on a long prompt
+    # and materialising the [Hq, Lq, Lk] scores the flash path avoids.
+    out = F.scaled_dot_product_attention(
+        query.transpose(0, 1).float().unsqueeze(0),  # [1, Hq, Lq, D]
+        k.transpose(0, 1).float().unsqueeze(0),  # [1, Hkv, Lk, D]
+        v.transpose(0, 1).float().unsqueeze(0),
+        attn_mask=mask,
+        scale=scale,
+        enable_gqa=True,
+    )
+    return out[0].transpose(0, 1)
+
+
+def paged_attention(
+    query: torch.Tensor,  # [T, q_heads, head_dim]
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,  # [B + 1] int32
+    seq_lens: torch.Tensor,  # [B] int32, context length after this step's write
+    block_tables: torch.Tensor,  # [B, max_blocks] int32
+    scale: float,
+    sliding_window: int | None = None,
+) -> torch.Tensor:  # [T, q_heads, head_dim]
+    out = torch.zeros_like(query)  # graph-padding rows past cu_seqlens_q[-1] stay zero
+    cu = cu_seqlens_q.tolist()
+    q_lens = [cu[b + 1] - cu[b] for b in range(len(cu) - 1)]
+    decodes = [b for b, n in enumerate(q_lens) if n == 1]
+    if decodes:
+        picked = torch.tensor(decodes, device=query.device)
+        rows = cu_seqlens_q[:-1].long().index_select(0, picked)
+        plan = plan_decode(
+            seq_lens.index_select(0, picked), block_tables.index_select(0, picked), k_cache.shape[1],
+            sliding_window,
+        )  # fmt: skip
+        out[rows] = decode_attention(query.index_select(0, rows), k_cache, v_cache, plan, scale).to(out.dtype)
+    lens = seq_lens.tolist()
+    for b, n in enumerate(q_lens):
+        if n > 1:
+            chunk = chunk_attention(
+                query[cu[b] : cu[b + 1]], k_cache, v_cache, block_tables[b], lens[b], scale, sliding_window
+            )
+            out[cu[b] : cu[b + 1]] = chunk.to(out.dtype)
+    return out

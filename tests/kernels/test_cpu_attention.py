@@ -1,0 +1,72 @@
+"""The CPU path's paged attention against the torch reference (the oracle): decodes split by block,
+prefill chunks through SDPA, in every mix, with GQA, sliding windows and graph-padding rows."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from batchgen.kernels import cpu_attention, reference
+from batchgen.kernels.cases import make_case, rel_error
+
+GQA = [(4, 4), (9, 3), (8, 2), (8, 1)]  # group sizes 1, 3 (SmolLM2's 9/3), 4 and 8
+
+
+def _check(case, tol: float = 1e-5) -> torch.Tensor:
+    ref = reference.paged_attention(*case.attn_args())
+    out = cpu_attention.paged_attention(*case.attn_args())
+    assert out.shape == ref.shape and out.dtype == ref.dtype
+    err = rel_error(out, ref, case.num_valid_rows)
+    assert err < tol, f"relative error {err:.2e} >= {tol:.0e}"
+    assert not out[case.num_valid_rows :].any()  # graph-padding rows stay zero
+    return out
+
+
+@pytest.mark.parametrize(("q_heads", "kv_heads"), GQA)
+def test_decodes_of_ragged_contexts(q_heads, kv_heads):
+    # A 1-token context, partial and exactly full last blocks, and one context far longer than the rest.
+    case = make_case([1] * 6, [1, 15, 16, 17, 40, 300], q_heads=q_heads, kv_heads=kv_heads, head_dim=16,
+                     pad_rows=2, seed=q_heads)  # fmt: skip
+    _check(case)
+
+
+@pytest.mark.parametrize(("q_heads", "kv_heads"), GQA)
+def test_prefill_chunks_after_cached_context(q_heads, kv_heads):
+    # A whole prompt, a chunk after 20 cached tokens, and a chunk that fills its block exactly.
+    case = make_case([9, 12, 16], [9, 32, 48], q_heads=q_heads, kv_heads=kv_heads, head_dim=16, seed=7)
+    _check(case)
+
+
+@pytest.mark.parametrize("window", [1, 5, 16, 24, 1000])
+def test_sliding_window(window):
+    # Windows inside one block, across blocks, of exactly one block, and longer than any context.
+    case = make_case([1, 7, 1, 1, 20], [3, 30, 50, 97, 97], q_heads=8, kv_heads=2, head_dim=16,
+                     sliding_window=window, pad_rows=1, seed=window)  # fmt: skip
+    _check(case)
+
+
+@pytest.mark.parametrize("block_size", [1, 8, 32])
+def test_mixed_step_block_sizes(block_size):
+    """Decodes and prefill chunks interleaved in one step, as continuous batching packs them."""
+    case = make_case([1, 5, 1, 1, 3, 1], [60, 5, 2, 33, 40, 128], q_heads=6, kv_heads=3, head_dim=32,
+                     block_size=block_size, pad_rows=3, seed=block_size)  # fmt: skip
+    _check(case)
+
+
+def test_low_precision_cache_is_computed_in_fp32():
+    case = make_case([1, 4, 1], [20, 20, 70], q_heads=4, kv_heads=2, head_dim=16, dtype=torch.bfloat16)
+    out = _check(case, tol=1e-2)  # the two round their fp32 results to bf16 at different points
+    assert out.dtype == torch.bfloat16
+
+
+def test_decode_plan_reads_only_each_sequences_own_blocks():
+    """The work follows each context: a 300-token sequence in the batch adds its own 19 blocks, it does
+    not make the short decodes read 19 blocks each (as padding to the longest would)."""
+    case = make_case([1] * 4, [5, 17, 40, 300], q_heads=4, kv_heads=2, head_dim=16)
+    plan = cpu_attention.plan_decode(case.seq_lens, case.block_tables, 16, None)
+    assert len(plan.blocks) == 1 + 2 + 3 + 19
+    assert plan.seq.tolist() == [0] + [1] * 2 + [2] * 3 + [3] * 19
+    for b, n in enumerate([1, 2, 3, 19]):
+        assert plan.blocks[plan.seq == b].tolist() == case.block_tables[b, :n].tolist()
+    windowed = cpu_attention.plan_decode(case.seq_lens, case.block_tables, 16, 24)
+    assert len(windowed.blocks) == 1 + 2 + 2 + 2  # only the blocks inside each window

@@ -1,0 +1,119 @@
+"""CPU thread policy: the starting count, --threads, and the governor's decisions on fed samples."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from batchgen import threads
+from batchgen.threads import Sample, ThreadGovernor
+
+
+@pytest.fixture(autouse=True)
+def keep_torch_threads():
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+class Feed:
+    """Samples made to order: each ``add`` advances the clock and this process's wait / idle totals."""
+
+    def __init__(self) -> None:
+        self.now, self.waited, self.idle = 0.0, 0.0, 0.0
+
+    def sample(self) -> Sample:
+        return Sample(self.now, {1: self.waited}, self.idle)
+
+    def add(self, seconds: float, waiting_cores: float, idle_cores: float) -> None:
+        self.now += seconds
+        self.waited += waiting_cores * seconds
+        self.idle += idle_cores * seconds
+
+
+def _governor(start: int, limit: int, feed: Feed) -> ThreadGovernor:
+    return ThreadGovernor(start, limit, sampler=feed.sample, clock=lambda: feed.now)
+
+
+def test_steps_down_on_contention_and_up_on_idle_cores():
+    feed = Feed()
+    gov = _governor(2, 2, feed)
+    feed.add(3, waiting_cores=0.6, idle_cores=0.0)  # a neighbour took a core: our threads queue
+    gov.tick()
+    assert gov.threads == 1 and torch.get_num_threads() == 1
+    feed.add(3, waiting_cores=0.0, idle_cores=1.0)  # it left, but the hold after a step down applies
+    gov.tick()
+    assert gov.threads == 1
+    feed.add(10, waiting_cores=0.0, idle_cores=1.0)
+    gov.tick()
+    assert gov.threads == 2 and torch.get_num_threads() == 2
+
+
+def test_holds_still_between_looks_and_within_bounds():
+    feed = Feed()
+    gov = _governor(1, 2, feed)
+    feed.add(1, waiting_cores=0.0, idle_cores=1.0)  # before the interval: no look yet
+    gov.tick()
+    assert gov.threads == 1
+    feed.add(2, waiting_cores=0.0, idle_cores=0.5)  # half a core idle is not a free core
+    gov.tick()
+    assert gov.threads == 1
+    feed.add(3, waiting_cores=2.0, idle_cores=0.0)  # contention at one thread: nothing lower to go to
+    gov.tick()
+    assert gov.threads == 1 and gov.changes == 0
+
+
+def test_hold_doubles_after_each_step_down():
+    feed = Feed()
+    gov = _governor(2, 2, feed)
+    for hold in (10, 20, 40):
+        feed.add(3, waiting_cores=1.0, idle_cores=0.0)
+        gov.tick()
+        assert gov.threads == 1
+        feed.add(hold - 1, waiting_cores=0.0, idle_cores=1.0)
+        gov.tick()
+        assert gov.threads == 1  # still held
+        feed.add(3, waiting_cores=0.0, idle_cores=1.0)
+        gov.tick()
+        assert gov.threads == 2
+
+
+def test_explicit_threads_are_fixed_and_cuda_untouched(monkeypatch):
+    assert threads.set_cpu_threads(1, torch.device("cpu")) is None and torch.get_num_threads() == 1
+    before = torch.get_num_threads()
+    assert threads.set_cpu_threads(None, torch.device("cuda")) is None
+    assert torch.get_num_threads() == before
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert threads.max_threads() == 1 and threads.default_threads() == 1
+    assert threads.set_cpu_threads(None, torch.device("cpu")) is None  # nothing to govern with one core
+
+
+def test_a_lower_torch_count_set_beforehand_caps_the_automatic_one(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(threads, "available_cores", lambda: 8)
+    monkeypatch.setattr(threads.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    monkeypatch.setattr(threads, "_ours", None)
+    torch.set_num_threads(1)  # a library user's (or a test's) own choice
+    assert threads.set_cpu_threads(None, torch.device("cpu")) is None and torch.get_num_threads() == 1
+    torch.set_num_threads(3)
+    gov = threads.set_cpu_threads(None, torch.device("cpu"))
+    assert gov.limit == 3 and torch.get_num_threads() == 3
+    gov._set(2, "test")  # batchgen's own lower count is no cap for the next LLM
+    assert threads.max_threads() == 8
+
+
+def test_default_leaves_busy_cores_alone(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(threads, "available_cores", lambda: 8)
+    monkeypatch.setattr(threads, "_ours", torch.get_num_threads())  # torch's count is no cap
+    monkeypatch.setattr(threads.os, "getloadavg", lambda: (2.7, 0.0, 0.0))
+    assert threads.default_threads() == 6
+    monkeypatch.setattr(threads.os, "getloadavg", lambda: (20.0, 0.0, 0.0))
+    assert threads.default_threads() == 1
+
+
+def test_reads_this_process_from_proc():
+    sample = threads.read_sample()
+    if sample is None:
+        pytest.skip("no /proc here")
+    assert sample.waited_s and all(w >= 0 for w in sample.waited_s.values()) and sample.idle_s >= 0
