@@ -1,7 +1,13 @@
-"""Host (CPU) cost of one decode step at N running requests: schedule + batch build + postprocess.
+"""Host (CPU) time per engine step with no model and no device: the engine loop as ``batchgen run``
+drives it (pulling rows, admission, prefill chunks, schedule + batch build, postprocess, finishing and
+replacing rows), with a runner that returns made-up tokens at once. What is left is the Python/numpy
+work the engine does per step: the GPU waits for it when a small model's step is shorter.
 
-No model and no device: the sampled tokens are made up, so this isolates the Python/numpy work the
-engine does per step. Usage: python scripts/bench_host.py [--requests 256] [--steps 200]
+    python scripts/bench_host.py [--max-num-seqs 256] [--requests 2048] [--new-tokens 256]
+
+Prints host ms per step overall and in the decode-only steady state (every row decoding), split into
+schedule + build and postprocess, and the launch-side cost of packing a step's inputs into pinned-style
+buffers (``cuda_slots.fill_host`` on CPU tensors: no copies to a device here).
 """
 
 from __future__ import annotations
@@ -9,51 +15,95 @@ from __future__ import annotations
 import argparse
 import time
 
+import numpy as np
+
 from batchgen.config import SamplingParams
-from batchgen.engine.batch import build_step
 from batchgen.engine.block_manager import BlockManager
-from batchgen.engine.request import Request
+from batchgen.engine.engine import Engine
+from batchgen.engine.outputs import GenerationRequest
+from batchgen.engine.runner import StepResult
 from batchgen.engine.scheduler import Scheduler
 from batchgen.engine.stops import StopChecker
 
 
+class NullRunner:
+    """Samples token 7 for every row at once; records each step's size and the time to pack it."""
+
+    def __init__(self, pack=None) -> None:
+        self.pack = pack
+        self.pack_s = 0.0
+        self.sizes: list[tuple[int, bool]] = []  # (rows, decode only) per step
+
+    def launch(self, inputs):
+        self.sizes.append((len(inputs.seq_lens), inputs.decode_only))
+        if self.pack is not None:
+            t0 = time.perf_counter()
+            self.pack(inputs)
+            self.pack_s += time.perf_counter() - t0
+        return inputs.step_id, len(inputs.logits_indices)
+
+    def fetch(self, handle) -> StepResult:
+        step_id, samples = handle
+        return StepResult(step_id, [7] * samples, None)
+
+    def reset(self) -> None:
+        pass
+
+
+def _packer(max_seqs: int, max_tokens: int, max_blocks: int):
+    """``fill_host`` into CPU tensors shaped like one CUDA slot (the launch path's host work)."""
+    try:
+        from batchgen.engine import cuda_slots
+
+        host = cuda_slots.host_buffers(max_tokens, max_seqs, max_blocks, pin_memory=False)
+    except (ImportError, AttributeError):
+        return None
+
+    def pack(inputs) -> None:
+        cuda_slots.fill_host(host, inputs, cuda_slots.Shape(inputs.num_tokens, len(inputs.seq_lens),
+                                                            len(inputs.logits_indices)))  # fmt: skip
+
+    return pack
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--requests", type=int, default=256)
-    parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--prompt-len", type=int, default=512)
-    args = parser.parse_args()
-    block_size = 16
-    blocks = BlockManager(args.requests * (args.prompt_len + args.steps + 32) // block_size, block_size)
-    scheduler = Scheduler(blocks, max_num_seqs=args.requests, max_batch_tokens=1 << 20)
-    params = SamplingParams(max_new_tokens=10_000, temperature=0.7, top_p=0.9)
-    stops = StopChecker(tokenizer=None, eos_ids={2})
-    for i in range(args.requests):
-        prompt = [(i * 7919 + t) % 30000 + 3 for t in range(args.prompt_len)]
-        scheduler.add(Request(i, i, 0, None, params, prompt, args.prompt_len, 10_000, i))
-    _one_step(scheduler, stops, block_size)  # the prefill step
-    timings = {"schedule": 0.0, "build": 0.0, "postprocess": 0.0}
-    for _ in range(args.steps):
-        for name, seconds in _one_step(scheduler, stops, block_size).items():
-            timings[name] += seconds
-    total = sum(timings.values())
-    parts = ", ".join(f"{k} {1e3 * v / args.steps:.3f} ms" for k, v in timings.items())
-    print(f"{args.requests} decoding requests: {1e3 * total / args.steps:.3f} ms/step host time ({parts})")
-
-
-def _one_step(scheduler: Scheduler, stops: StopChecker, block_size: int) -> dict[str, float]:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--max-num-seqs", type=int, default=256)
+    ap.add_argument("--requests", type=int, default=2048)
+    ap.add_argument("--prompt-len", type=int, default=48)
+    ap.add_argument("--new-tokens", type=int, default=256)
+    ap.add_argument("--max-batch-tokens", type=int, default=8192)
+    args = ap.parse_args()
+    block_size, max_len = 16, args.prompt_len + args.new_tokens
+    blocks = BlockManager(args.max_num_seqs * (max_len // block_size + 2), block_size)
+    scheduler = Scheduler(blocks, args.max_num_seqs, args.max_batch_tokens)
+    runner = NullRunner(_packer(args.max_num_seqs, args.max_batch_tokens, -(-max_len // block_size)))
+    engine = Engine(runner, blocks, scheduler, StopChecker(None, {2}), max_len + 1, async_mode=True)
+    params = SamplingParams(max_new_tokens=args.new_tokens, ignore_eos=True, temperature=0.7, top_p=0.95)
+    rows = (
+        GenerationRequest(i, [(i * 7919 + t) % 30000 + 3 for t in range(args.prompt_len)], params)
+        for i in range(args.requests)
+    )
     t0 = time.perf_counter()
-    step = scheduler.schedule()
-    t1 = time.perf_counter()
-    build_step(step, block_size)
-    t2 = time.perf_counter()
-    for item in step.items:  # what Engine._postprocess does per sampled row, with a made-up token
-        req = item.request
-        req.num_pending -= 1
-        req.tokens.append(5)
-        stops.check(req)
-    t3 = time.perf_counter()
-    return {"schedule": t1 - t0, "build": t2 - t1, "postprocess": t3 - t2}
+    done = sum(1 for _ in engine.stream(rows, detokenize=False))
+    wall = time.perf_counter() - t0
+    _report(args, engine.stats, runner, done, wall)
+
+
+def _report(args, stats, runner: NullRunner, done: int, wall: float) -> None:
+    steps = stats.steps
+    full = sum(1 for rows, decode in runner.sizes if decode and rows == args.max_num_seqs)
+    sched, post = 1e3 * stats.schedule_s / steps, 1e3 * stats.postprocess_s / steps
+    print(
+        f"{done} rows x {args.new_tokens} tokens, max {args.max_num_seqs} rows: {steps} steps "
+        f"({full} decode-only at {args.max_num_seqs} rows), {1e3 * wall / steps:.3f} ms/step in all: "
+        f"schedule + build {sched:.3f}, postprocess {post:.3f}, pack inputs "
+        f"{1e3 * runner.pack_s / steps:.3f}, the rest of the loop "
+        f"{1e3 * wall / steps - sched - post - 1e3 * runner.pack_s / steps:.3f}; "
+        f"{done * args.new_tokens / wall / 1e3:.0f}k tok/s host-bound"
+    )
+    assert stats.output_tokens == done * args.new_tokens, "tokens lost"
+    assert np.isfinite(wall)
 
 
 if __name__ == "__main__":

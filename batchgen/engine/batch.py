@@ -11,6 +11,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from batchgen.engine.rows import RowState
 from batchgen.engine.scheduler import ScheduledStep
 
 
@@ -46,83 +47,95 @@ class StepInputs(NamedTuple):
         return self.max_q_len == 1
 
 
-def build_step(step: ScheduledStep, block_size: int) -> StepInputs:
+def build_step(step: ScheduledStep, block_size: int, rows: RowState) -> StepInputs:
+    """Gather the step's rows of the persistent batch; only tokens and sampling indices are read off
+    the requests (one pass over the items)."""
     items = step.items
     starts = np.fromiter((it.start for it in items), np.int64, len(items))
     counts = np.fromiter((it.num_tokens for it in items), np.int64, len(items))
+    row_ids = np.fromiter((it.request.row for it in items), np.int64, len(items))
+    seq_lens = starts + counts
+    max_seq_len = int(seq_lens.max())
     cu = np.zeros(len(items) + 1, np.int32)
     np.cumsum(counts, out=cu[1:])
     total = int(cu[-1])
-    seq_of_row = np.repeat(np.arange(len(items)), counts)  # [T]
-    positions = starts[seq_of_row] + (np.arange(total) - cu[:-1][seq_of_row])
-    tables = _block_tables(step)
+    if total == len(items):  # decode only: one token per sequence
+        seq_of_row, positions = np.arange(total), starts
+    else:
+        seq_of_row = np.repeat(np.arange(len(items)), counts)  # [T]
+        positions = starts[seq_of_row] + (np.arange(total) - cu[:-1][seq_of_row])
+    tables = rows.tables[row_ids, : -(-max_seq_len // block_size)]  # [B, W] (a copy)
     blocks = tables[seq_of_row, positions // block_size]
-    input_ids, carry_rows = _input_tokens(step, total)
-    *sampling, masked = _sampling_rows(step, cu)
+    scan = _scan(step)
+    *sampling, masked = _sampling_rows(rows, row_ids[scan.sampled], cu, scan)
     return StepInputs(
         step.step_id,
-        input_ids,
-        carry_rows,
+        np.array(scan.ids, np.int64),
+        _carry_rows(scan, total),
         positions,
         blocks.astype(np.int64) * block_size + positions % block_size,
         cu,
-        (starts + counts).astype(np.int32),
+        seq_lens.astype(np.int32),
         tables,
         *sampling,
         max_q_len=int(counts.max()),
-        max_seq_len=int((starts + counts).max()),
+        max_seq_len=max_seq_len,
         masked=masked,
     )
 
 
-def _block_tables(step: ScheduledStep) -> np.ndarray:
-    reqs = [it.request for it in step.items]
-    width = max(len(r.block_table) for r in reqs)
-    out = np.zeros((len(reqs), width), np.int32)
-    for row, req in zip(out, reqs, strict=True):
-        n = len(req.block_table)
-        row[:n] = req.table_mirror.sync(req.block_table, req.table_version)[:n]
+class _Scan(NamedTuple):
+    ids: list[int]  # [T] input tokens, 0 where carried over
+    carry_at: list[int]  # packed rows whose token is carried over ...
+    carry_from: list[int]  # ... from these rows of the previous step's sampled tokens
+    sampled: list[int]  # [S] items that sample
+    rng_steps: list[int]  # [S] index of the output token each sampled row draws
+
+
+def _scan(step: ScheduledStep) -> _Scan:
+    """One pass over the items: their input tokens, and which of them sample (each such request
+    remembers its output row, for the next step's carry-over)."""
+    scan = _Scan([], [], [], [], [])
+    ids, carry_at, carry_from, sampled, rng_steps = scan
+    step_id = step.step_id
+    for i, (req, start, n, samples) in enumerate(step.items):
+        tokens = req.tokens
+        known = len(tokens) - start
+        if known >= n:
+            ids.extend(tokens[start : start + n])
+        else:  # the one token the previous step is sampling right now: carried over on the device
+            if (known if known > 0 else 0) != n - 1 or req.carry_step != step_id - 1:
+                raise RuntimeError(f"request {req.request_id}: input token not produced by the last step")
+            if known > 0:
+                ids.extend(tokens[start:])
+            carry_at.append(len(ids))
+            carry_from.append(req.carry_row)
+            ids.append(0)
+        if samples:
+            req.carry_step, req.carry_row = step_id, len(sampled)
+            sampled.append(i)
+            rng_steps.append(len(tokens) - req.num_prompt + req.num_pending - 1)  # outputs incl. this one
+    return scan
+
+
+def _carry_rows(scan: _Scan, total: int) -> np.ndarray:
+    if len(scan.carry_at) == total:  # every token carried over: the async decode steady state
+        return np.array(scan.carry_from, np.int64)
+    out = np.full(total, -1, np.int64)
+    out[scan.carry_at] = scan.carry_from
     return out
 
 
-def _input_tokens(step: ScheduledStep, total: int) -> tuple[np.ndarray, np.ndarray]:
-    ids: list[int] = []
-    carry: list[tuple[int, int]] = []  # (packed row, row of the previous step's output)
-    for it in step.items:
-        req, start, n = it.request, it.start, it.num_tokens
-        known = len(req.tokens) - start
-        if known >= n:
-            ids.extend(req.tokens[start : start + n])
-            continue
-        # The one token the previous step is sampling right now: carried over on the device.
-        if n - max(known, 0) != 1 or req.carry_step != step.step_id - 1:
-            raise RuntimeError(f"request {req.request_id}: input token not produced by the last step")
-        ids.extend(req.tokens[start:])
-        carry.append((len(ids), req.carry_row))
-        ids.append(0)
-    input_ids = np.array(ids, np.int64)
-    carry_rows = np.full(total, -1, np.int64)
-    if carry:
-        rows, sources = zip(*carry, strict=True)
-        carry_rows[list(rows)] = sources
-    return input_ids, carry_rows
-
-
-def _sampling_rows(step: ScheduledStep, cu: np.ndarray) -> tuple:
-    sampled = [(i, it.request) for i, it in enumerate(step.items) if it.samples]
-    for row, (_, req) in enumerate(sampled):
-        req.carry_step, req.carry_row = step.step_id, row
-    consts = np.array([req.sampling_row for _, req in sampled], np.float64).reshape(-1, 6)  # [S, 6]
-    # Index of the output token each row samples: outputs so far, counting this step's.
-    steps = np.fromiter((len(r.tokens) - r.num_prompt + r.num_pending - 1 for _, r in sampled), np.int64)
+def _sampling_rows(rows: RowState, sampled_rows: np.ndarray, cu: np.ndarray, scan: _Scan) -> tuple:
+    consts = rows.sampling[sampled_rows]  # [S, 6]: see Request.sampling_row
     temperature = consts[:, 0].astype(np.float32)
     return (
-        cu[np.array([i + 1 for i, _ in sampled], np.int64)].astype(np.int64) - 1,
+        cu[np.asarray(scan.sampled, np.int64) + 1].astype(np.int64) - 1,
         temperature,
         consts[:, 1].astype(np.float32),
         consts[:, 2].astype(np.int64),
         consts[:, 3].astype(np.int64),
-        steps,
+        np.array(scan.rng_steps, np.int64),
         bool((temperature > 0).any()),
         bool(consts[:, 4].any()),
         bool(consts[:, 5].any()),

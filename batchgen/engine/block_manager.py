@@ -57,7 +57,6 @@ class BlockManager:
             if self._ref[block] == 0:
                 self._free[block] = None
         req.block_table = []
-        req.table_version += 1
         req.num_cached_blocks = 0
 
     def _pop_free(self) -> int:

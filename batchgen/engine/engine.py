@@ -134,8 +134,7 @@ class Engine:
         for req in [*self.scheduler.running, *(r for reqs in self._deferred.values() for r in reqs)]:
             if req.block_table:
                 self.blocks.release(req)
-        self.scheduler.running.clear()
-        self.scheduler.waiting.clear()
+        self.scheduler.clear()
         self._deferred.clear()
         self._masked.clear()
         self._done.clear()
@@ -254,7 +253,7 @@ class Engine:
         step = self.scheduler.schedule()
         if not step.items:
             return False
-        inputs = build_step(step, self.blocks.block_size)
+        inputs = build_step(step, self.blocks.block_size, self.scheduler.rows)
         self.stats.schedule_s += time.perf_counter() - t0
         if inflight:
             self.stats.overlapped_steps += 1

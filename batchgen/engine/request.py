@@ -6,32 +6,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from batchgen.config import SamplingParams
-
-
-class TableMirror:
-    """A numpy copy of a request's block table, synced incrementally (tables only grow between
-    releases), so the batch builder copies rows instead of re-serialising Python lists each step."""
-
-    __slots__ = ("array", "synced", "version")
-
-    def __init__(self) -> None:
-        self.array = np.zeros(16, np.int32)
-        self.synced = 0
-        self.version = -1
-
-    def sync(self, table: list[int], version: int) -> np.ndarray:
-        if version != self.version:
-            self.synced, self.version = 0, version
-        n = len(table)
-        if n > len(self.array):
-            self.array = np.resize(self.array, max(n, 2 * len(self.array)))
-        if n > self.synced:
-            self.array[self.synced : n] = table[self.synced :]
-            self.synced = n
-        return self.array
 
 
 class Status(enum.Enum):
@@ -62,7 +37,7 @@ class Request:
     status: Status = Status.WAITING
     admitted: bool = False  # was scheduled at least once (a drain lets it finish)
     block_table: list[int] = field(default_factory=list)  # only appended to, or replaced by release
-    table_version: int = 0  # bumped when block_table is replaced: invalidates the numpy mirror
+    row: int = -1  # its row of the persistent batch (engine/rows.py) while it runs
     num_computed: int = 0
     num_pending: int = 0
     num_cached_blocks: int = 0  # leading blocks already registered in the prefix cache
@@ -76,7 +51,6 @@ class Request:
     error: str | None = None  # why the row failed mid-generation (finish reason "error")
 
     def __post_init__(self) -> None:
-        self.table_mirror = TableMirror()
         p = self.params
         # The per-step sampling inputs that never change: (temperature, top_p, top_k, rng key, logprobs,
         # constrained).

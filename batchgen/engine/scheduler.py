@@ -1,7 +1,10 @@
 """Continuous batching over the paged KV cache: decodes first, then prefill chunks, preempt by recompute.
 
 Pure Python: no torch. The scheduler may run one step ahead of the device (asynchronous mode): it counts
-tokens sampled by in-flight steps as ``num_pending`` and never waits for their values.
+tokens sampled by in-flight steps as ``num_pending`` and never waits for their values. It keeps each
+running request's row of the persistent batch (``rows.py``) in step with its blocks. A decode whose
+block has room costs a few attribute updates (no property calls, no allocation but its item): with
+hundreds of decoding rows this loop is most of the host's time per step.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from typing import NamedTuple
 
 from batchgen.engine.block_manager import BlockManager
 from batchgen.engine.request import Request, Status
+from batchgen.engine.rows import RowState
 
 
 class ScheduledItem(NamedTuple):
@@ -34,6 +38,7 @@ class Scheduler:
         self.running: list[Request] = []  # admission order: the newest is preempted first
         self.num_preemptions = 0
         self.num_partial_prefills = 0  # prefill chunks that stopped before the prompt's end
+        self.rows = RowState(max_num_seqs)
         self._next_step = 0
 
     def add(self, req: Request) -> None:
@@ -46,45 +51,77 @@ class Scheduler:
         """Take a finished request out of scheduling (its blocks are released by the caller)."""
         if req.status is Status.RUNNING:
             self.running.remove(req)
+            self.rows.free(req)
         elif req.status is Status.WAITING and req in self.waiting:
             self.waiting.remove(req)  # preempted, and its in-flight token ended it
         req.status = Status.FINISHED
+
+    def clear(self) -> None:
+        """Forget every request (an abandoned stream); the caller releases their blocks."""
+        for req in self.running:
+            self.rows.free(req)
+        self.running.clear()
+        self.waiting.clear()
 
     # --- one step ---------------------------------------------------------------------------------
 
     def schedule(self) -> ScheduledStep:
         step = ScheduledStep(self._next_step, [])
-        budget = self.max_batch_tokens
-        scheduled: set[int] = set()
-        # Decodes first (one token each), then chunks of prefills already under way.
-        decodes, prefills = [], []
-        for req in self.running:
-            if req.sampled_scheduled < req.max_tokens:  # else its last token is already in flight
-                (decodes if req.length - req.num_computed == 1 else prefills).append(req)
-        for req in decodes + prefills:
+        decodes, prefills = self._ready()
+        budget = self._schedule_decodes(step, decodes, self.max_batch_tokens)
+        for req in prefills:  # then chunks of prefills already under way
             if budget == 0 or len(step.items) >= self.max_num_seqs:
                 break
-            if req.status is Status.RUNNING and self._reserve(req, budget, scheduled):
+            if req.status is Status.RUNNING and self._reserve(req, budget, step.step_id):
                 budget -= self._append(step, req, budget)
-                scheduled.add(req.request_id)
         self._admit(step, budget)
         if step.items:  # ids of launched steps are consecutive: carry-over refers to "the step before"
             self._next_step += 1
         return step
 
-    def _reserve(self, req: Request, budget: int, scheduled: set[int]) -> bool:
-        """Make room for ``req``'s next chunk, preempting the newest unscheduled requests if needed."""
+    def _ready(self) -> tuple[list[Request], list[Request]]:
+        """The running requests with a token to compute: (decoding, prefilling), in admission order."""
+        decodes, prefills = [], []
+        for req in self.running:
+            length = len(req.tokens) + req.num_pending
+            if length - req.num_prompt < req.max_tokens:  # else its last token is already in flight
+                (decodes if length - req.num_computed == 1 else prefills).append(req)
+        return decodes, prefills
+
+    def _schedule_decodes(self, step: ScheduledStep, decodes: list[Request], budget: int) -> int:
+        """One token for each decoding request (the common case, inlined). Returns the budget left."""
+        items, step_id, size = step.items, step.step_id, self.blocks.block_size
+        for req in decodes:
+            if budget == 0 or len(items) >= self.max_num_seqs:
+                break
+            pos = req.num_computed
+            if req.status is not Status.RUNNING:  # preempted to make room for an earlier one
+                continue
+            if pos >= len(req.block_table) * size and not self._reserve(req, budget, step_id):
+                continue
+            items.append(ScheduledItem(req, pos, 1, True))
+            req.num_computed, req.last_step = pos + 1, step_id
+            req.num_pending += 1
+            budget -= 1
+            if pos + 1 >= (req.num_cached_blocks + 1) * size:
+                self.blocks.register_full_blocks(req, pos + 1)
+        return budget
+
+    def _reserve(self, req: Request, budget: int, step_id: int) -> bool:
+        """Make room for ``req``'s next chunk, preempting the newest requests this step has not
+        scheduled yet if needed."""
         need = req.num_computed + min(req.remaining, budget)
         if need <= len(req.block_table) * self.blocks.block_size:
             return True  # the common decode case: the current block has room
         while not self.blocks.can_grow(req, need):
-            victim = next((r for r in reversed(self.running) if r.request_id not in scheduled), None)
+            victim = next((r for r in reversed(self.running) if r.last_step != step_id), None)
             if victim is None:
                 return False
             self._preempt(victim)
             if victim is req:
                 return False
         self.blocks.grow(req, need)
+        self.rows.sync_table(req)
         return True
 
     def _append(self, step: ScheduledStep, req: Request, budget: int) -> int:
@@ -105,6 +142,7 @@ class Scheduler:
     def _preempt(self, req: Request) -> None:
         """Recompute later: drop the KV, keep the tokens (in-flight ones still arrive)."""
         self.running.remove(req)
+        self.rows.free(req)
         self.blocks.release(req)
         req.num_computed = 0
         req.status = Status.WAITING
@@ -141,6 +179,7 @@ class Scheduler:
             return False
         self.blocks.grow(req, need)
         self.blocks.count_lookup(req)
+        self.rows.claim(req)
         req.status = Status.RUNNING
         req.admitted = True
         self.running.append(req)

@@ -1,10 +1,12 @@
-"""The batch builder on a hand-worked step: positions, slots, block tables, cumulative lengths."""
+"""The batch builder on a hand-worked step: positions, slots, block tables, cumulative lengths; the
+persistent rows it gathers from."""
 
 import numpy as np
 
 from batchgen.config import SamplingParams
 from batchgen.engine.batch import build_step
 from batchgen.engine.request import Request
+from batchgen.engine.rows import RowState
 from batchgen.engine.scheduler import ScheduledItem, ScheduledStep
 
 
@@ -12,6 +14,14 @@ def _req(rid: int, tokens: list[int], num_prompt: int, blocks: list[int], **kw) 
     return Request(
         rid, rid, 0, None, SamplingParams(**kw), tokens, num_prompt, 16, 1234 + rid, block_table=blocks
     )
+
+
+def _rows(*reqs: Request, num_rows: int = 2) -> RowState:
+    """A persistent batch holding ``reqs`` (claimed in this order; more than ``num_rows`` grows it)."""
+    rows = RowState(num_rows, blocks_per_row=2)
+    for req in reqs:
+        rows.claim(req)
+    return rows
 
 
 def test_hand_worked_mixed_step():
@@ -28,7 +38,7 @@ def test_hand_worked_mixed_step():
         4, [ScheduledItem(a, 5, 1, True), ScheduledItem(b, 4, 5, True), ScheduledItem(c, 0, 3, False)]
     )
 
-    inputs = build_step(step, block_size)
+    inputs = build_step(step, block_size, _rows(c, a, b))
 
     np.testing.assert_array_equal(inputs.input_ids, [16, 104, 105, 106, 107, 108, 200, 201, 202])
     np.testing.assert_array_equal(inputs.positions, [5, 4, 5, 6, 7, 8, 0, 1, 2])
@@ -51,10 +61,30 @@ def test_carry_over_row_points_at_previous_step_output():
     a = _req(0, [1, 2, 3], num_prompt=3, blocks=[0])
     b = _req(1, [4, 5, 6, 7], num_prompt=4, blocks=[1, 6])
     a.num_pending = b.num_pending = 1
-    build_step(ScheduledStep(0, [ScheduledItem(b, 0, 4, True), ScheduledItem(a, 0, 3, True)]), 4)
+    rows = _rows(a, b)
+    build_step(ScheduledStep(0, [ScheduledItem(b, 0, 4, True), ScheduledItem(a, 0, 3, True)]), 4, rows)
     # Step 1 is built before step 0's tokens are known: both inputs come from step 0's output.
     a.num_pending = b.num_pending = 2
-    inputs = build_step(ScheduledStep(1, [ScheduledItem(a, 3, 1, True), ScheduledItem(b, 4, 1, True)]), 4)
+    inputs = build_step(
+        ScheduledStep(1, [ScheduledItem(a, 3, 1, True), ScheduledItem(b, 4, 1, True)]), 4, rows
+    )
     np.testing.assert_array_equal(inputs.carry_rows, [1, 0])
     np.testing.assert_array_equal(inputs.positions, [3, 4])
     np.testing.assert_array_equal(inputs.slot_mapping, [3, 6 * 4 + 0])  # b's position 4: its second block
+
+
+def test_rows_follow_growing_tables_and_come_back_clean():
+    a = _req(0, [1, 2, 3], num_prompt=3, blocks=[4])
+    b = _req(1, [1, 2, 3], num_prompt=3, blocks=[5, 6, 7])  # wider than the table: it widens
+    rows = _rows(a, b, num_rows=1)  # a second request: the rows double
+    assert (a.row, b.row, rows.num_rows) == (0, 1, 2)
+    np.testing.assert_array_equal(rows.tables[:, :3], [[4, 0, 0], [5, 6, 7]])
+    a.block_table += [8, 9]  # the scheduler syncs after each grow
+    rows.sync_table(a)
+    np.testing.assert_array_equal(rows.tables[a.row, :3], [4, 8, 9])
+    rows.free(a)
+    assert a.row == -1 and not rows.tables[0].any()  # the next user's padding is 0
+    c = _req(2, [1], num_prompt=1, blocks=[3], temperature=0.5, top_k=7)
+    rows.claim(c)
+    assert c.row == 0 and rows.tables[0, 0] == 3
+    np.testing.assert_array_equal(rows.sampling[0, :3], [0.5, 1.0, 7])
