@@ -37,7 +37,6 @@ from batchgen.engine.cuda_slots import (
     decode_buckets,
     fill_host,
     reset_inputs,
-    rows_of,
 )
 from batchgen.engine.runner import Sampler, StepResult, apply_carry_over
 from batchgen.engine.sampler import SamplingTensors, sample
@@ -109,8 +108,9 @@ class CudaRunner:
         part = "logits" if inputs.masked else "step"
         graph = self._graph(slot_id, bucket, part, *flags) if bucket else None
         self._wait(slot.h2d_done)  # the pinned inputs of this slot's last step are on the device
-        fill_host(slot, inputs, shape)
-        self._copy_inputs(slot, shape)
+        views = slot.views(shape)
+        fill_host(views.host, inputs)
+        self._copy_inputs(slot, views.nbytes)
         with torch.cuda.stream(self.compute):
             self.compute.wait_event(slot.h2d_done)
             self.compute.wait_event(slot.d2h_done)  # its previous tokens were copied out
@@ -189,12 +189,11 @@ class CudaRunner:
         i = bisect.bisect_left(self.buckets, len(inputs.seq_lens))
         return self.buckets[i] if i < len(self.buckets) else 0
 
-    def _copy_inputs(self, slot: Slot, shape: Shape) -> None:
+    def _copy_inputs(self, slot: Slot, nbytes: int) -> None:
+        """The step's packed inputs in one copy (cuda_slots.py)."""
         with torch.cuda.stream(self.h2d):
             self.h2d.wait_event(slot.compute_done)  # the last compute that read these device inputs
-            for name, host in slot.host.items():
-                rows = rows_of(name, shape)
-                slot.dev[name][:rows].copy_(host[:rows], non_blocking=True)
+            slot.dev_bytes[:nbytes].copy_(slot.host_bytes[:nbytes], non_blocking=True)
             slot.h2d_done.record(self.h2d)
 
     def _copy_outputs(self, slot: Slot, samples: int, want_logprobs: bool) -> None:
@@ -223,7 +222,8 @@ class CudaRunner:
                 self._logits[:samples].copy_(logits)
                 return
             logits = logits.float()
-        params = SamplingTensors(*(slot.dev[n][:samples] for n in SAMPLE_FIELDS[1:]), token_mask=mask)
+        dev = slot.views(shape).dev
+        params = SamplingTensors(*(dev[n] for n in SAMPLE_FIELDS[1:]), token_mask=mask)
         tokens, logprobs = self.sampler(logits, params, *flags)
         slot.out_tokens[:samples].copy_(tokens)
         if logprobs is not None:
@@ -231,21 +231,13 @@ class CudaRunner:
 
     def _model_logits(self, slot_id: int, shape: Shape, bounds: tuple[int, int]) -> torch.Tensor:
         slot, other = self.slots[slot_id], self.slots[(slot_id - 1) % len(self.slots)]
-        dev = slot.dev
+        dev = slot.views(shape).dev  # each field holds exactly its rows for this shape
         ctx = PagedContext(
-            self.kv_caches,
-            dev["slot_mapping"][: shape.tokens],
-            dev["cu_seqlens_q"][: shape.seqs + 1],
-            dev["seq_lens"][: shape.seqs],
-            dev["block_tables"][: shape.seqs],
-            *bounds,
-            self.backend,
-        )
-        ids = apply_carry_over(
-            dev["input_ids"][: shape.tokens], dev["carry_rows"][: shape.tokens], other.out_tokens
-        )
-        positions, kept = dev["positions"][: shape.tokens], dev["logits_indices"][: shape.samples]
-        return self.forward(ids, positions, kept, ctx)
+            self.kv_caches, dev["slot_mapping"], dev["cu_seqlens_q"], dev["seq_lens"], dev["block_tables"],
+            *bounds, self.backend,
+        )  # fmt: skip
+        ids = apply_carry_over(dev["input_ids"], dev["carry_rows"], other.out_tokens)
+        return self.forward(ids, dev["positions"], dev["logits_indices"], ctx)
 
     def _graph(
         self, slot_id: int, bucket: int, part: str, any_sampling: bool, want_logprobs: bool
@@ -271,7 +263,7 @@ class CudaRunner:
             self.compute.wait_stream(self.h2d)
             self.compute.wait_event(self.slots[slot_id].d2h_done)  # its last tokens were copied out
             if part != "sample":
-                reset_inputs(self.slots[slot_id])
+                reset_inputs(self.slots[slot_id].views(shape))
             for _ in range(2):
                 self._run(part, slot_id, shape, flags, bounds)
             graph = torch.cuda.CUDAGraph()

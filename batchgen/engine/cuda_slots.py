@@ -1,10 +1,17 @@
 """The CUDA runner's buffers: one slot's pinned host and device inputs, outputs, token masks and the
-events that guard their reuse (cuda_runner.py says how they are ordered)."""
+events that guard their reuse (cuda_runner.py says how they are ordered).
+
+A step's inputs travel as one packed buffer: every field is a typed view into one pinned byte buffer,
+laid out for the step's shape (rows of each kind), and one copy moves the used bytes to the same layout
+in the slot's device byte buffer (issue 12: a copy per field cost ~10 us of host time each). A decode
+graph is captured on the views of its bucket's layout, so a replay finds its inputs where it reads them.
+"""
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from batchgen.engine.batch import StepInputs
@@ -12,6 +19,11 @@ from batchgen.engine.batch import StepInputs
 TOKEN_FIELDS = ("input_ids", "carry_rows", "positions", "slot_mapping")  # [T]
 SAMPLE_FIELDS = ("logits_indices", "temperature", "top_p", "top_k", "rng_keys", "rng_steps")  # [S]
 PAD = {"carry_rows": -1, "slot_mapping": -1, "top_p": 1.0}  # padding rows: no KV write, no carry
+SEQ_FIELDS = ("cu_seqlens_q", "seq_lens", "block_tables")  # [B + 1], [B], [B, max_blocks]
+FIELDS = ("block_tables",) + TOKEN_FIELDS + SAMPLE_FIELDS + ("cu_seqlens_q", "seq_lens")  # packed order
+DTYPES = {"temperature": torch.float32, "top_p": torch.float32} | {n: torch.int32 for n in SEQ_FIELDS}
+_ALIGN = 64  # bytes: each field of the packed buffer starts on a cache line
+_KEPT_LAYOUTS = 256  # views kept per slot: decode shapes, then recent eager (prefill) shapes
 
 
 def decode_buckets(max_num_seqs: int) -> list[int]:
@@ -23,21 +35,11 @@ class Slot:
     """Pinned host and device buffers of one slot, and the events that guard their reuse."""
 
     def __init__(self, device: torch.device, max_tokens: int, max_seqs: int, max_blocks: int) -> None:
-        shapes = {name: (max_tokens,) for name in TOKEN_FIELDS}
-        shapes |= {name: (max_seqs,) for name in SAMPLE_FIELDS}
-        shapes |= {
-            "cu_seqlens_q": (max_seqs + 1,),
-            "seq_lens": (max_seqs,),
-            "block_tables": (max_seqs, max_blocks),
-        }
-        dtypes = {"temperature": torch.float32, "top_p": torch.float32}
-        dtypes |= {name: torch.int32 for name in ("cu_seqlens_q", "seq_lens", "block_tables")}
-        self.host = {
-            n: torch.zeros(s, dtype=dtypes.get(n, torch.int64), pin_memory=True) for n, s in shapes.items()
-        }
-        self.dev = {
-            n: torch.zeros(s, dtype=dtypes.get(n, torch.int64), device=device) for n, s in shapes.items()
-        }
+        self.max_blocks = max_blocks
+        size = packed_layout(Shape(max_tokens, max_seqs, max_seqs), max_blocks).nbytes
+        self.host_bytes = torch.zeros(size, dtype=torch.uint8, pin_memory=True)
+        self.dev_bytes = torch.zeros(size, dtype=torch.uint8, device=device)
+        self._views: dict[Shape, PackedViews] = {}
         self.out_tokens = torch.zeros(max_seqs, dtype=torch.int64, device=device)
         self.out_logprobs = torch.zeros(max_seqs, dtype=torch.float32, device=device)
         self.host_tokens = torch.zeros(max_seqs, dtype=torch.int64, pin_memory=True)
@@ -54,8 +56,15 @@ class Slot:
         self.mask_host: torch.Tensor | None = None  # [max_seqs, W] int32 token bitmasks, made on first use
         self.mask_dev: torch.Tensor | None = None
         self.max_seqs = max_seqs
-        for name, value in PAD.items():
-            self.dev[name].fill_(value)
+
+    def views(self, shape: Shape) -> PackedViews:
+        """The host and device views of a step of this shape (kept for the shapes graphs replay)."""
+        views = self._views.get(shape)
+        if views is None:
+            if len(self._views) >= _KEPT_LAYOUTS:  # forget the eager (prefill) shapes, keep the decodes'
+                self._views = {k: v for k, v in self._views.items() if k.tokens == k.seqs == k.samples}
+            views = self._views[shape] = packed_views(self.host_bytes, self.dev_bytes, shape, self.max_blocks)
+        return views
 
     def mask_buffers(self, width: int) -> None:
         """Make the token-mask buffers once: captured sampling graphs keep their address."""
@@ -86,22 +95,60 @@ def rows_of(name: str, shape: Shape) -> int:
     return shape.seqs + 1 if name == "cu_seqlens_q" else shape.seqs
 
 
-def reset_inputs(slot: Slot) -> None:
-    for name, dev in slot.dev.items():
+class PackedViews(NamedTuple):
+    host: dict[str, np.ndarray]  # field -> its rows in the pinned byte buffer (numpy, for the host)
+    dev: dict[str, torch.Tensor]  # field -> the same rows in the device byte buffer
+    nbytes: int  # bytes the step's copy moves
+
+
+class PackedLayout(NamedTuple):
+    fields: dict[str, tuple[int, tuple[int, ...], torch.dtype]]  # name -> (byte offset, shape, dtype)
+    nbytes: int
+
+
+def packed_layout(shape: Shape, max_blocks: int) -> PackedLayout:
+    """Each field's place in the packed buffer for a step of ``shape``: rows of its kind, in field order,
+    each field starting on a 64-byte boundary. Block tables keep their full width: a graph reads them
+    with that row stride."""
+    fields, offset = {}, 0
+    for name in FIELDS:
+        rows = rows_of(name, shape)
+        dims = (rows, max_blocks) if name == "block_tables" else (rows,)
+        dtype = DTYPES.get(name, torch.int64)
+        fields[name] = (offset, dims, dtype)
+        offset += -(-int(np.prod(dims)) * dtype.itemsize // _ALIGN) * _ALIGN
+    return PackedLayout(fields, offset)
+
+
+def packed_views(host_bytes: torch.Tensor, dev_bytes: torch.Tensor, shape: Shape, max_blocks: int):
+    """Typed views of a step's fields into the host and device byte buffers (same layout in both)."""
+    layout = packed_layout(shape, max_blocks)
+
+    def view(buffer: torch.Tensor, offset: int, dims: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        size = int(np.prod(dims)) * dtype.itemsize
+        return buffer[offset : offset + size].view(dtype).view(dims)
+
+    host = {n: view(host_bytes, *f).numpy() for n, f in layout.fields.items()}
+    dev = {n: view(dev_bytes, *f) for n, f in layout.fields.items()}
+    return PackedViews(host, dev, layout.nbytes)
+
+
+def reset_inputs(views: PackedViews) -> None:
+    """Inert inputs on the device: padding rows everywhere (graph warm-up runs write no KV)."""
+    for name, dev in views.dev.items():
         dev.fill_(PAD.get(name, 0))
 
 
-def fill_host(slot: Slot, inputs: StepInputs, shape: Shape) -> None:
-    """Copy the step's arrays into the slot's pinned buffers; pad up to ``shape`` with inert rows."""
-    for name, host in slot.host.items():
+def fill_host(host: dict[str, np.ndarray], inputs: StepInputs) -> None:
+    """Copy the step's arrays into its host views; pad the rest of each view with inert rows."""
+    for name, view in host.items():
         src = getattr(inputs, name)
-        view = host.numpy()
         n = len(src)
-        if src.ndim == 2:  # block tables: columns past the step's widest table are never read
-            view[:n, : src.shape[1]] = src
+        if src.ndim == 2:  # block tables: zeros past the step's widest table (the bytes there may
+            view[:n, : src.shape[1]] = src  # hold another layout's fields; ~10 us at 256 x 512 blocks)
+            view[:n, src.shape[1] :] = 0
         else:
             view[:n] = src
-        rows = rows_of(name, shape)
-        if rows > n:
+        if len(view) > n:
             pad = src[-1] if name == "cu_seqlens_q" else PAD.get(name, 0)  # empty padding sequences
-            view[n:rows] = pad
+            view[n:] = pad
