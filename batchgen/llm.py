@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import fields
 from typing import Any
@@ -44,14 +45,17 @@ class LLM:
     here and stopped by ``close()``, or when this process exits)."""
 
     def __init__(self, model: str | None = None, **options: Any) -> None:
+        started = time.perf_counter()
         config = _engine_config(model, options)
         path = local_model_dir(model)
         hf_config = load_config(path, config.trust_remote_code)
         tokenizer = load_tokenizer(path, config.trust_remote_code)
         files = ModelFiles(path, hf_config)
+        configs_s = round(time.perf_counter() - started, 3)
         self._start(
             config, files, tokenizer, load_generation_config(path, hf_config), model or DEFAULT_MODEL_NAME
         )
+        self.startup = {"config_tokenizer_s": configs_s} | self.startup
 
     @classmethod
     def from_model(cls, model: torch.nn.Module, tokenizer, **options: Any) -> LLM:
@@ -92,6 +96,7 @@ class LLM:
             self.close()
             raise
         rank = self._rank
+        self.startup = dict(rank.startup)  # seconds per phase (prepare() adds its graphs)
         self.model, self.device, self.dtype = rank.bundle.module, rank.device, rank.dtype
         self.max_model_len, self.async_mode = rank.max_model_len, rank.async_mode
         self.default_sampling = self._default_sampling()
@@ -175,10 +180,12 @@ class LLM:
         constrained one the two-part graphs of masked steps (docs/structured-output.md)."""
         runner = self._engine.runner
         if getattr(runner, "buckets", None):  # a CUDA runner with graphs
+            started = time.perf_counter()
             width = self.grammars.mask_width if sampling.constrained else None
             runner.capture_all(
                 not sampling.greedy, sampling.logprobs, progress=self._progress, mask_width=width
             )
+            self.startup["prepare_s"] = round(time.perf_counter() - started, 3)
 
     def drain(self) -> None:
         """Stop admitting rows: queued rows that have not started are dropped, started ones finish."""

@@ -14,6 +14,7 @@ import logging
 import queue
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from itertools import islice
@@ -28,6 +29,7 @@ from batchgen.app.progress import Counters, Progress, summary_text
 from batchgen.app.shards import SHARD_PLACEHOLDER, merged_output, plan_shard, shard_output
 from batchgen.app.signals import Interrupt, SignalControl
 from batchgen.app.sink import RecordOptions, Sink
+from batchgen.app.startup import process_started, startup_summary, startup_text
 from batchgen.config import SamplingParams
 from batchgen.engine.outputs import GenerationRequest
 from batchgen.io.checkpoint import DoneSet, OutputLock, RunState, diff_fingerprints, load_state, save_state
@@ -135,6 +137,7 @@ class _Job:
         self.opts, self.reader, self.fingerprint = opts, reader, fingerprint
         self.signals, self.faults = signals, faults
         self.stop = threading.Event()  # stop admitting rows: a drain or a failure
+        self.started, self.engine_called, self.ready = process_started(), 0.0, 0.0
 
     def execute(self) -> int:
         self.signals.loading = True  # until the engine runs, a signal stops at once
@@ -214,6 +217,7 @@ class _Job:
             from transformers.utils import logging as hf_logging
 
             hf_logging.disable_progress_bar()  # carriage-return bars garble log files
+        self.engine_called = time.time()  # imports, reading the input's head, resume checks: before
         try:
             return LLM(**self.opts.engine)
         except Interrupt:
@@ -263,6 +267,8 @@ class _Job:
         queue_size = max(64, 2 * opts.engine.get("max_num_seqs", 256))
         settings = self._prompt_settings(llm)
         llm.prepare(settings.base)  # CUDA graphs of the run's sampling variant, before the first step
+        self.ready = time.time()
+        log.info(startup_text(startup_summary(self.started, self.engine_called, self.ready, llm)))
         preparer = Preparer(rows, settings, copy.deepcopy(llm.tokenizer), done, sink.put,
                             self.stop, queue_size, llm.grammars)  # fmt: skip
         sink.start()
@@ -328,6 +334,7 @@ class _Job:
         self.signals.log_notices()
         status = "failed" if failure else "complete" if complete else "interrupted"
         summary = progress.summary(status, getattr(llm, "stats", None))
+        summary["startup"] = startup_summary(self.started, self.engine_called, self.ready or time.time(), llm)
         log.info(summary_text(summary))
         self._write_stats(summary)
         if failure is not None:

@@ -7,6 +7,7 @@ before graph capture) pair up across processes.
 
 from __future__ import annotations
 
+import time
 from typing import NamedTuple
 
 import torch
@@ -31,6 +32,7 @@ class RankEngine(NamedTuple):
     dtype: torch.dtype
     max_model_len: int
     async_mode: bool
+    startup: dict[str, float]  # seconds: loading the model, allocating the KV pool, the runner (graphs)
 
 
 def max_model_len(options: EngineConfig, hf_config) -> int:
@@ -57,13 +59,32 @@ def build_rank(
     dtype = dtype or resolve_dtype(options.dtype, device)
     governor = set_cpu_threads(options.threads, device, group.size)  # before loading: it computes
     limit = max_model_len(options, files.hf_config)
+    clock = _Clock(device)
     bundle = build_model(options, files, group, device, dtype, limit)
+    clock.mark("model_s")
     cache_dtype = kv_cache.cache_dtype(options.kv_cache_dtype, dtype)
     num_blocks = group.min_int(_num_blocks(options, bundle.kv_shape, device, cache_dtype, limit), device)
     caches = kv_cache.allocate(bundle.kv_shape, num_blocks, options.block_size, cache_dtype, device)
+    clock.mark("kv_cache_s")
     async_mode = options.async_mode if options.async_mode is not None else device.type == "cuda"
     runner = _runner(options, bundle, caches, device, limit, async_mode, progress, governor)
-    return RankEngine(bundle, runner, num_blocks, device, dtype, limit, async_mode)
+    clock.mark("graphs_s" if device.type == "cuda" else "runner_s")
+    return RankEngine(bundle, runner, num_blocks, device, dtype, limit, async_mode, clock.phases)
+
+
+class _Clock:
+    """Seconds each start-up phase took, the device's queued work included (issue 15 asks for the parts)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device, self.phases = device, {}
+        self._last = time.perf_counter()
+
+    def mark(self, name: str) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        now = time.perf_counter()
+        self.phases[name] = round(now - self._last, 3)
+        self._last = now
 
 
 def _num_blocks(options: EngineConfig, shape: kv_cache.KVShape, device, dtype, limit: int) -> int:

@@ -51,6 +51,7 @@ class EngineStats:
     mask_s: float = 0.0  # host time advancing grammars and filling token masks (structured output)
     gpu_busy_s: float = 0.0  # compute-stream busy time, from CUDA events (0 on the CPU)
     wall_s: float = 0.0  # time inside stream() with work in the engine
+    first_token_time: float = 0.0  # time.time() when the first step's tokens reached the host (start-up)
     finish_reasons: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
 
@@ -295,6 +296,8 @@ class Engine:
 
     def _postprocess(self, step: ScheduledStep, handle) -> None:
         result: StepResult = self.runner.fetch(handle)
+        if not self.stats.first_token_time:
+            self.stats.first_token_time = time.time()
         if step.step_id in self._masked:
             t0 = time.perf_counter()
             self._masked.discard(step.step_id)
