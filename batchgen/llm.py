@@ -81,10 +81,10 @@ class LLM:
         group = ParallelGroup.single()
         attention.register()
         if config.tensor_parallel > 1:
+            from batchgen.model.build import tensor_parallel_problem
             from batchgen.parallel.launch import start_workers
-            from batchgen.parallel.shard import config_problem
 
-            problem = config_problem(files.hf_config, config.tensor_parallel)
+            problem = tensor_parallel_problem(config, files)
             if problem is not None:  # before any process starts
                 raise ValueError(problem)
 

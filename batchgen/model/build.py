@@ -19,7 +19,7 @@ from batchgen.engine.sampler import sample
 from batchgen.model import attention
 from batchgen.model.assemble import assemble
 from batchgen.model.forward import ModelForward, TransformersForward
-from batchgen.model.loader import has_safetensors
+from batchgen.model.loader import has_safetensors, resolve_device
 from batchgen.model.spec import unsupported_reason
 from batchgen.model.weights.formats import weight_format
 from batchgen.model.weights.sources import ModuleSource, RandomSource, SafetensorsSource, WeightSource
@@ -29,6 +29,10 @@ from batchgen.parallel.sampling import ShardedSampler
 log = logging.getLogger(__name__)
 
 LOAD_FORMATS = ("auto", "random")
+_FUSED_ONLY = (
+    "--quantization fp8 and --kv-cache-dtype fp8 need batchgen's own forward (--model-impl auto or "
+    "batchgen, Llama, Mistral, Qwen2 and Qwen3 models)"
+)
 
 
 class ModelBundle(NamedTuple):
@@ -64,6 +68,32 @@ def load_transformers_model(path: str, options: EngineConfig, device: torch.devi
     return model.to(device).eval()
 
 
+def transformers_reason(options: EngineConfig, skeleton: torch.nn.Module) -> str | None:
+    """Why ``build_model`` runs transformers' forward for this model (None: batchgen's fused one)."""
+    reason = unsupported_reason(skeleton)
+    if options.model_impl == "transformers":
+        return reason or "--model-impl transformers"
+    if reason is not None and options.model_impl != "auto":
+        raise ValueError(f"--model-impl batchgen does not support this model: {reason}")
+    return reason
+
+
+def tensor_parallel_problem(options: EngineConfig, files: ModelFiles) -> str | None:
+    """Why ``options.tensor_parallel`` ranks cannot split this model with the forward ``build_model``
+    will pick (None when they can); read off the config and a meta skeleton, before any process starts."""
+    from batchgen.parallel import hf_plan
+    from batchgen.parallel.shard import config_problem
+
+    skeleton = meta_skeleton(files.hf_config, options.trust_remote_code)
+    reason = transformers_reason(options, skeleton)
+    size = options.tensor_parallel
+    if reason is None:
+        return config_problem(files.hf_config, size)
+    if options.quantization is not None or options.kv_cache_dtype != "auto":
+        return _FUSED_ONLY
+    return hf_plan.plan_problem(skeleton, size, resolve_device(options.device), reason)
+
+
 def build_model(
     options: EngineConfig, files: ModelFiles, group: ParallelGroup, device: torch.device, dtype: torch.dtype,
     max_positions: int,
@@ -73,14 +103,10 @@ def build_model(
         if files.module is not None
         else meta_skeleton(files.hf_config, options.trust_remote_code)
     )
-    reason = unsupported_reason(skeleton)
-    impl = options.model_impl
-    if impl == "transformers" or (impl == "auto" and reason is not None):
-        if reason is not None:
-            log.info("running transformers' forward: batchgen's fused forward does not cover %s", reason)
-        return _transformers_bundle(options, files, group, device, dtype)
+    reason = transformers_reason(options, skeleton)
     if reason is not None:
-        raise ValueError(f"--model-impl batchgen does not support this model: {reason}")
+        log.info("running transformers' forward, not batchgen's fused one: %s", reason)
+        return _transformers_bundle(options, files, group, device, dtype)
     source = _source(options, files, skeleton, group, device, dtype)
     fmt = weight_format(files.hf_config, dtype, options.quantization)
     built = assemble(skeleton, source, fmt, group, dtype, max_positions, options.kv_cache_dtype == "fp8")
@@ -95,13 +121,15 @@ def build_model(
 
 
 def _transformers_bundle(options, files: ModelFiles, group, device, dtype) -> ModelBundle:
-    if group.is_parallel:
-        raise ValueError("--tensor-parallel needs batchgen's own forward (--model-impl auto or batchgen)")
     if options.quantization is not None or options.kv_cache_dtype != "auto":
-        raise ValueError(
-            "--quantization fp8 and --kv-cache-dtype fp8 need batchgen's own forward (--model-impl auto or "
-            "batchgen, Llama, Mistral, Qwen2 and Qwen3 models)"
+        raise ValueError(_FUSED_ONLY)
+    if group.is_parallel:  # transformers' tp_plan (parallel/hf_plan.py): full-vocab logits on every rank
+        from batchgen.parallel import hf_plan
+
+        module = hf_plan.load_sharded(
+            files.path, group, dtype, attention.register(), options.trust_remote_code
         )
+        return ModelBundle(TransformersForward(module), sample, hf_plan.kv_shape(module, group.size), module)
     module = (
         files.module
         if files.module is not None

@@ -95,6 +95,19 @@ TINY_CONFIGS: dict[str, dict] = {
         head_dim=16,
         max_position_embeddings=2048,
     ),
+    # No fused forward in batchgen (GeGLU MLP, scaled embeddings): transformers' forward, and under
+    # --tensor-parallel transformers' tp_plan. Untied: tied random embeddings (scaled like lm_head below)
+    # make a model that repeats its last token.
+    "gemma": dict(
+        model_type="gemma",
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=2048,
+    ),
     "olmoe": dict(  # q/k norms over the whole projection width
         model_type="olmoe",
         hidden_size=64,

@@ -1,0 +1,76 @@
+"""Tensor parallelism through transformers' own tp_plan, for architectures batchgen has no fused forward
+for (a tiny Gemma): two gloo ranks produce what one process and transformers' ``generate`` produce, the
+KV pool holds each rank's heads, and architectures with neither path (or heads that do not split) are
+refused before any process starts.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from batchgen import LLM
+from tests.engine.oracle import make_prompts, reference_greedy
+from tests.parallel.test_tensor_parallel import ENGINE, GREEDY, SAMPLED, _children, _tokens
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+REFUSAL_S = 5.0  # a refusal reads a config and builds a meta skeleton; starting a rank takes longer
+
+
+@pytest.fixture(scope="module")
+def gemma(tiny_models) -> str:
+    return tiny_models["gemma"]
+
+
+@pytest.fixture(scope="module")
+def gemma_prompts(gemma):
+    from transformers import AutoTokenizer
+
+    return make_prompts(AutoTokenizer.from_pretrained(gemma), count=6, max_tokens=80, seed=2)
+
+
+def test_tp_plan_two_ranks_match_one_and_transformers(gemma, gemma_prompts):
+    expected = reference_greedy(gemma, gemma_prompts, GREEDY.max_new_tokens)
+    single = LLM(gemma, **ENGINE)
+    assert _tokens(single, gemma_prompts, GREEDY) == expected
+    with LLM(gemma, tensor_parallel=2, **ENGINE) as split:
+        assert split._rank.bundle.kv_shape.num_kv_heads == 1  # its half of the 2 KV heads
+        assert _tokens(split, gemma_prompts, GREEDY) == expected
+        sampled = split.generate(gemma_prompts, SAMPLED)
+    reference = single.generate(gemma_prompts, SAMPLED)
+    assert [o.token_ids for o in sampled] == [o.token_ids for o in reference]
+    for got, want in zip(sampled, reference, strict=True):
+        assert got.logprobs == pytest.approx(want.logprobs, abs=1e-4)
+
+
+def _refusal(path: str, size: int) -> str:
+    before, start = _children(), time.monotonic()
+    with pytest.raises(ValueError) as info:
+        LLM(path, tensor_parallel=size)
+    assert time.monotonic() - start < REFUSAL_S
+    assert _children() == before
+    return str(info.value)
+
+
+def test_architecture_with_neither_path_is_refused_before_any_process_starts(tmp_path):
+    from transformers import AutoConfig, AutoTokenizer
+
+    from batchgen.testing.models import tokenizer_path
+
+    config = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
+    AutoConfig.for_model("stablelm", **config).save_pretrained(tmp_path)  # no tp_plan in transformers
+    AutoTokenizer.from_pretrained(tokenizer_path()).save_pretrained(tmp_path)
+    message = _refusal(str(tmp_path), 2)
+    assert message.startswith(
+        "--tensor-parallel 2: model type 'stablelm' has neither batchgen's fused forward"
+    )
+    assert "nor a tensor-parallel plan in transformers" in message
+
+
+def test_tp_plan_indivisible_heads_are_refused_before_any_process_starts(gemma):
+    message = _refusal(gemma, 3)
+    assert message == (
+        "--tensor-parallel 3 does not divide the 4 attention heads and 2 key/value heads of model type "
+        "'gemma' (transformers' tp_plan splits both evenly)"
+    )
