@@ -13,7 +13,9 @@ pool is shaped alike (``kv_shape``). The job's process group is the world group 
 (``launch.init_group``); transformers finds it initialised and builds its device mesh over it.
 
 Checked on the CPU with gloo (transformers 5.24, torch 2.13: tests/parallel/test_tp_transformers.py);
-not yet run on CUDA, where the decode graphs would capture the plan's all-reduce and all-gather.
+not yet run on CUDA. Its steps run eagerly there (``engine/build.py`` turns the decode graphs off on this
+path) until the capture of the plan's DTensor collectives is verified. ``transformers.distributed`` may be
+absent from older transformers releases: the import error then names it.
 """
 
 from __future__ import annotations
