@@ -7,7 +7,8 @@ default spinning: the B4 generation took 41-43 s with 1 thread, 71 s and 428 s i
 
 So on the CPU (unless ``--threads N`` / ``LLM(threads=N)`` fixes the count):
 - the run starts with the cores this process may use (``os.sched_getaffinity``: taskset, cgroups, Slurm)
-  less those the 1-minute load average says are busy, at least one; ``OMP_NUM_THREADS`` caps it, and
+  less those other work keeps busy (their idle time over 0.2 s; the 1-minute load average without
+  /proc), at least one; ``OMP_NUM_THREADS`` caps it, and
   so does a lower count set on torch beforehand;
 - every couple of seconds a ``ThreadGovernor`` looks at what happened since: one thread fewer while this
   process's threads waited for a CPU (their run-queue delay in ``/proc/self/task/*/schedstat``), one
@@ -90,12 +91,25 @@ def _apply(threads: int) -> None:
 
 
 def default_threads(limit: int | None = None) -> int:
-    """The cores free now: the affinity's, less those busy by the 1-minute load average, at least 1."""
+    """The cores free now: the affinity's, less those busy (``busy_cores``), at least 1."""
+    return max(1, min(limit or max_threads(), available_cores() - busy_cores()))
+
+
+def busy_cores(window_s: float = 0.2) -> int:
+    """Cores of this process's affinity that other work keeps busy: their idle time over a short window
+    (/proc/stat), else the 1-minute load average. The load average lags by a minute: right after another
+    job ended it still counts that job's cores, and a run that starts then would take too few threads."""
     try:
-        busy = int(os.getloadavg()[0])
+        idle0, t0 = _idle_seconds(), time.monotonic()
+        time.sleep(window_s)
+        idle = (_idle_seconds() - idle0) / max(time.monotonic() - t0, 1e-6)  # idle cores, on average
+        return max(0, round(available_cores() - idle))
+    except (OSError, ValueError, AttributeError):
+        pass
+    try:
+        return int(os.getloadavg()[0])
     except (AttributeError, OSError):
-        busy = 0
-    return max(1, min(limit or max_threads(), available_cores() - busy))
+        return 0
 
 
 class Sample(NamedTuple):

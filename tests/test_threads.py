@@ -91,7 +91,7 @@ def test_explicit_threads_are_fixed_and_cuda_untouched(monkeypatch):
 def test_a_lower_torch_count_set_beforehand_caps_the_automatic_one(monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(threads, "available_cores", lambda: 8)
-    monkeypatch.setattr(threads.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    monkeypatch.setattr(threads, "busy_cores", lambda: 0)
     monkeypatch.setattr(threads, "_ours", None)
     torch.set_num_threads(1)  # a library user's (or a test's) own choice
     assert threads.set_cpu_threads(None, torch.device("cpu")) is None and torch.get_num_threads() == 1
@@ -106,6 +106,24 @@ def test_default_leaves_busy_cores_alone(monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(threads, "available_cores", lambda: 8)
     monkeypatch.setattr(threads, "_ours", torch.get_num_threads())  # torch's count is no cap
+    clock = iter([0.0, 1.0, 10.0, 11.0])  # two 1-second windows
+    monkeypatch.setattr(threads.time, "monotonic", lambda: next(clock))
+    monkeypatch.setattr(threads.time, "sleep", lambda s: None)
+    idle = iter([100.0, 105.3, 200.0, 200.2])  # 5.3 idle cores, then 0.2
+    monkeypatch.setattr(threads, "_idle_seconds", lambda: next(idle))
+    assert threads.default_threads() == 5  # 8 - round(2.7): the cores idle now, not a minute ago
+    assert threads.default_threads() == 1
+
+
+def test_without_proc_the_load_average_counts_busy_cores(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(threads, "available_cores", lambda: 8)
+    monkeypatch.setattr(threads, "_ours", torch.get_num_threads())
+
+    def no_proc():
+        raise OSError("no /proc/stat")
+
+    monkeypatch.setattr(threads, "_idle_seconds", no_proc)
     monkeypatch.setattr(threads.os, "getloadavg", lambda: (2.7, 0.0, 0.0))
     assert threads.default_threads() == 6
     monkeypatch.setattr(threads.os, "getloadavg", lambda: (20.0, 0.0, 0.0))
