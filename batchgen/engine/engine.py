@@ -305,16 +305,17 @@ class Engine:
             self.stats.mask_s += time.perf_counter() - t0
         self._sample_pending()  # the next step waited for these tokens: start its sampling first
         t0 = time.perf_counter()
-        sampled = (item.request for item in step.items if item.samples)
-        for row, req in enumerate(sampled):
+        sampled = [item.request for item in step.items if item.samples]
+        check, finished = self.stops.check, Status.FINISHED
+        for row, (req, token) in enumerate(zip(sampled, result.tokens, strict=True)):
             req.num_pending -= 1
-            if req.finished:
+            if req.status is finished:
                 self.stats.discarded_tokens += 1  # finished one step earlier: this token is past its end
                 continue
-            req.tokens.append(result.tokens[row])
+            req.tokens.append(token)
             if req.logprobs is not None:
                 req.logprobs.append(result.logprobs[row])
-            reason = "error" if req.error else self.stops.check(req)
+            reason = "error" if req.error else check(req)
             if not reason and req.guide is not None and req.guide.done:
                 reason = "stop"  # the grammar ended (on a stop token, which --ignore-eos cannot skip)
             if reason:

@@ -14,12 +14,12 @@ class StopChecker:
 
     def check(self, req: Request) -> str | None:
         """The finish reason after ``req``'s newest token, or None to go on. Sets ``req.text`` on a stop."""
-        token = req.tokens[-1]
-        if not req.params.ignore_eos and token in self.eos_ids:
+        tokens, params = req.tokens, req.params  # once a token per row and step: no property calls here
+        if tokens[-1] in self.eos_ids and not params.ignore_eos:
             return "stop"
-        if req.params.stop and self._stop_string_matched(req):
+        if params.stop and self._stop_string_matched(req):
             return "stop"
-        if req.num_output >= req.max_tokens:
+        if len(tokens) - req.num_prompt >= req.max_tokens:
             return "length"
         return None
 
