@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import time
 
-import numpy as np
 import torch
 
 from batchgen.config import SamplingParams
@@ -106,7 +105,6 @@ def _report(args, stats, runner: NullRunner, done: int, wall: float) -> None:
         f"{done * args.new_tokens / wall / 1e3:.0f}k tok/s host-bound"
     )
     assert stats.output_tokens == done * args.new_tokens, "tokens lost"
-    assert np.isfinite(wall)
 
 
 if __name__ == "__main__":

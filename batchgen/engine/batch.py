@@ -50,23 +50,22 @@ class StepInputs(NamedTuple):
 def build_step(step: ScheduledStep, block_size: int, rows: RowState) -> StepInputs:
     """Gather the step's rows of the persistent batch; only tokens and sampling indices are read off
     the requests (one pass over the items)."""
-    items = step.items
-    starts = np.fromiter((it.start for it in items), np.int64, len(items))
-    counts = np.fromiter((it.num_tokens for it in items), np.int64, len(items))
-    row_ids = np.fromiter((it.request.row for it in items), np.int64, len(items))
+    scan = _scan(step)
+    num_seqs = len(step.items)
+    starts, counts = np.array(scan.starts, np.int64), np.array(scan.counts, np.int64)
+    row_ids = np.array(scan.rows, np.int64)
     seq_lens = starts + counts
     max_seq_len = int(seq_lens.max())
-    cu = np.zeros(len(items) + 1, np.int32)
+    cu = np.zeros(num_seqs + 1, np.int32)
     np.cumsum(counts, out=cu[1:])
     total = int(cu[-1])
-    if total == len(items):  # decode only: one token per sequence
+    if total == num_seqs:  # decode only: one token per sequence
         seq_of_row, positions = np.arange(total), starts
     else:
-        seq_of_row = np.repeat(np.arange(len(items)), counts)  # [T]
+        seq_of_row = np.repeat(np.arange(num_seqs), counts)  # [T]
         positions = starts[seq_of_row] + (np.arange(total) - cu[:-1][seq_of_row])
     tables = rows.tables[row_ids, : -(-max_seq_len // block_size)]  # [B, W] (a copy)
     blocks = tables[seq_of_row, positions // block_size]
-    scan = _scan(step)
     *sampling, masked = _sampling_rows(rows, row_ids[scan.sampled], cu, scan)
     return StepInputs(
         step.step_id,
@@ -85,6 +84,9 @@ def build_step(step: ScheduledStep, block_size: int, rows: RowState) -> StepInpu
 
 
 class _Scan(NamedTuple):
+    starts: list[int]  # [B] first position each item computes
+    counts: list[int]  # [B] tokens each item computes
+    rows: list[int]  # [B] each item's row of the persistent batch
     ids: list[int]  # [T] input tokens, 0 where carried over
     carry_at: list[int]  # packed rows whose token is carried over ...
     carry_from: list[int]  # ... from these rows of the previous step's sampled tokens
@@ -93,12 +95,15 @@ class _Scan(NamedTuple):
 
 
 def _scan(step: ScheduledStep) -> _Scan:
-    """One pass over the items: their input tokens, and which of them sample (each such request
-    remembers its output row, for the next step's carry-over)."""
-    scan = _Scan([], [], [], [], [])
-    ids, carry_at, carry_from, sampled, rng_steps = scan
+    """One pass over the items: their positions, rows, input tokens, and which of them sample (each
+    such request remembers its output row, for the next step's carry-over)."""
+    scan = _Scan([], [], [], [], [], [], [], [])
+    starts, counts, rows, ids, carry_at, carry_from, sampled, rng_steps = scan
     step_id = step.step_id
     for i, (req, start, n, samples) in enumerate(step.items):
+        starts.append(start)
+        counts.append(n)
+        rows.append(req.row)
         tokens = req.tokens
         known = len(tokens) - start
         if known >= n:
