@@ -7,7 +7,7 @@ default spinning: the B4 generation took 41-43 s with 1 thread, 71 s and 428 s i
 
 So on the CPU (unless ``--threads N`` / ``LLM(threads=N)`` fixes the count):
 - the run starts with the cores this process may use (``os.sched_getaffinity``: taskset, cgroups, Slurm)
-  less those other work keeps busy (their idle time over 0.2 s; the 1-minute load average without
+  less those other work keeps busy (their idle time over 0.1 s; the 1-minute load average without
   /proc), at least one; ``OMP_NUM_THREADS`` caps it, and
   so does a lower count set on torch beforehand;
 - every couple of seconds a ``ThreadGovernor`` looks at what happened since: one thread fewer while this
@@ -95,7 +95,7 @@ def default_threads(limit: int | None = None) -> int:
     return max(1, min(limit or max_threads(), available_cores() - busy_cores()))
 
 
-def busy_cores(window_s: float = 0.2) -> int:
+def busy_cores(window_s: float = 0.1) -> int:
     """Cores of this process's affinity that other work keeps busy: their idle time over a short window
     (/proc/stat), else the 1-minute load average. The load average lags by a minute: right after another
     job ended it still counts that job's cores, and a run that starts then would take too few threads."""
