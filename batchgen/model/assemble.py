@@ -42,11 +42,16 @@ class Loader(NamedTuple):
         return span if self.group.is_parallel else None
 
     def dense(self, name: str, rows: Span | None = None) -> torch.Tensor:
-        if self.source.dtype(name) == torch.float8_e4m3fn:  # an FP8 checkpoint's quantized LM head
+        return self.tensor(Part(name, rows))
+
+    def tensor(self, part: Part) -> torch.Tensor:
+        """A part kept in the model dtype: dequantized where an FP8 checkpoint stores it quantized (an LM
+        head, MoE experts)."""
+        if self.source.dtype(part.name) == torch.float8_e4m3fn:
             from batchgen.model.weights.fp8_checkpoint import dequantized
 
-            return dequantized(self.source, Part(name, rows), self.dtype)
-        return self.source.get(Part(name, rows)).to(self.dtype)
+            return dequantized(self.source, part, self.dtype, getattr(self.fmt, "block", (128, 128)))
+        return self.source.get(part).to(self.dtype)
 
     def row_parallel(self, name: str, cols: Span) -> Linear:
         """A projection split by input features: partial sums, all-reduced; rank 0 adds the bias."""

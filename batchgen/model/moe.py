@@ -96,14 +96,18 @@ class MoEMLP:
 
 
 def moe_mlp(load: Loader, model_type: str, layer: torch.nn.Module, layer_prefix: str) -> MoEMLP:
-    """The MoE MLP of one decoder layer (``layer``: its skeleton module, for the sizes)."""
-    if load.fmt.name != "dense":
-        raise ValueError(f"MoE experts in the {load.fmt.name!r} weight format are not supported yet")
+    """The MoE MLP of one decoder layer (``layer``: its skeleton module, for the sizes).
+
+    The routed experts are 16-bit grouped GEMMs whatever the weight format: an FP8 checkpoint's experts
+    are dequantized as they are read (twice their checkpoint bytes), and ``--quantization fp8`` leaves
+    them as stored; the shared expert and attention take the format's projections."""
     mlp, group = layer.mlp, load.group
     routing = routing_of(model_type, mlp)
     inter = mlp.experts.intermediate_dim
     rows = load.span(even_span(inter, group.rank, group.size))
-    gate_up, down = expert_stacks(load.source, layer_prefix, routing.num_experts, inter, rows, load.dtype)
+    gate_up, down = expert_stacks(
+        load.source, layer_prefix, routing.num_experts, inter, rows, load.dtype, load.tensor
+    )
     router = load.dense(router_name(load.source, layer_prefix))
     shared = _shared_expert(load, mlp, layer_prefix + "mlp.") if hasattr(mlp, "shared_expert") else None
     return MoEMLP(router, routing, gate_up, down, shared, group)

@@ -180,3 +180,59 @@ def test_an_fp8_lm_head_loads_dequantized(tmp_path):
     head = _forward(str(tmp_path))[0].lm_head.weight
     assert head.dtype == torch.float32
     torch.testing.assert_close(head, q.float() * s[:, None], rtol=0, atol=0)
+
+
+def _moe_pair(tiny_models, tmp_path, block: tuple[int, int]) -> tuple[str, str]:
+    """A tiny Qwen2-MoE checkpoint with its routed experts stored in FP8 (``block`` scales, as the fp8
+    method's releases store them) and its twin holding the dequantized experts; nothing else differs."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    src = tiny_models["qwen2_moe"]
+    dirs = {}
+    for kind in ("fp8", "twin"):
+        dirs[kind] = tmp_path / kind
+        shutil.copytree(src, dirs[kind])
+    tensors, quantized, twin = load_file(f"{src}/model.safetensors"), {}, {}
+    for name, t in tensors.items():
+        quantized[name] = twin[name] = t
+        if ".mlp.experts." in name:
+            q, scale = ref.quantize_blocks(t, *block)
+            quantized[name], quantized[name.removesuffix("weight") + "weight_scale_inv"] = q, scale
+            twin[name] = ref.dequantize_blocks(q, scale, *block).to(t.dtype)
+    save_file(quantized, str(dirs["fp8"] / "model.safetensors"), metadata={"format": "pt"})
+    save_file(twin, str(dirs["twin"] / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((dirs["fp8"] / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                     "weight_block_size": list(block)}  # fmt: skip
+    (dirs["fp8"] / "config.json").write_text(json.dumps(config))
+    return str(dirs["fp8"]), str(dirs["twin"])
+
+
+def _build(path: str, group: ParallelGroup):
+    from transformers import AutoConfig
+
+    files = ModelFiles(path, AutoConfig.from_pretrained(path))
+    return build_model(EngineConfig(model=path), files, group, torch.device("cpu"), torch.float32, 256)
+
+
+def test_an_fp8_moe_checkpoint_loads_its_experts_dequantized(tiny_models, tmp_path):
+    """The routed experts of an FP8 MoE checkpoint become the 16-bit grouped GEMMs' stacks, equal to the
+    dequantized twin's bit for bit: whole, and in rank 1 of 2's slice (intermediate rows 16-32, which
+    start inside a 12-row scale block and span two; the down projection's columns 16-32 cut its 32-wide
+    column block). The whole
+    model then computes the twin's logits."""
+    fp8, twin = _moe_pair(tiny_models, tmp_path, (12, 32))
+    whole = _build(fp8, ParallelGroup.single())
+    reference = _build(twin, ParallelGroup.single())
+    moe, twin_moe = whole.forward.layers[1].mlp, reference.forward.layers[1].mlp
+    assert moe.gate_up.dtype == torch.float32 and torch.equal(moe.gate_up, twin_moe.gate_up)
+    assert torch.equal(moe.down, twin_moe.down)
+    got, want = _logits(whole.forward, whole.kv_shape), _logits(reference.forward, reference.kv_shape)
+    # Equal weights everywhere (above); the logits agree up to fp32 summation order (MKL's depends on the
+    # weights' alignment in each file's mapping: measured 1.6e-7)
+    assert _rel(got, want) < 1e-6 and (got.argmax(-1) == want.argmax(-1)).all()
+    rank1 = _build(fp8, ParallelGroup(1, 2)).forward.layers[1].mlp
+    assert torch.equal(rank1.gate_up, torch.cat([twin_moe.gate_up[:, 16:32], twin_moe.gate_up[:, 48:64]], 1))
+    assert torch.equal(rank1.down, twin_moe.down[:, :, 16:32])

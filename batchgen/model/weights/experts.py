@@ -14,7 +14,7 @@ and of up (stacked gate | up, as unsharded) and those columns of down.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -34,13 +34,17 @@ def router_name(source: WeightSource, layer_prefix: str) -> str:
     raise KeyError(f"no MoE router weight under {layer_prefix!r}")
 
 
+Reader = Callable[[Part], torch.Tensor]  # a part in the stack's dtype (FP8 checkpoints: dequantized)
+
+
 def expert_stacks(
     source: WeightSource, layer_prefix: str, num_experts: int, inter: int, rows: Span | None,
-    dtype: torch.dtype,
+    dtype: torch.dtype, read: Reader | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """(gate_up [E, 2 * I_r, H], down [E, H, I_r]) of layer ``layer_prefix`` (``model.layers.{i}.``),
-    I_r = ``rows.size`` (all ``inter`` rows when None)."""
-    gate_up, down = _read(source, layer_prefix, num_experts, inter, rows, dtype)
+    I_r = ``rows.size`` (all ``inter`` rows when None). ``read``: how a checkpoint's part is read
+    (default: as stored, cast to ``dtype``)."""
+    gate_up, down = _read(source, layer_prefix, num_experts, inter, rows, dtype, read or source.get)
     width = inter if rows is None else rows.size
     expected = (num_experts, 2 * width, num_experts, width)
     if (*gate_up.shape[:2], down.shape[0], down.shape[2]) != expected:  # e.g. a transposed fused layout
@@ -53,7 +57,7 @@ def expert_stacks(
 
 def _read(
     source: WeightSource, layer_prefix: str, num_experts: int, inter: int, rows: Span | None,
-    dtype: torch.dtype,
+    dtype: torch.dtype, read: Reader,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     fused = layer_prefix + "mlp.experts.gate_up_proj"
     fused_down = layer_prefix + "mlp.experts.down_proj"
@@ -70,7 +74,7 @@ def _read(
             base = layer_prefix + experts.format(e=e)
             gate_up.append([Part(base + gate, rows), Part(base + up, rows)])
             down.append([Part(base + down_leaf, None, rows)])
-    return _stack(source, gate_up, dtype), _stack(source, down, dtype)
+    return _stack(read, gate_up, dtype), _stack(read, down, dtype)
 
 
 def _checkpoint_names(source: WeightSource, layer_prefix: str) -> tuple[str, str, str, str]:
@@ -80,14 +84,14 @@ def _checkpoint_names(source: WeightSource, layer_prefix: str) -> tuple[str, str
     raise KeyError(f"no expert weights under {layer_prefix!r} (neither fused nor per expert)")
 
 
-def _stack(source: WeightSource, experts: Sequence[Sequence[Part]], dtype: torch.dtype) -> torch.Tensor:
+def _stack(read: Reader, experts: Sequence[Sequence[Part]], dtype: torch.dtype) -> torch.Tensor:
     """[E, rows, cols]: expert e's parts stacked by rows, each read once and copied into place (memory
     holds the stack and one part at a time)."""
     out = None
     for e, parts in enumerate(experts):
         row = 0
         for part in parts:
-            tensor = source.get(part)
+            tensor = read(part)
             if out is None:
                 rows = tensor.shape[0] * len(parts)  # the parts of one expert have the same shape
                 out = torch.empty((len(experts), rows, tensor.shape[1]), dtype=dtype, device=tensor.device)

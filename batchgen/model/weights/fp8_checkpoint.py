@@ -107,13 +107,37 @@ class Fp8CheckpointFormat:
         return Fp8BlockLinear(weight, torch.cat(scales), rows, cols, bias, self.dtype)
 
 
-def dequantized(source: WeightSource, part: Part, dtype: torch.dtype) -> torch.Tensor:
-    """A tensor that is not a projection (an LM head some checkpoints store in FP8) in the model dtype:
-    batchgen keeps the LM head and embeddings dense."""
+def dequantized(
+    source: WeightSource, part: Part, dtype: torch.dtype, block: tuple[int, int] = (128, 128)
+) -> torch.Tensor:
+    """A part of an FP8-stored tensor that batchgen keeps in the model dtype (an LM head some checkpoints
+    quantize; MoE experts, whose grouped GEMMs are 16-bit), its scales applied: ``weight_scale_inv`` or
+    block ``weight_scale`` (``block`` rows x cols), else per-channel or per-tensor ``weight_scale``."""
     weight = source.get(part).float()
+    inv = _scale_name(part, "weight_scale_inv")
+    if source.has(inv):
+        return (weight * _expanded_block_scales(source, part, inv, block)).to(dtype)
     if not source.has(_scale_name(part, "weight_scale")):
         raise ValueError(f"{part.name} is stored in FP8 without a weight_scale: batchgen cannot load it")
+    if _is_block_scale(source, part, block):
+        return (weight * _expanded_block_scales(source, part, _scale_name(part, "weight_scale"), block)).to(
+            dtype
+        )
     return (weight * _row_scales(source, part)[:, None]).to(dtype)
+
+
+def _expanded_block_scales(
+    source: WeightSource, part: Part, name: str, block: tuple[int, int]
+) -> torch.Tensor:
+    """[rows, cols] of the part: each weight's block scale (a slice may start inside a block)."""
+    n, k = source.shape(part.name)
+    rows, cols = part.rows or Span(0, n), part.cols or Span(0, k)
+    (br, bc), covering = block, (Span(rows.start // block[0], -(-rows.stop // block[0])),
+                                 Span(cols.start // block[1], -(-cols.stop // block[1])))  # fmt: skip
+    scale = source.get(Part(name, *covering)).float()
+    full = scale.repeat_interleave(br, dim=0).repeat_interleave(bc, dim=1)
+    r0, c0 = rows.start % br, cols.start % bc
+    return full[r0 : r0 + rows.size, c0 : c0 + cols.size]
 
 
 def _scale_name(part: Part, suffix: str) -> str:
