@@ -236,3 +236,15 @@ def test_an_fp8_moe_checkpoint_loads_its_experts_dequantized(tiny_models, tmp_pa
     rank1 = _build(fp8, ParallelGroup(1, 2)).forward.layers[1].mlp
     assert torch.equal(rank1.gate_up, torch.cat([twin_moe.gate_up[:, 16:32], twin_moe.gate_up[:, 48:64]], 1))
     assert torch.equal(rank1.down, twin_moe.down[:, :, 16:32])
+
+
+def test_quantization_fp8_keeps_moe_experts_as_stored(tiny_models):
+    """--quantization fp8 on a MoE model: attention and the shared expert in FP8, the routed experts'
+    stacks exactly the checkpoint's (they were refused before)."""
+    path = tiny_models["qwen2_moe"]
+    quantized, plain = _forward(path, quantization="fp8")[0], _forward(path)[0]
+    moe, plain_moe = quantized.layers[1].mlp, plain.layers[1].mlp
+    assert isinstance(quantized.layers[1].attn.qkv, Fp8RowLinear) and isinstance(
+        moe.shared.gate_up, Fp8RowLinear
+    )
+    assert torch.equal(moe.gate_up, plain_moe.gate_up) and torch.equal(moe.down, plain_moe.down)
