@@ -25,7 +25,7 @@ demo: setup
 	@echo "completions written to demo-out.jsonl"
 
 test: setup
-	$(BIN)/python -m pytest -q -x
+	$(BIN)/python -m pytest -q -x --durations=15
 
 lint: setup
 	$(BIN)/ruff check batchgen tests
