@@ -114,30 +114,35 @@ def dequantized(
     quantize; MoE experts, whose grouped GEMMs are 16-bit), its scales applied: ``weight_scale_inv`` or
     block ``weight_scale`` (``block`` rows x cols), else per-channel or per-tensor ``weight_scale``."""
     weight = source.get(part).float()
-    inv = _scale_name(part, "weight_scale_inv")
-    if source.has(inv):
-        return (weight * _expanded_block_scales(source, part, inv, block)).to(dtype)
-    if not source.has(_scale_name(part, "weight_scale")):
-        raise ValueError(f"{part.name} is stored in FP8 without a weight_scale: batchgen cannot load it")
-    if _is_block_scale(source, part, block):
-        return (weight * _expanded_block_scales(source, part, _scale_name(part, "weight_scale"), block)).to(
-            dtype
-        )
-    return (weight * _row_scales(source, part)[:, None]).to(dtype)
+    name = _scale_name(part, "weight_scale_inv")
+    if not source.has(name):
+        name = _scale_name(part, "weight_scale")
+        if not source.has(name):
+            raise ValueError(f"{part.name} is stored in FP8 without a weight_scale: batchgen cannot load it")
+        if not _is_block_scale(source, part, block):
+            return (weight * _row_scales(source, part)[:, None]).to(dtype)
+    return (weight * _expanded_block_scales(source, part, name, block)).to(dtype)
 
 
 def _expanded_block_scales(
     source: WeightSource, part: Part, name: str, block: tuple[int, int]
 ) -> torch.Tensor:
     """[rows, cols] of the part: each weight's block scale (a slice may start inside a block)."""
+    scale, rows, cols = _covering_scales(source, part, name, block)
+    full = scale.repeat_interleave(block[0], dim=0).repeat_interleave(block[1], dim=1)
+    r0, c0 = rows.start % block[0], cols.start % block[1]
+    return full[r0 : r0 + rows.size, c0 : c0 + cols.size]
+
+
+def _covering_scales(
+    source: WeightSource, part: Part, name: str, block: tuple[int, int]
+) -> tuple[torch.Tensor, Span, Span]:
+    """(the block scales covering the part's slice of the weight, the slice's rows, its columns)."""
     n, k = source.shape(part.name)
     rows, cols = part.rows or Span(0, n), part.cols or Span(0, k)
-    (br, bc), covering = block, (Span(rows.start // block[0], -(-rows.stop // block[0])),
-                                 Span(cols.start // block[1], -(-cols.stop // block[1])))  # fmt: skip
-    scale = source.get(Part(name, *covering)).float()
-    full = scale.repeat_interleave(br, dim=0).repeat_interleave(bc, dim=1)
-    r0, c0 = rows.start % br, cols.start % bc
-    return full[r0 : r0 + rows.size, c0 : c0 + cols.size]
+    scale_rows = Span(rows.start // block[0], -(-rows.stop // block[0]))
+    scale_cols = Span(cols.start // block[1], -(-cols.stop // block[1]))
+    return source.get(Part(name, scale_rows, scale_cols)).float(), rows, cols
 
 
 def _scale_name(part: Part, suffix: str) -> str:
@@ -168,9 +173,9 @@ def _row_scales(source: WeightSource, part: Part) -> torch.Tensor:
 
 
 def _block_scales(source: WeightSource, part: Part, name: str, block: tuple[int, int]) -> torch.Tensor:
-    """The block-scale rows and columns covering the part's slice of the weight."""
-    n, k = source.shape(part.name)
-    rows = part.rows or Span(0, n)
+    """The block-scale rows and columns covering the part's slice of the weight, for an FP8 product:
+    its columns must start and end on scale blocks."""
+    k = source.shape(part.name)[1]
     cols = part.cols or Span(0, k)
     if cols.start % block[1] or (cols.stop % block[1] and cols.stop != k):
         raise ValueError(
@@ -178,9 +183,7 @@ def _block_scales(source: WeightSource, part: Part, name: str, block: tuple[int,
             f"the checkpoint's {block[1]}-wide FP8 scale blocks: choose a --tensor-parallel size that splits "
             f"at multiples of {block[1]}"
         )
-    scale_rows = Span(rows.start // block[0], -(-rows.stop // block[0]))
-    scale_cols = Span(cols.start // block[1], -(-cols.stop // block[1]))
-    return source.get(Part(name, scale_rows, scale_cols)).float()
+    return _covering_scales(source, part, name, block)[0]
 
 
 def _compact(source: WeightSource, parts: Sequence[Part], rows: int) -> bool:
