@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from batchgen.bench.runners import base_record, finish
+from batchgen.bench.runners import base_record, engine_fields, finish
 from batchgen.threads import DEFAULTED, SHORT_SPINS
 
 COMMAND_MODES = ("run", "async", "sync", "generate_batch")  # run = batchgen's default mode for the device
@@ -116,15 +116,12 @@ def _generated(mode: str, out: Path, log: str) -> tuple[int, float, dict]:
 
 
 def _engine_stats(record: dict, engine: dict) -> None:
-    """GPU-active share of the engine's time and the host's ms per step, from ``--stats-file``."""
-    steps, wall = engine.get("steps"), engine.get("wall_s")
-    if not steps or not wall:
+    """The run's engine figures from ``--stats-file`` (the engine's own wall time: generation, not the
+    whole command); the same columns as an in-process run's."""
+    if not engine.get("steps") or not engine.get("wall_s"):
         return
-    host_s = sum(engine.get(k, 0.0) for k in ("schedule_s", "prep_s", "postprocess_s"))
-    record["steps"], record["cpu_ms_step"] = steps, 1e3 * host_s / steps
-    if engine.get("gpu_busy_s"):
-        record["gpu_active_pct"] = 100 * engine["gpu_busy_s"] / wall
-        record["gpu_ms_step"] = 1e3 * engine["gpu_busy_s"] / steps
+    step = dict(engine, gpu_busy_s=engine.get("gpu_busy_s") or None)  # 0 on the CPU: no device stream
+    engine_fields(record, step, engine["wall_s"])
 
 
 def _threads_used(mode: str, log: str) -> str:

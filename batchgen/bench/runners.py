@@ -102,7 +102,7 @@ def run_batchgen(
         record["gpu_active_pct_ranks"] = [round(100 * b / record["wall_s"], 2) for b in busy]
     if llm.device.type != "cuda":
         step["gpu_busy_s"] = None  # no device stream to be busy: the CPU runner reports 0
-    _engine_fields(record, step)
+    engine_fields(record, step)
     graphs = getattr(llm._engine.runner, "graph_memory", {})  # what the decode graphs cost, by slot count
     record.update({f"graph_mib_{k}": round(v / 2**20, 1) for k, v in graphs.items()})
     return finish(record, tokens)
@@ -113,19 +113,24 @@ def _rank_busy(llm) -> list[float]:
     return [r["gpu_busy_s"] for r in rank_stats()] if rank_stats else []
 
 
-def _engine_fields(record: dict, step: dict) -> None:
+def engine_fields(record: dict, step: dict, wall_s: float | None = None) -> None:
+    """Per-step host and GPU figures from engine stats (``step``: EngineStats fields over the timed run;
+    ``gpu_busy_s`` None without a GPU) over ``wall_s`` [the record's]. CPU ms/step is scheduling, batch
+    building, postprocessing and masks; launching (``prep_s``, CUDA) is reported apart when known."""
     steps = step["steps"]
     record["steps"] = steps
     if not steps:
         return
-    host = [step[n] for n in ("schedule_s", "postprocess_s", "mask_s") if step[n] is not None]
+    host = [step[n] for n in ("schedule_s", "postprocess_s", "mask_s") if step.get(n) is not None]
     if host:
         record["cpu_ms_step"] = 1000 * sum(host) / steps
-    if step["mask_s"]:  # structured output: advancing grammars and filling token masks
+    if step.get("mask_s"):  # structured output: advancing grammars and filling token masks
         record["mask_ms_step"] = 1000 * step["mask_s"] / steps
+    if step.get("prep_s"):
+        record["prep_ms_step"] = 1000 * step["prep_s"] / steps
     if step["gpu_busy_s"] is not None:
         record["gpu_ms_step"] = 1000 * step["gpu_busy_s"] / steps
-        record["gpu_active_pct"] = 100 * step["gpu_busy_s"] / record["wall_s"]
+        record["gpu_active_pct"] = 100 * step["gpu_busy_s"] / (wall_s or record["wall_s"])
 
 
 # --- transformers baselines -------------------------------------------------------------------------

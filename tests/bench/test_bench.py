@@ -196,13 +196,14 @@ def test_b7_runs_the_whole_command_on_the_gpu():
     assert modes_for(w, [], True) == ["run"]
     prompts = chat_prompts(8192)
     assert len(set(prompts)) == 8192
-    record = {"steps": None, "cpu_ms_step": None, "gpu_active_pct": None, "gpu_ms_step": None}
+    # A whole command of 30 s whose engine ran 2 s: GPU-active is over the engine's own time.
+    record = {"steps": None, "cpu_ms_step": None, "gpu_active_pct": None, "gpu_ms_step": None, "wall_s": 30.0}
     engine = {"steps": 100, "wall_s": 2.0, "gpu_busy_s": 1.5, "schedule_s": 0.05, "prep_s": 0.03,
-              "postprocess_s": 0.02}  # fmt: skip
+              "postprocess_s": 0.02, "mask_s": 0.0}  # fmt: skip
     commands._engine_stats(record, engine)
-    assert record == pytest.approx(
-        {"steps": 100, "cpu_ms_step": 1.0, "gpu_active_pct": 75.0, "gpu_ms_step": 15.0}
-    )
+    want = {"steps": 100, "cpu_ms_step": 0.7, "prep_ms_step": 0.3, "gpu_active_pct": 75.0,
+            "gpu_ms_step": 15.0, "wall_s": 30.0}  # fmt: skip
+    assert record == pytest.approx(want)
 
 
 def test_ratios_use_the_median_of_repeats():
