@@ -199,17 +199,23 @@ def _combine_kernel(
     tl.store(out_ptr + t * stride_o + cols, acc.to(dt), mask=mask)
 
 
-def _config(pairs: int, experts: int) -> dict:
+def _config(pairs: int, experts: int, itemsize: int) -> dict:
     """Tile shapes by the mean rows per expert: decode-sized groups are weight-bandwidth bound (small
-    BLOCK_M, long K tiles), prefill-sized ones compute bound (tensor-core-sized tiles)."""
+    BLOCK_M, long K tiles), prefill-sized ones compute bound (tensor-core-sized tiles). The shapes are
+    sized for 2-byte data; fp32 halves BLOCK_K so the staged tiles still fit shared memory (an H200 SM
+    has 227 KiB: fp32 at BLOCK_M=128 with these stages asks 240 KiB)."""
     per_expert = -(-pairs // experts)
     if per_expert <= 16:
-        return dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4)
-    if per_expert <= 32:
-        return dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4)
-    if per_expert <= 128:
-        return dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3)
-    return dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=64, num_warps=8, num_stages=3)
+        cfg = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4)
+    elif per_expert <= 32:
+        cfg = dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4)
+    elif per_expert <= 128:
+        cfg = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3)
+    else:
+        cfg = dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=64, num_warps=8, num_stages=3)
+    if itemsize > 2:
+        cfg["BLOCK_K"] //= 2
+    return cfg
 
 
 def group_by_expert(ids: torch.Tensor, experts: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -243,7 +249,7 @@ def moe_experts(
     if not pairs:
         return out
     counts, order = group_by_expert(ids, experts)
-    cfg = _config(pairs, experts)
+    cfg = _config(pairs, experts, h.element_size())
     max_tiles = triton.cdiv(pairs, cfg["BLOCK_M"]) + min(experts, pairs)  # the worst case, from ints
     prec = "ieee" if h.dtype == torch.float32 or needs_f32_dot(h) else "tf32"
     common = dict(E_PAD=triton.next_power_of_2(experts), DOT_PREC=prec, DOT_F32=needs_f32_dot(h), **cfg)
