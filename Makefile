@@ -45,7 +45,8 @@ gpu-check:
 
 # What a bare GPU machine needs from here: the embedded model's tokenizer (a few MB, not the model wheel)
 # and wheels for its Python (3.12) that it lacks: orjson (`batchgen run`), and xgrammar with its
-# non-torch dependencies (structured output; torch and triton are on the machine).
+# non-torch dependencies (structured output; torch and triton are on the machine), and jsonschema with
+# its dependencies (the structured-output tests validate against it).
 gpu-assets: setup
 	$(BIN)/python -c "from batchgen.model.loader import default_model_dir; print(default_model_dir())"
 	mkdir -p .gpu-assets/tokenizer
@@ -53,6 +54,7 @@ gpu-assets: setup
 	cp "$$dir/tokenizer.json" "$$dir/tokenizer_config.json" "$$dir/chat_template.jinja" .gpu-assets/tokenizer/
 	$(BIN)/pip download -q orjson --only-binary=:all: --no-deps --python-version 3.12 --platform manylinux_2_17_x86_64 -d .gpu-assets
 	$(BIN)/pip download -q xgrammar apache-tvm-ffi pydantic pydantic-core annotated-types typing-inspection \
+		jsonschema jsonschema-specifications referencing rpds-py attrs \
 		--only-binary=:all: --no-deps --python-version 3.12 --platform manylinux_2_28_x86_64 \
 		--platform manylinux_2_17_x86_64 -d .gpu-assets
 

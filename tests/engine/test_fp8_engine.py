@@ -4,6 +4,8 @@ over a block-quantized checkpoint (scales sliced with the weights) gives the sin
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -68,14 +70,38 @@ def test_tensor_parallel_block_fp8_checkpoint_matches_one_process(tmp_path):
     assert got == want
 
 
+def _first_split(a, b) -> str | None:
+    """Why two greedy runs of one FP8 model may part (None: they may not). Graph and eager launches run
+    the GEMMs at other row counts (graph buckets pad the batch), so cuBLASLt may sum in another order;
+    a 1-ulp bf16 difference moves an activation across an e4m3 rounding boundary (a 6 % step), so FP8
+    runs may break exact ties the other way. Either token can win only if both runs gave their pick at
+    most about half the probability (p_a + p_b <= 1 in both); the lm_head is scaled 8x, so a real error
+    flips tokens picked at p ~ 1. Before the split, both runs' log-probabilities must agree."""
+    j = next((k for k, (x, y) in enumerate(zip(a.token_ids, b.token_ids, strict=True)) if x != y), None)
+    before = max((abs(x - y) for x, y in zip(a.logprobs[:j], b.logprobs[:j], strict=False)), default=0.0)
+    assert before < 0.1, f"log-probabilities differ by {before:.3f} before any token does"
+    if j is None:
+        return None
+    p_a, p_b = math.exp(a.logprobs[j]), math.exp(b.logprobs[j])
+    return f"token {j}: p {p_a:.2f} vs {p_b:.2f}" if max(p_a, p_b) < 0.6 else None
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_gpu_fp8_engine_graphs_equal_eager(tiny_llama):
-    """FP8 weights and cache on CUDA: decode graphs replay what eager steps compute, token for token."""
+    """FP8 weights and cache on CUDA: decode graphs replay what eager steps compute: the same tokens, or a
+    split at an FP8 near-tie (``_first_split``) in at most 2 of the 12 prompts."""
     from transformers import AutoTokenizer
 
     prompts = make_prompts(AutoTokenizer.from_pretrained(tiny_llama), count=12, max_tokens=200, seed=4)
     options = dict(dtype="bfloat16", quantization="fp8", kv_cache_dtype="fp8", max_num_seqs=8)
-    graphs = _greedy(LLM(tiny_llama, cuda_graphs=True, **options), prompts, 24)
-    eager = _greedy(LLM(tiny_llama, cuda_graphs=False, async_mode=False, **options), prompts, 24)
-    assert graphs == eager
+    params = SamplingParams(max_new_tokens=24, ignore_eos=True, logprobs=True)
+    graphs = LLM(tiny_llama, cuda_graphs=True, **options).generate(prompts, params)
+    eager = LLM(tiny_llama, cuda_graphs=False, async_mode=False, **options).generate(prompts, params)
+    splits = {}
+    for i, (g, e) in enumerate(zip(graphs, eager, strict=True)):
+        why = _first_split(g, e)  # checks the log-probabilities of every prompt
+        if g.token_ids != e.token_ids:
+            splits[i] = why
+    bad = [i for i, why in splits.items() if why is None]
+    assert not bad and len(splits) <= 2, f"prompts {bad} differ at decisive tokens (near-ties: {splits})"

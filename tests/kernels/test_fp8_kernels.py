@@ -226,12 +226,18 @@ def test_gpu_attention_over_an_fp8_cache(decode):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_gpu_fp8_fused_forward_stays_close_to_bf16():
-    """A Qwen3-shaped random model in bf16: FP8 weights and cache on the Triton kernels vs bf16."""
+    """A Qwen3-shaped random model in bf16: FP8 weights and cache on the GPU kernels vs bf16. The format
+    itself costs this random model ~14 % of its logits (relative; the torch FP8 reference measures 0.135
+    against the GPU's bf16 logits and 0.144 against the CPU's: random hidden states sit near the e4m3
+    rounding noise, and that noise amplifies any 1-ulp difference). So the oracle is the reference FP8
+    math: the GPU kernels add no error of their own beyond one more FP8 realisation (the H200 measured
+    0.151 = 1.12x the reference's), and stay closer to the reference than the format is to bf16 (measured
+    0.073 = 0.54x). A wrong scale or layout costs whole logits, far past both bounds."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from batchgen.config import EngineConfig
     from batchgen.engine.kv_cache import KVShape
-    from batchgen.model.backends import TritonBackend
+    from batchgen.model.backends import TorchBackend, TritonBackend
     from batchgen.model.build import ModelFiles, build_model
     from batchgen.parallel.group import ParallelGroup
     from batchgen.testing.paged import sequence_logits
@@ -241,18 +247,29 @@ def test_gpu_fp8_fused_forward_stays_close_to_bf16():
         num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=4096,
     )  # fmt: skip
     torch.manual_seed(0)
-    with torch.device("cuda"):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
-    ids = torch.randint(0, 4096, (300,), device="cuda")
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
+    ids = torch.randint(0, 4096, (300,))
     chunks, shape = [128, 160] + [1] * 12, KVShape(4, 8, 128)
+    fp8 = dict(quantization="fp8", kv_cache_dtype="fp8")
+    runs = {"bf16": ({}, "cuda"), "fp8": (fp8, "cuda"), "fp8_reference": (fp8, "cpu")}
     logits = {}
-    for name, opts in {"bf16": {}, "fp8": dict(quantization="fp8", kv_cache_dtype="fp8")}.items():
-        files = ModelFiles(None, model.config, model)
-        bundle = build_model(EngineConfig(**opts), files, ParallelGroup.single(), torch.device("cuda"),
-                             torch.bfloat16, 4096)  # fmt: skip
-        cache = ref.FP8 if opts else torch.bfloat16
+    for name, (opts, device) in runs.items():
+        model.to(device)
+        bundle = build_model(EngineConfig(device=device, **opts), ModelFiles(None, model.config, model),
+                             ParallelGroup.single(), torch.device(device), torch.bfloat16, 4096)  # fmt: skip
+        cache, backend = (
+            (ref.FP8 if opts else torch.bfloat16),
+            (TritonBackend() if device == "cuda" else TorchBackend()),
+        )
         with torch.inference_mode():
-            logits[name] = sequence_logits(bundle.forward, ids, chunks, shape, cache, TritonBackend()).float()
-    err = (logits["fp8"] - logits["bf16"]).norm() / logits["bf16"].norm()
-    assert err < 0.1, f"relative error {err:.2e}"
-    assert (logits["fp8"].argmax(-1) == logits["bf16"].argmax(-1)).float().mean() > 0.8
+            out = sequence_logits(bundle.forward, ids.to(device), chunks, shape, cache, backend)
+        logits[name] = out.float().cpu()
+        del bundle
+
+    def rel(a: str, b: str) -> float:
+        return rel_error(logits[a], logits[b], len(ids))
+
+    format_err, kernel_err = rel("fp8_reference", "bf16"), rel("fp8", "bf16")
+    assert 0.05 < format_err < 0.3, f"the reference's own error moved: {format_err:.3f}"
+    assert kernel_err <= 1.3 * format_err, f"GPU FP8 {kernel_err:.3f} vs the FP8 reference {format_err:.3f}"
+    assert rel("fp8", "fp8_reference") < 0.8 * format_err
