@@ -157,6 +157,18 @@ def roofline_ms(model, sizes: dict, batch: int, context: int, bandwidth: float, 
     return (weights + batch * context * sizes["kv_per_token"]) / bandwidth * 1e3
 
 
+def print_kernels(llm: LLM, batch: int, context: int, steps: int) -> None:
+    """Where a step's GPU time goes: the kernels of ``steps`` graph replays by their total time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        time_steps(llm, batch, context, steps)
+    table = prof.key_averages().table(
+        sort_by="self_device_time_total", row_limit=30, max_name_column_width=70
+    )
+    print(table, flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", action="append", choices=list(PRESETS), help="repeatable [B1 B3]; B5: 2 GPUs")
@@ -169,6 +181,7 @@ def main() -> int:
     ap.add_argument("--out", help="write the results as JSON to this file")
     ap.add_argument("--json", action="store_true", help="also print the results as JSON")
     ap.add_argument("--dump-after", type=float, default=280, help="print every thread's stack after S s")
+    ap.add_argument("--profile", type=int, default=0, metavar="N", help="then print the kernels of N steps")
     args = ap.parse_args()
     import faulthandler
 
@@ -215,6 +228,8 @@ def main() -> int:
             if moe_layers:
                 line += f"; routed experts per layer {r['routed_experts_mean']}"
             print(line, flush=True)
+            if args.profile:
+                print_kernels(llm, batch, context, args.profile)
             results.append(r)
             del llm
             gc.collect()

@@ -1,0 +1,109 @@
+"""Tile sweeps for the FP8 decode path on a CUDA machine: paged decode attention over an e4m3 cache and
+the Triton per-token x per-channel FP8 matmul at decode row counts, each beside what the forward runs
+today (decode_attention's defaults; torch._scaled_mm). Prints one line per configuration, fastest first.
+
+    PYTHONPATH=. python3 scripts/tune_fp8.py [--batch 32] [--context 4096]
+"""
+
+from __future__ import annotations
+
+import argparse
+from functools import partial
+
+import torch
+import triton
+from triton.testing import do_bench
+
+from batchgen.kernels.decode import choose_num_splits, decode_attention, num_sms
+from batchgen.kernels.fp8_gemm import _fp8_matmul_kernel
+from batchgen.kernels.fp8_reference import FP8, Fp8Act
+
+Q_HEADS, KV_HEADS, HEAD_DIM, BLOCK = 32, 8, 128, 16  # Llama-3-8B (B1)
+GEMMS = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
+
+
+def attention(batch: int, ctx: int, bandwidth: float) -> None:
+    blocks = batch * ctx // BLOCK
+    caches = [torch.randn((blocks, BLOCK, KV_HEADS, HEAD_DIM), device="cuda").to(FP8) for _ in range(2)]
+    tables = torch.randperm(blocks, device="cuda", dtype=torch.int64).to(torch.int32).view(batch, -1)
+    query = torch.randn((batch, Q_HEADS, HEAD_DIM), device="cuda", dtype=torch.bfloat16)
+    cu = torch.arange(batch + 1, dtype=torch.int32, device="cuda")
+    lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
+    args = (query, *caches, cu, lens, tables, HEAD_DIM**-0.5)
+    kv_bytes = 2 * batch * ctx * KV_HEADS * HEAD_DIM
+    base_splits = choose_num_splits(batch, KV_HEADS, ctx, num_sms(query.device))
+    want = decode_attention(*args, max_seq_len=ctx)
+    rows = []
+    for block_n, f16 in ((64, False), (128, False), (64, True), (128, True)):
+        for warps in (4, 8):
+            for stages in (3,):
+                for splits in (base_splits, 2 * base_splits):
+                    run = partial(decode_attention, *args, max_seq_len=ctx, block_n=block_n, num_warps=warps,
+                                  num_stages=stages, num_splits=splits, kv_f16=f16)  # fmt: skip
+                    try:
+                        err = float((run().float() - want.float()).norm() / want.float().norm())
+                        us = do_bench(run, warmup=10, rep=50) * 1e3
+                    except Exception as e:  # noqa: BLE001 (a tile that does not fit shared memory)
+                        print(f"attn block_n={block_n} warps={warps} stages={stages}: {type(e).__name__}")
+                        continue
+                    rows.append((us, f"block_n={block_n} warps={warps} splits={splits} f16={f16}", err))
+    default_us = do_bench(partial(decode_attention, *args, max_seq_len=ctx), warmup=10, rep=50) * 1e3
+    pct = 100 * kv_bytes / (default_us * 1e-6) / bandwidth
+    print(f"attn {batch} x {ctx} fp8 cache: default {default_us:.1f} us ({pct:.0f} % of copy bandwidth)")
+    for us, cfg, err in sorted(rows)[:8]:
+        print(f"  {us:7.1f} us {kv_bytes / us / 1e3:5.0f} GB/s  {cfg}  rel err {err:.1e}")
+
+
+def _triton_matmul(a: Fp8Act, w: torch.Tensor, scale: torch.Tensor, out: torch.Tensor, cfg: dict):
+    (m, k), n = a.data.shape, w.shape[0]
+    grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n, cfg["BLOCK_N"]))
+    _fp8_matmul_kernel[grid](
+        a.data, w, out, a.scale, scale, m, n, k, a.data.stride(0), w.stride(0), out.stride(0),
+        a.scale.stride(0), 0, BLOCKWISE=False, SCALE_ROWS=1, **cfg,
+    )  # fmt: skip
+    return out
+
+
+def matmul(m: int, bandwidth: float) -> None:
+    for name, (n, k) in GEMMS.items():
+        a = Fp8Act(torch.randn((m, k), device="cuda").to(FP8), torch.rand((m, 1), device="cuda") + 0.5)
+        w = torch.randn((n, k), device="cuda").to(FP8)
+        scale = torch.rand(n, device="cuda") + 0.5
+        out = torch.empty((m, n), dtype=torch.bfloat16, device="cuda")
+        ref = partial(torch._scaled_mm, a.data, w.t(), scale_a=a.scale, scale_b=scale.view(1, n),
+                      out_dtype=torch.bfloat16)  # fmt: skip
+        want = ref().float()
+        rows = [(do_bench(ref, warmup=10, rep=50) * 1e3, "scaled_mm", 0.0)]
+        for bn in (32, 64, 128):
+            for bk in (128, 256):
+                for stages in (3, 4, 6):
+                    cfg = dict(BLOCK_M=max(16, m), BLOCK_N=bn, BLOCK_K=bk, num_warps=4, num_stages=stages)
+                    run = partial(_triton_matmul, a, w, scale, out, cfg)
+                    try:
+                        err = float((run().float() - want).norm() / want.norm())
+                        rows.append((do_bench(run, warmup=10, rep=50) * 1e3, str(cfg), err))
+                    except Exception as e:  # noqa: BLE001
+                        print(f"gemm {name} {cfg}: {type(e).__name__}")
+        print(f"gemm {name} M={m} N={n} K={k}: weights {n * k / 1e6:.1f} MB")
+        for us, cfg, err in sorted(rows)[:5] + [r for r in rows if r[1] == "scaled_mm"]:
+            print(f"  {us:7.1f} us {n * k / us / 1e3:5.0f} GB/s  {cfg}  rel err {err:.1e}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--context", type=int, default=4096)
+    ap.add_argument("--skip", choices=["attention", "matmul"], action="append", default=[])
+    args = ap.parse_args()
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    bandwidth = 2 * src.numel() / (do_bench(lambda: dst.copy_(src), rep=50) * 1e-3)
+    print(f"copy bandwidth {bandwidth / 1e9:.0f} GB/s")
+    if "attention" not in args.skip:
+        attention(args.batch, args.context, bandwidth)
+    if "matmul" not in args.skip:
+        matmul(args.batch, bandwidth)
+
+
+if __name__ == "__main__":
+    main()
