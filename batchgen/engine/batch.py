@@ -99,15 +99,20 @@ def _scan(step: ScheduledStep) -> _Scan:
     such request remembers its output row, for the next step's carry-over)."""
     scan = _Scan([], [], [], [], [], [], [], [])
     starts, counts, rows, ids, carry_at, carry_from, sampled, rng_steps = scan
+    # Bound methods: this loop runs once per row and step (~1 us a row at 1024 rows).
+    add_start, add_count, add_row, add_id = starts.append, counts.append, rows.append, ids.append
     step_id = step.step_id
     for i, (req, start, n, samples) in enumerate(step.items):
-        starts.append(start)
-        counts.append(n)
-        rows.append(req.row)
+        add_start(start)
+        add_count(n)
+        add_row(req.row)
         tokens = req.tokens
         known = len(tokens) - start
         if known >= n:
-            ids.extend(tokens[start : start + n])
+            if n == 1:
+                add_id(tokens[start])
+            else:
+                ids.extend(tokens[start : start + n])
         else:  # the one token the previous step is sampling right now: carried over on the device
             if (known if known > 0 else 0) != n - 1 or req.carry_step != step_id - 1:
                 raise RuntimeError(f"request {req.request_id}: input token not produced by the last step")
@@ -115,7 +120,7 @@ def _scan(step: ScheduledStep) -> _Scan:
                 ids.extend(tokens[start:])
             carry_at.append(len(ids))
             carry_from.append(req.carry_row)
-            ids.append(0)
+            add_id(0)
         if samples:
             req.carry_step, req.carry_row = step_id, len(sampled)
             sampled.append(i)

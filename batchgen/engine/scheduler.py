@@ -67,8 +67,7 @@ class Scheduler:
 
     def schedule(self) -> ScheduledStep:
         step = ScheduledStep(self._next_step, [])
-        decodes, prefills = self._ready()
-        budget = self._schedule_decodes(step, decodes, self.max_batch_tokens)
+        budget, prefills = self._schedule_decodes(step, self.max_batch_tokens)
         for req in prefills:  # then chunks of prefills already under way
             if budget == 0 or len(step.items) >= self.max_num_seqs:
                 break
@@ -79,23 +78,22 @@ class Scheduler:
             self._next_step += 1
         return step
 
-    def _ready(self) -> tuple[list[Request], list[Request]]:
-        """The running requests with a token to compute: (decoding, prefilling), in admission order."""
-        decodes, prefills = [], []
-        for req in self.running:
+    def _schedule_decodes(self, step: ScheduledStep, budget: int) -> tuple[int, list[Request]]:
+        """One token for each decoding request (the common case, inlined), in admission order, in the
+        same pass that finds the prefills under way. Returns the budget left and those prefills."""
+        items, step_id, size, max_seqs = step.items, step.step_id, self.blocks.block_size, self.max_num_seqs
+        prefills, running = [], Status.RUNNING
+        for req in self.running[:]:  # a copy: reserving a block may preempt (remove) a later request
             length = len(req.tokens) + req.num_pending
-            if length - req.num_prompt < req.max_tokens:  # else its last token is already in flight
-                (decodes if length - req.num_computed == 1 else prefills).append(req)
-        return decodes, prefills
-
-    def _schedule_decodes(self, step: ScheduledStep, decodes: list[Request], budget: int) -> int:
-        """One token for each decoding request (the common case, inlined). Returns the budget left."""
-        items, step_id, size = step.items, step.step_id, self.blocks.block_size
-        for req in decodes:
-            if budget == 0 or len(items) >= self.max_num_seqs:
-                break
+            if length - req.num_prompt >= req.max_tokens:
+                continue  # its last token is already in flight
             pos = req.num_computed
-            if req.status is not Status.RUNNING:  # preempted to make room for an earlier one
+            if length - pos != 1:
+                prefills.append(req)
+                continue
+            if budget == 0 or len(items) >= max_seqs:
+                break  # nothing more fits this step, prefills included
+            if req.status is not running:  # preempted to make room for an earlier one
                 continue
             if pos >= len(req.block_table) * size and not self._reserve(req, budget, step_id):
                 continue
@@ -105,7 +103,7 @@ class Scheduler:
             budget -= 1
             if pos + 1 >= (req.num_cached_blocks + 1) * size:
                 self.blocks.register_full_blocks(req, pos + 1)
-        return budget
+        return budget, prefills
 
     def _reserve(self, req: Request, budget: int, step_id: int) -> bool:
         """Make room for ``req``'s next chunk, preempting the newest requests this step has not
