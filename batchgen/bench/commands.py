@@ -98,21 +98,27 @@ def run_command(
         if code != 0:
             record["error"] = f"exit {code}: {text.strip().splitlines()[-1] if text.strip() else ''}"
             return record
-        tokens, gen_s, engine = _generated(mode, out, text)
+        tokens, gen_s, engine, record["startup"] = _generated(mode, out, text)
     record["gen_s"], record["threads_used"] = gen_s, _threads_used(mode, text)
     record["note"] = f"whole command; generation {gen_s:.1f} s ({tokens / gen_s:.0f} tok/s)"
     record["note"] += f"; threads {record['threads_used']}" if target.device == "cpu" else ""
+    start = record["startup"] or {}
+    if start.get("ready_s") is not None:
+        record["note"] += f"; engine ready at {start['ready_s']:.1f} s"
+    if start.get("first_token_s") is not None:
+        record["note"] += f", first token at {start['first_token_s']:.1f} s"
     _engine_stats(record, engine)
     return finish(record, tokens)
 
 
-def _generated(mode: str, out: Path, log: str) -> tuple[int, float, dict]:
-    """(output tokens, generation seconds, engine stats) as the command itself reported them."""
+def _generated(mode: str, out: Path, log: str) -> tuple[int, float, dict, dict | None]:
+    """(output tokens, generation seconds, engine stats, start-up breakdown) as the command itself
+    reported them."""
     if mode == "generate_batch":
         summary = json.loads(log.strip().splitlines()[-1])
-        return summary["output_tokens"], summary["wall_s"], {}
+        return summary["output_tokens"], summary["wall_s"], {}, None
     stats = json.loads(out.with_suffix(".stats.json").read_text())
-    return stats["completion_tokens"], stats["wall_s"], stats.get("engine") or {}
+    return stats["completion_tokens"], stats["wall_s"], stats.get("engine") or {}, stats.get("startup")
 
 
 def _engine_stats(record: dict, engine: dict) -> None:

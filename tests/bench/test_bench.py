@@ -180,6 +180,9 @@ def test_whole_commands_side_by_side(tiny_llama, tmp_path):
     assert r["steps"] is None  # the baseline has no engine stats; batchgen run's come next
     run = commands.run_command("run", path, 2, 4, threads=1, target=commands.Target(model=tiny_llama))
     assert run["steps"] >= 4 and run["cpu_ms_step"] > 0 and run["gpu_active_pct"] is None  # no GPU
+    start = run["startup"]  # the command's own start-up breakdown, read from its stats file
+    assert 0 < start["ready_s"] <= start["first_token_s"] < run["wall_s"], start
+    assert f"engine ready at {start['ready_s']:.1f} s" in run["note"]
 
 
 def test_b7_runs_the_whole_command_on_the_gpu():
