@@ -51,7 +51,7 @@ def build_step(step: ScheduledStep, block_size: int, rows: RowState) -> StepInpu
     """Gather the step's rows of the persistent batch; only tokens and sampling indices are read off
     the requests (one pass over the items)."""
     scan = _scan(step)
-    num_seqs = len(step.items)
+    num_seqs = step.num_seqs
     starts, counts = np.array(scan.starts, np.int64), np.array(scan.counts, np.int64)
     row_ids = np.array(scan.rows, np.int64)
     seq_lens = starts + counts
@@ -95,24 +95,39 @@ class _Scan(NamedTuple):
 
 
 def _scan(step: ScheduledStep) -> _Scan:
-    """One pass over the items: their positions, rows, input tokens, and which of them sample (each
+    """One pass over the sequences: their positions, rows, input tokens, and which of them sample (each
     such request remembers its output row, for the next step's carry-over)."""
     scan = _Scan([], [], [], [], [], [], [], [])
     starts, counts, rows, ids, carry_at, carry_from, sampled, rng_steps = scan
-    # Bound methods: this loop runs once per row and step (~1 us a row at 1024 rows).
-    add_start, add_count, add_row, add_id = starts.append, counts.append, rows.append, ids.append
     step_id = step.step_id
-    for i, (req, start, n, samples) in enumerate(step.items):
-        add_start(start)
-        add_count(n)
+    # The decodes: one token each, sampled. Bound methods: this loop runs once per row and step.
+    add_id, add_rng, add_row = ids.append, rng_steps.append, rows.append
+    add_carry_at, add_carry_from = carry_at.append, carry_from.append
+    for i, (req, start) in enumerate(zip(step.decodes, step.decode_starts, strict=True)):
+        tokens = req.tokens
+        if len(tokens) > start:
+            add_id(tokens[start])
+        elif req.carry_step == step_id - 1:  # being sampled by the step before: carried on the device
+            add_carry_at(i)
+            add_carry_from(req.carry_row)
+            add_id(0)
+        else:
+            raise RuntimeError(f"request {req.request_id}: input token not produced by the last step")
+        req.carry_step, req.carry_row = step_id, i
+        add_rng(len(tokens) - req.num_prompt + req.num_pending - 1)  # outputs incl. this one
         add_row(req.row)
+    num_decodes = len(step.decodes)
+    starts.extend(step.decode_starts)
+    counts.extend([1] * num_decodes)
+    sampled.extend(range(num_decodes))
+    for i, (req, start, n, samples) in enumerate(step.items, num_decodes):
+        starts.append(start)
+        counts.append(n)
+        rows.append(req.row)
         tokens = req.tokens
         known = len(tokens) - start
         if known >= n:
-            if n == 1:
-                add_id(tokens[start])
-            else:
-                ids.extend(tokens[start : start + n])
+            ids.extend(tokens[start : start + n])
         else:  # the one token the previous step is sampling right now: carried over on the device
             if (known if known > 0 else 0) != n - 1 or req.carry_step != step_id - 1:
                 raise RuntimeError(f"request {req.request_id}: input token not produced by the last step")
@@ -120,11 +135,11 @@ def _scan(step: ScheduledStep) -> _Scan:
                 ids.extend(tokens[start:])
             carry_at.append(len(ids))
             carry_from.append(req.carry_row)
-            add_id(0)
+            ids.append(0)
         if samples:
             req.carry_step, req.carry_row = step_id, len(sampled)
             sampled.append(i)
-            rng_steps.append(len(tokens) - req.num_prompt + req.num_pending - 1)  # outputs incl. this one
+            rng_steps.append(len(tokens) - req.num_prompt + req.num_pending - 1)
     return scan
 
 

@@ -252,7 +252,7 @@ class Engine:
     def _launch_next(self, inflight: deque) -> bool:
         t0 = time.perf_counter()
         step = self.scheduler.schedule()
-        if not step.items:
+        if not step.num_seqs:
             return False
         inputs = build_step(step, self.blocks.block_size, self.scheduler.rows)
         self.stats.schedule_s += time.perf_counter() - t0
@@ -279,15 +279,14 @@ class Engine:
         t0 = time.perf_counter()
         out = self.runner.mask_buffer(handle, self.grammars.mask_width)
         if fill:
-            self.grammars.fill_masks([item.request.guide for item in step.items if item.samples], out)
+            self.grammars.fill_masks([req.guide for req in step.sampled()], out)
         else:
             out.fill_(-1)
         self.stats.mask_s += time.perf_counter() - t0
         self.runner.sample(handle)
 
     def _advance_guides(self, step: ScheduledStep, tokens: list[int]) -> None:
-        sampled = (item.request for item in step.items if item.samples)
-        for row, req in enumerate(sampled):
+        for row, req in enumerate(step.sampled()):
             if req.guide is not None and not req.finished and not req.guide.accept(tokens[row]):
                 # A masked sampler never picks a refused token unless the logits were not finite: fail
                 # the row, not the run.
@@ -305,7 +304,7 @@ class Engine:
             self.stats.mask_s += time.perf_counter() - t0
         self._sample_pending()  # the next step waited for these tokens: start its sampling first
         t0 = time.perf_counter()
-        sampled = [item.request for item in step.items if item.samples]
+        sampled = step.sampled()
         check, finished = self.stops.check, Status.FINISHED
         for row, (req, token) in enumerate(zip(sampled, result.tokens, strict=True)):
             req.num_pending -= 1

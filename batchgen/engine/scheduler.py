@@ -3,13 +3,14 @@
 Pure Python: no torch. The scheduler may run one step ahead of the device (asynchronous mode): it counts
 tokens sampled by in-flight steps as ``num_pending`` and never waits for their values. It keeps each
 running request's row of the persistent batch (``rows.py``) in step with its blocks. A decode whose
-block has room costs a few attribute updates (no property calls, no allocation but its item): with
-hundreds of decoding rows this loop is most of the host's time per step.
+block has room costs a few attribute updates (no property calls, no allocation): with hundreds of
+decoding rows this loop is most of the host's time per step.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from batchgen.engine.block_manager import BlockManager
@@ -25,8 +26,21 @@ class ScheduledItem(NamedTuple):
 
 
 class ScheduledStep(NamedTuple):
+    """A step's sequences: the decodes first (one token each, always sampled: kept as bare requests and
+    positions, the common case at hundreds of rows a step), then the items (prefill chunks)."""
+
     step_id: int
-    items: list[ScheduledItem]  # decodes first, then prefill chunks
+    items: list[ScheduledItem]
+    decodes: Sequence[Request] = ()  # the scheduler appends to lists of its own
+    decode_starts: Sequence[int] = ()  # each decode's position
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.decodes) + len(self.items)
+
+    def sampled(self) -> list[Request]:
+        """The requests that sample, in the order of the step's sampled-token rows."""
+        return [*self.decodes, *(item.request for item in self.items if item.samples)]
 
 
 class Scheduler:
@@ -66,22 +80,23 @@ class Scheduler:
     # --- one step ---------------------------------------------------------------------------------
 
     def schedule(self) -> ScheduledStep:
-        step = ScheduledStep(self._next_step, [])
+        step = ScheduledStep(self._next_step, [], [], [])
         budget, prefills = self._schedule_decodes(step, self.max_batch_tokens)
         for req in prefills:  # then chunks of prefills already under way
-            if budget == 0 or len(step.items) >= self.max_num_seqs:
+            if budget == 0 or step.num_seqs >= self.max_num_seqs:
                 break
             if req.status is Status.RUNNING and self._reserve(req, budget, step.step_id):
                 budget -= self._append(step, req, budget)
         self._admit(step, budget)
-        if step.items:  # ids of launched steps are consecutive: carry-over refers to "the step before"
+        if step.num_seqs:  # ids of launched steps are consecutive: carry-over refers to "the step before"
             self._next_step += 1
         return step
 
     def _schedule_decodes(self, step: ScheduledStep, budget: int) -> tuple[int, list[Request]]:
         """One token for each decoding request (the common case, inlined), in admission order, in the
         same pass that finds the prefills under way. Returns the budget left and those prefills."""
-        items, step_id, size, max_seqs = step.items, step.step_id, self.blocks.block_size, self.max_num_seqs
+        decodes, starts, step_id = step.decodes, step.decode_starts, step.step_id
+        size, max_seqs = self.blocks.block_size, self.max_num_seqs
         prefills, running = [], Status.RUNNING
         for req in self.running[:]:  # a copy: reserving a block may preempt (remove) a later request
             length = len(req.tokens) + req.num_pending
@@ -91,13 +106,14 @@ class Scheduler:
             if length - pos != 1:
                 prefills.append(req)
                 continue
-            if budget == 0 or len(items) >= max_seqs:
+            if budget == 0 or len(decodes) >= max_seqs:
                 break  # nothing more fits this step, prefills included
             if req.status is not running:  # preempted to make room for an earlier one
                 continue
             if pos >= len(req.block_table) * size and not self._reserve(req, budget, step_id):
                 continue
-            items.append(ScheduledItem(req, pos, 1, True))
+            decodes.append(req)
+            starts.append(pos)
             req.num_computed, req.last_step = pos + 1, step_id
             req.num_pending += 1
             budget -= 1
@@ -151,7 +167,7 @@ class Scheduler:
 
     def _admit(self, step: ScheduledStep, budget: int) -> None:
         held: list[Request] = []
-        while self.waiting and budget > 0 and len(step.items) < self.max_num_seqs:
+        while self.waiting and budget > 0 and step.num_seqs < self.max_num_seqs:
             req = self.waiting[0]
             if not self._admissible(req):
                 held.append(self.waiting.popleft())  # a sibling waiting for its row's prefill

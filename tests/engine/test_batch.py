@@ -73,6 +73,41 @@ def test_carry_over_row_points_at_previous_step_output():
     np.testing.assert_array_equal(inputs.slot_mapping, [3, 6 * 4 + 0])  # b's position 4: its second block
 
 
+def _two_steps(as_decodes: bool, known: bool):
+    """Step 0 prefills a and b; step 1 decodes both (their input tokens known, or carried over), its
+    decodes given as items or as the scheduler gives them (bare requests and positions) beside a
+    prefill chunk of c."""
+    a = _req(0, [1, 2, 3], num_prompt=3, blocks=[0])
+    b = _req(1, [4, 5, 6, 7], num_prompt=4, blocks=[1, 6], temperature=0.5)
+    c = _req(2, list(range(200, 210)), num_prompt=10, blocks=[9])
+    a.num_pending = b.num_pending = 1
+    rows = _rows(a, b, c)
+    build_step(ScheduledStep(0, [ScheduledItem(b, 0, 4, True), ScheduledItem(a, 0, 3, True)]), 4, rows)
+    if known:  # step 0's tokens arrived before step 1 was built (the synchronous loop)
+        a.tokens.append(30)
+        b.tokens.append(40)
+    else:
+        a.num_pending = b.num_pending = 2
+    chunk = ScheduledItem(c, 0, 3, False)
+    if as_decodes:
+        step = ScheduledStep(1, [chunk], [a, b], [3, 4])
+    else:
+        step = ScheduledStep(1, [ScheduledItem(a, 3, 1, True), ScheduledItem(b, 4, 1, True), chunk])
+    return build_step(step, 4, rows), (a.carry_step, a.carry_row, b.carry_step, b.carry_row)
+
+
+def test_decodes_as_bare_requests_build_what_items_build():
+    for known in (False, True):
+        (want, want_carry), (got, got_carry) = _two_steps(False, known), _two_steps(True, known)
+        for name, value in want._asdict().items():
+            np.testing.assert_array_equal(getattr(got, name), value, err_msg=name)
+        assert got_carry == want_carry == (1, 0, 1, 1)
+        np.testing.assert_array_equal(got.carry_rows, [-1] * 5 if known else [1, 0, -1, -1, -1])
+        np.testing.assert_array_equal(
+            got.input_ids, [30, 40, 200, 201, 202] if known else [0, 0, 200, 201, 202]
+        )
+
+
 def test_rows_follow_growing_tables_and_come_back_clean():
     a = _req(0, [1, 2, 3], num_prompt=3, blocks=[4])
     b = _req(1, [1, 2, 3], num_prompt=3, blocks=[5, 6, 7])  # wider than the table: it widens
