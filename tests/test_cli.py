@@ -96,6 +96,35 @@ def test_jsonl_run_writes_documented_records(gen, tmp_path):
     assert state.complete and state.rows_done == 5 and state.total_rows == 5
 
 
+def test_a_small_run_batches_only_the_requests_it_has(tiny_llama, tmp_path):
+    """Fewer requests left than --max-num-seqs: the engine is built for those (no decode graphs for
+    batches the run cannot form); a resumed run counts only the rows still to do."""
+    inp, out, stats = write_jsonl(tmp_path / "in.jsonl", ROWS), tmp_path / "out.jsonl", tmp_path / "s.json"
+
+    def run(*args):
+        argv = [
+            "run",
+            inp,
+            str(out),
+            "--model",
+            tiny_llama,
+            "--max-new-tokens",
+            "2",
+            "--stats-file",
+            str(stats),
+        ]
+        result = CliRunner().invoke(cli, [*argv, *args], catch_exceptions=False)
+        assert result.exit_code == 0, result.stderr
+        return json.loads(stats.read_text()), result.stderr
+
+    summary, err = run("--n", "2", "--limit", "2")  # 2 rows x 2 samples, under the default 256
+    assert summary["max_num_seqs"] == 4 and "batching at most 4 at a time" in err
+    summary, _ = run("--n", "2")  # resumed: 3 rows x 2 samples left
+    assert summary["max_num_seqs"] == 6 and summary["rows"] == 3
+    out = tmp_path / "o2.jsonl"  # a fresh output (run() reads ``out``)
+    assert run("--max-num-seqs", "3")[0]["max_num_seqs"] == 3  # 5 requests: the flag's 3 stands
+
+
 def test_finished_run_rerun_does_nothing(gen, tmp_path):
     inp, out = write_jsonl(tmp_path / "in.jsonl", ROWS), tmp_path / "out.jsonl"
     assert gen(inp, out)[0] == 0

@@ -30,7 +30,7 @@ from batchgen.app.shards import SHARD_PLACEHOLDER, merged_output, plan_shard, sh
 from batchgen.app.signals import Interrupt, SignalControl
 from batchgen.app.sink import RecordOptions, Sink
 from batchgen.app.startup import process_started, startup_summary, startup_text
-from batchgen.config import SamplingParams
+from batchgen.config import EngineConfig, SamplingParams
 from batchgen.engine.outputs import GenerationRequest
 from batchgen.io.checkpoint import DoneSet, OutputLock, RunState, diff_fingerprints, load_state, save_state
 from batchgen.io.faults import Faults
@@ -146,7 +146,7 @@ class _Job:
             if resumed is None:
                 return EXIT_OK
             writer, done, totals, state = resumed
-            llm = self._load_engine()
+            llm = self._load_engine(totals.rows_done)
         except Interrupt:
             self.signals.log_notices()
             log.info("interrupted before generation started; nothing lost, re-run to start")
@@ -210,7 +210,7 @@ class _Job:
                 "re-run with the same options to resume, --overwrite to start afresh, or another OUTPUT"
             )
 
-    def _load_engine(self) -> Any:
+    def _load_engine(self, rows_done: int) -> Any:
         from batchgen import LLM
 
         if not (sys.stderr.isatty() if self.opts.progress_bar is None else self.opts.progress_bar):
@@ -219,11 +219,34 @@ class _Job:
             hf_logging.disable_progress_bar()  # carriage-return bars garble log files
         self.engine_called = time.time()  # imports, reading the input's head, resume checks: before
         try:
-            return LLM(**self.opts.engine)
+            return LLM(**self._engine_options(rows_done))
         except Interrupt:
             raise
         except Exception as exc:
             raise FatalError(f"cannot load model {self.fingerprint['model']!r}: {one_line(exc)}") from exc
+
+    def _engine_options(self, rows_done: int) -> dict[str, Any]:
+        """The engine's options. A run with fewer requests left than --max-num-seqs batches at most
+        those: larger decode buckets could never run, and their CUDA graphs cost start-up time."""
+        engine = dict(self.opts.engine)
+        cap = engine.get("max_num_seqs") or EngineConfig.max_num_seqs
+        left = self._requests_left(rows_done, cap)
+        if left is not None and left < cap:
+            engine["max_num_seqs"] = max(1, left)
+            log.info("%d requests to generate: batching at most %d at a time", left, max(1, left))
+        return engine
+
+    def _requests_left(self, rows_done: int, cap: int) -> int | None:
+        """Requests (rows x samples) this run has left when fewer than ``cap`` and cheap to know (reads at
+        most the line starts up to there); else None."""
+        want = self.opts.row_start + rows_done + cap  # more rows than this: the cap stands
+        count = self.reader.count_rows(at_most=want)
+        if count is None or count >= want:
+            return None
+        rows = count - self.opts.row_start
+        if self.opts.limit is not None:
+            rows = min(rows, self.opts.limit)
+        return max(0, rows - rows_done) * self.opts.n
 
     # -- generation ------------------------------------------------------------------------------------
     def _generate(self, llm: Any, writer: Writer, done: DoneSet, totals: Counters, state: RunState) -> int:
@@ -335,6 +358,7 @@ class _Job:
         status = "failed" if failure else "complete" if complete else "interrupted"
         summary = progress.summary(status, getattr(llm, "stats", None))
         summary["startup"] = startup_summary(self.started, self.engine_called, self.ready or time.time(), llm)
+        summary["max_num_seqs"] = getattr(getattr(llm, "config", None), "max_num_seqs", None)
         log.info(summary_text(summary))
         self._write_stats(summary)
         if failure is not None:
