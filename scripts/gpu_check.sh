@@ -73,7 +73,8 @@ BENCH_ARGS="${BENCH_ARGS:---workload B1s --workload B3 --workload B3j}"
 has bench && stage bench 420 "$RUN/bench.log" "$PY" -m batchgen.bench $BENCH_ARGS --out "$RUN/bench"
 # B7: the whole `batchgen run` with the embedded model's shape (its weights if installed, else random
 # bf16 ones), 8192 chat prompts x 256 tokens: generation tok/s, GPU-active %, host ms per step.
-has b7 && stage b7 300 "$RUN/b7.log" "$PY" -m batchgen.bench --workload B7 --out "$RUN/b7"
+# B7w: the same at --max-num-seqs 1024.
+has b7 && stage b7 300 "$RUN/b7.log" "$PY" -m batchgen.bench --workload B7 --workload B7w --out "$RUN/b7"
 # Tensor parallelism: B5 (Llama-3-70B shape over 2 GPUs) and B1s at TP=2 (compare with the bench stage).
 TP_ARGS="${TP_ARGS:---workload B5 --workload B1s --tensor-parallel 2 --mode async}"
 # shellcheck disable=SC2086

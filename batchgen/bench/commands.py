@@ -41,6 +41,7 @@ class Target(NamedTuple):
     device: str = "cpu"
     dtype: str | None = None
     model: str | None = None
+    flags: tuple[str, ...] = ()  # more `batchgen run` flags
 
 
 CPU = Target()
@@ -54,6 +55,7 @@ def _argv(mode: str, prompts: Path, out: Path, new_tokens: int, threads: int | N
         return [sys.executable, "-m", "batchgen.bench.hf_baseline", *common]
     flags = {"run": [], "async": ["--async"], "sync": ["--sync"]}[mode]
     flags += ["--dtype", target.dtype] if target.dtype else []
+    flags += list(target.flags)
     stats = out.with_suffix(".stats.json")
     return [sys.executable, "-m", "batchgen", "run", *common, "--ignore-eos", "--device", target.device,
             "--no-progress", "--overwrite", "--stats-file", str(stats), *flags]  # fmt: skip

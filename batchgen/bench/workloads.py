@@ -137,6 +137,7 @@ class Workload:
     # Structured output: every request under this JSON Schema (its length is bounded by max_new_tokens)
     json_schema: dict | None = None
     command: bool = False  # timed as whole commands (batchgen run vs a generate_batch script), mixed prompts
+    run_flags: tuple[str, ...] = ()  # whole commands: more `batchgen run` flags
 
     @property
     def label(self) -> str:
@@ -170,6 +171,11 @@ WORKLOADS: dict[str, Workload] = {
     "B4": Workload("B4", EMBEDDED, 78, 0, 64, device="cpu", dtype="float32", command=True),
     # The whole `batchgen run` on a GPU with a small model: is the host fast enough (issue 12)?
     "B7": Workload("B7", EMBEDDED, 8192, 0, 256, command=True, baselines=()),
+    # B7 with 1024 rows a step: a small model's step costs the GPU about the same at 256 or 1024 rows
+    # (kernel launches, not bytes), so wider batches may be worth more than the host time they add.
+    "B7w": Workload(
+        "B7w", EMBEDDED, 8192, 0, 256, command=True, baselines=(), run_flags=("--max-num-seqs", "1024")
+    ),
     "B5": Workload("B5", "llama3-70b", 64, 512, 1024, tensor_parallel=2),
     # The fused MoE path; its baseline is one wave (256 = max_num_seqs) of the same requests.
     "B6": Workload("B6", "qwen3-30b-a3b", 512, 512, 512, baselines=("hf_forward",), hf_num_requests=256),

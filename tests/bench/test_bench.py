@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -207,6 +208,11 @@ def test_b7_runs_the_whole_command_on_the_gpu():
     want = {"steps": 100, "cpu_ms_step": 0.7, "prep_ms_step": 0.3, "gpu_active_pct": 75.0,
             "gpu_ms_step": 15.0, "wall_s": 30.0}  # fmt: skip
     assert record == pytest.approx(want)
+    # B7w: the same command at 1024 rows a step.
+    wide = WORKLOADS["B7w"]
+    target = commands.Target("cuda", wide.dtype, flags=wide.run_flags)
+    argv = commands._argv("run", Path("p.jsonl"), Path("o.jsonl"), 256, None, target)
+    assert argv[-2:] == ["--max-num-seqs", "1024"] and wide.num_requests == w.num_requests
 
 
 def test_ratios_use_the_median_of_repeats():
