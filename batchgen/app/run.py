@@ -29,8 +29,9 @@ from batchgen.app.progress import Counters, Progress, summary_text
 from batchgen.app.shards import SHARD_PLACEHOLDER, merged_output, plan_shard, shard_output
 from batchgen.app.signals import Interrupt, SignalControl
 from batchgen.app.sink import RecordOptions, Sink
+from batchgen.app.sizing import engine_options, total_rows
 from batchgen.app.startup import process_started, startup_summary, startup_text
-from batchgen.config import EngineConfig, SamplingParams
+from batchgen.config import SamplingParams
 from batchgen.engine.outputs import GenerationRequest
 from batchgen.io.checkpoint import DoneSet, OutputLock, RunState, diff_fingerprints, load_state, save_state
 from batchgen.io.faults import Faults
@@ -219,38 +220,17 @@ class _Job:
             hf_logging.disable_progress_bar()  # carriage-return bars garble log files
         self.engine_called = time.time()  # imports, reading the input's head, resume checks: before
         try:
-            return LLM(**self._engine_options(rows_done))
+            return LLM(**engine_options(self.opts, self.reader, rows_done))
         except Interrupt:
             raise
         except Exception as exc:
             raise FatalError(f"cannot load model {self.fingerprint['model']!r}: {one_line(exc)}") from exc
 
-    def _engine_options(self, rows_done: int) -> dict[str, Any]:
-        """The engine's options. A run with fewer requests left than --max-num-seqs batches at most
-        those: larger decode buckets could never run, and their CUDA graphs cost start-up time."""
-        engine = dict(self.opts.engine)
-        cap = engine.get("max_num_seqs") or EngineConfig.max_num_seqs
-        left = self._requests_left(rows_done, cap)
-        if left is not None and left < cap:
-            engine["max_num_seqs"] = max(1, left)
-            log.info("%d requests to generate: batching at most %d at a time", left, max(1, left))
-        return engine
-
-    def _requests_left(self, rows_done: int, cap: int) -> int | None:
-        """Requests (rows x samples) this run has left when fewer than ``cap`` and cheap to know (reads at
-        most the line starts up to there); else None."""
-        want = self.opts.row_start + rows_done + cap  # more rows than this: the cap stands
-        count = self.reader.count_rows(at_most=want)
-        if count is None or count >= want:
-            return None
-        rows = count - self.opts.row_start
-        if self.opts.limit is not None:
-            rows = min(rows, self.opts.limit)
-        return max(0, rows - rows_done) * self.opts.n
-
     # -- generation ------------------------------------------------------------------------------------
     def _generate(self, llm: Any, writer: Writer, done: DoneSet, totals: Counters, state: RunState) -> int:
-        progress = Progress(totals, self._total_rows(), self.opts.log_every, self.opts.progress_bar)
+        progress = Progress(
+            totals, total_rows(self.opts, self.reader), self.opts.log_every, self.opts.progress_bar
+        )
         sink, preparer = self._start_threads(llm, writer, done, state, progress)
         feed = _Feed(preparer, self.signals, self.stop, self.faults, lambda: preparer.error or sink.error)
         feed.snapshot = llm.snapshot  # what the 'submit' fault point reports
@@ -340,17 +320,6 @@ class _Job:
         return PromptSettings(
             opts.spec, base, opts.chat, opts.system_prompt, int(llm.max_model_len), opts.on_error == "fail"
         )
-
-    def _total_rows(self) -> int | None:
-        """Rows this run covers, when cheap to know (corrected once the input is read to its end)."""
-        is_parquet = self.reader.schema_columns() is not None
-        if self.opts.limit is not None and not is_parquet:
-            return self.opts.limit  # no need to count a huge JSONL file to run its first rows
-        count = self.reader.count_rows()
-        total = None if count is None else max(0, count - self.opts.row_start)
-        if self.opts.limit is not None:
-            total = self.opts.limit if total is None else min(total, self.opts.limit)
-        return total
 
     # -- the end ---------------------------------------------------------------------------------------
     def _report(self, progress: Progress, llm: Any, complete: bool, failure: BaseException | None) -> int:
