@@ -110,6 +110,9 @@ def run_command(
     if start.get("first_token_s") is not None:
         record["note"] += f", first token at {start['first_token_s']:.1f} s"
     _engine_stats(record, engine)
+    if record.get("prep_ms_step"):  # the host's launch side, apart from CPU ms/step
+        record["note"] += f"; launch {record['prep_ms_step']:.2f} ms/step"
+        record["note"] += f" (graph replays {record.get('replay_ms_step', 0):.2f})"
     return finish(record, tokens)
 
 

@@ -128,6 +128,8 @@ def engine_fields(record: dict, step: dict, wall_s: float | None = None) -> None
         record["mask_ms_step"] = 1000 * step["mask_s"] / steps
     if step.get("prep_s"):
         record["prep_ms_step"] = 1000 * step["prep_s"] / steps
+    if step.get("replay_s"):  # of prep: the graph launches themselves
+        record["replay_ms_step"] = 1000 * step["replay_s"] / steps
     if step["gpu_busy_s"] is not None:
         record["gpu_ms_step"] = 1000 * step["gpu_busy_s"] / steps
         record["gpu_active_pct"] = 100 * step["gpu_busy_s"] / (wall_s or record["wall_s"])

@@ -86,6 +86,7 @@ class CudaRunner:
         self.pool = torch.cuda.graph_pool_handle() if cuda_graphs else None
         self.gpu_busy_s = 0.0
         self.prep_s = 0.0
+        self.replay_s = 0.0  # of prep_s: inside graph.replay() (the driver's launch of the graph's kernels)
         self.graph_memory: dict[str, int] = {}
         # Tensor parallelism: raises when another rank died, so a wait on work that waits for a
         # collective with that rank fails instead of hanging.
@@ -116,7 +117,9 @@ class CudaRunner:
             self.compute.wait_event(slot.d2h_done)  # its previous tokens were copied out
             slot.compute_start.record(self.compute)
             if graph is not None:
+                t1 = time.perf_counter()
                 graph.replay()
+                self.replay_s += time.perf_counter() - t1
             else:
                 self._run(part, slot_id, shape, flags, (inputs.max_q_len, inputs.max_seq_len))
             (slot.logits_done if inputs.masked else slot.compute_done).record(self.compute)

@@ -47,6 +47,7 @@ class EngineStats:
     prefix_hit_rate: float = 0.0
     schedule_s: float = 0.0  # host time: scheduling + batch building
     prep_s: float = 0.0  # host time: filling step buffers and launching (CUDA runner)
+    replay_s: float = 0.0  # of prep_s: launching decode graphs (graph.replay)
     postprocess_s: float = 0.0
     mask_s: float = 0.0  # host time advancing grammars and filling token masks (structured output)
     gpu_busy_s: float = 0.0  # compute-stream busy time, from CUDA events (0 on the CPU)
@@ -127,6 +128,7 @@ class Engine:
             self.stats.wall_s += time.perf_counter() - started
             self.stats.gpu_busy_s = getattr(self.runner, "gpu_busy_s", 0.0)
             self.stats.prep_s = getattr(self.runner, "prep_s", 0.0)
+            self.stats.replay_s = getattr(self.runner, "replay_s", 0.0)
 
     def _abandon(self) -> None:
         self._sample_pending(fill=False)  # its tokens are never used, but fetch needs it sampled

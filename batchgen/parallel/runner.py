@@ -66,4 +66,4 @@ class TensorParallelRunner:
 
 
 def runner_stats(runner) -> dict:
-    return {"gpu_busy_s": getattr(runner, "gpu_busy_s", 0.0), "prep_s": getattr(runner, "prep_s", 0.0)}
+    return {name: getattr(runner, name, 0.0) for name in ("gpu_busy_s", "prep_s", "replay_s")}

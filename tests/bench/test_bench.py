@@ -203,10 +203,10 @@ def test_b7_runs_the_whole_command_on_the_gpu():
     # A whole command of 30 s whose engine ran 2 s: GPU-active is over the engine's own time.
     record = {"steps": None, "cpu_ms_step": None, "gpu_active_pct": None, "gpu_ms_step": None, "wall_s": 30.0}
     engine = {"steps": 100, "wall_s": 2.0, "gpu_busy_s": 1.5, "schedule_s": 0.05, "prep_s": 0.03,
-              "postprocess_s": 0.02, "mask_s": 0.0}  # fmt: skip
+              "replay_s": 0.02, "postprocess_s": 0.02, "mask_s": 0.0}  # fmt: skip
     commands._engine_stats(record, engine)
-    want = {"steps": 100, "cpu_ms_step": 0.7, "prep_ms_step": 0.3, "gpu_active_pct": 75.0,
-            "gpu_ms_step": 15.0, "wall_s": 30.0}  # fmt: skip
+    want = {"steps": 100, "cpu_ms_step": 0.7, "prep_ms_step": 0.3, "replay_ms_step": 0.2,
+            "gpu_active_pct": 75.0, "gpu_ms_step": 15.0, "wall_s": 30.0}  # fmt: skip
     assert record == pytest.approx(want)
     # B7w: the same command at 1024 rows a step.
     wide = WORKLOADS["B7w"]
