@@ -78,8 +78,8 @@ def _decode_split_kernel(
     d = tl.arange(0, HEAD_DIM)
     heads = kv_head * GROUP + g  # [GROUP_PAD]
     q = tl.load(q_ptr + row * stride_qt + heads[:, None] * stride_qh + d[None, :], mask=g[:, None] < GROUP)
-    if KV_F16:
-        q = q.to(tl.float16)
+    if KV_F16:  # saturate: a bf16 q past fp16's range must not become inf (and NaN scores)
+        q = tl.minimum(tl.maximum(q.to(tl.float32), -65504.0), 65504.0).to(tl.float16)
 
     split_tokens = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N  # this sequence's share
     lo = split * split_tokens
