@@ -49,7 +49,7 @@ class StepInputs(NamedTuple):
 
 def build_step(step: ScheduledStep, block_size: int, rows: RowState) -> StepInputs:
     """Gather the step's rows of the persistent batch; only tokens and sampling indices are read off
-    the requests (one pass over the items)."""
+    the requests (one pass over the sequences)."""
     scan = _scan(step)
     num_seqs = step.num_seqs
     starts, counts = np.array(scan.starts, np.int64), np.array(scan.counts, np.int64)
