@@ -23,12 +23,20 @@ of 300000. Beside other work, a spinning thread burns the time slice its desched
 Measured on the 2-core VM with 2 threads: at load ~4.5, 16 B4 steps took 31-101 s with the default
 spin, 17-25 s with 1000 (13-22 s on 1 thread); at load ~1.5 the whole B4 generation took 23.5-23.7 s
 with the default, 23.2-25.5 s with 1000, 27.9-30.8 s never spinning (``OMP_WAIT_POLICY=PASSIVE``).
+
+While ``batchgen run`` generates, the interpreter hands the GIL over every 0.2 ms instead of 5
+(``engine_switching``). The engine thread gives the GIL up at every torch call and numpy copy; the prompt
+thread (chat templates are Python) and the writer then hold it until they block or the switch interval
+ends, and the GPU waits. Measured on the H200 with the embedded model's shape at 1024 rows (B7w): launch
+3.38 -> 1.31 ms a step, generation 15.1 -> 10.7 s; at 256 rows no change beyond noise.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import sys
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
@@ -44,6 +52,7 @@ _IDLE_CORES = 0.75  # idle time, in cores, that means a core is free
 _HOLD_S, _MAX_HOLD_S = 10.0, 300.0  # no step up for this long after a step down, doubled each time
 
 
+ENGINE_SWITCH_S = 2e-4  # GIL switch interval while the engine runs (the default is 5 ms)
 SHORT_SPINS = {"GOMP_SPINCOUNT": "1000"}
 DEFAULTED: set[str] = set()  # the variables prefer_short_spins set (the user had not)
 
@@ -212,3 +221,14 @@ def set_cpu_threads(requested: int | None, device: torch.device, ranks: int = 1)
     if requested is not None or limit == 1 or ranks > 1:
         return None
     return ThreadGovernor(threads, limit)
+
+
+@contextlib.contextmanager
+def engine_switching(interval_s: float = ENGINE_SWITCH_S):
+    """A short GIL switch interval while the block runs (never a longer one); the old one after."""
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(min(old, interval_s))
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(old)

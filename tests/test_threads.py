@@ -135,3 +135,19 @@ def test_reads_this_process_from_proc():
     if sample is None:
         pytest.skip("no /proc here")
     assert sample.waited_s and all(w >= 0 for w in sample.waited_s.values()) and sample.idle_s >= 0
+
+
+def test_engine_switching_shortens_the_gil_interval_and_restores_it():
+    import sys
+
+    old = sys.getswitchinterval()
+    try:
+        sys.setswitchinterval(0.005)
+        with threads.engine_switching():
+            assert sys.getswitchinterval() == pytest.approx(threads.ENGINE_SWITCH_S)
+        assert sys.getswitchinterval() == pytest.approx(0.005)
+        sys.setswitchinterval(1e-5)  # a caller's shorter interval is never lengthened
+        with threads.engine_switching():
+            assert sys.getswitchinterval() == pytest.approx(1e-5)
+    finally:
+        sys.setswitchinterval(old)

@@ -23,8 +23,12 @@ from batchgen.io.checkpoint import DoneSet, RunState, save_state
 from batchgen.io.faults import Faults
 from batchgen.io.records import make_record
 from batchgen.io.writers import Writer
+from batchgen.model.tokenize import batch_decoder
 
 log = logging.getLogger("batchgen")
+
+
+_BATCH = 256  # outputs taken off the queue (and decoded) at once
 
 
 class RecordOptions(NamedTuple):
@@ -54,7 +58,8 @@ class Sink(threading.Thread):
     ) -> None:
         super().__init__(name="batchgen-writer", daemon=True)
         self.writer, self.output, self.done, self.state = writer, output, done, state
-        self.progress, self.tokenizer, self.options = progress, tokenizer, options
+        self.progress, self.options = progress, options
+        self.decode = batch_decoder(tokenizer)  # completions' token ids -> texts, many at a time
         self.flush_every, self.stop, self.faults, self.on_tick = flush_every, stop, faults, on_tick
         self.queue: queue.SimpleQueue = queue.SimpleQueue()
         self.error: BaseException | None = None
@@ -71,18 +76,17 @@ class Sink(threading.Thread):
     def run(self) -> None:
         try:
             while True:
-                try:
-                    item = self.queue.get(timeout=0.25)
-                except queue.Empty:
-                    item = None
-                if isinstance(item, _Close):
-                    return self._finalize(item.complete)
-                if isinstance(item, RowFailure):
-                    self._failure(item)
-                elif item is not None:
-                    self._output(item)
-                if time.monotonic() - self._last_flush >= self.flush_every:
-                    self.flush()
+                items = self._take()
+                for item, text in zip(items, self._texts(items), strict=True):
+                    if isinstance(item, _Close):
+                        return self._finalize(item.complete)
+                    if isinstance(item, RowFailure):
+                        self._failure(item)
+                    else:
+                        self._output(item, text)
+                    self._flush_if_due()  # per record: --flush-every 0 makes each durable at once
+                if not items:
+                    self._flush_if_due()
                 self.on_tick()
                 self.progress.tick()
         except BaseException as exc:  # the main thread stops the run and reports it
@@ -90,23 +94,44 @@ class Sink(threading.Thread):
             self.stop.set()
             self._save_after_failure(exc)
 
+    def _flush_if_due(self) -> None:
+        if time.monotonic() - self._last_flush >= self.flush_every:
+            self.flush()
+
+    def _take(self) -> list:
+        """What is queued, in order, up to a close (waits up to 0.25 s for the first item)."""
+        try:
+            items = [self.queue.get(timeout=0.25)]
+        except queue.Empty:
+            return []
+        while len(items) < _BATCH and not isinstance(items[-1], _Close):
+            try:
+                items.append(self.queue.get_nowait())
+            except queue.Empty:
+                break
+        return items
+
+    def _texts(self, items: list) -> list[str | None]:
+        """The completions' texts, decoded in one call (off the GIL for fast tokenizers)."""
+        todo = [
+            i for i, item in enumerate(items)
+            if isinstance(item, CompletionOutput) and item.text is None and item.finish_reason != "error"
+        ]  # fmt: skip
+        texts: list[str | None] = [getattr(item, "text", None) for item in items]
+        if todo:
+            for i, text in zip(todo, self.decode([items[i].token_ids for i in todo]), strict=True):
+                texts[i] = text
+        return texts
+
     # -- records ---------------------------------------------------------------------------------------
-    def _output(self, out: CompletionOutput) -> None:
+    def _output(self, out: CompletionOutput, text: str | None) -> None:
         if out.finish_reason == "error" and self._drop_error(out.index, out.key.id, out.error):
             return
-        if out.finish_reason == "error":
-            text = ""
-        else:
-            text = (
-                out.text
-                if out.text is not None
-                else self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
-            )
         record = make_record(
             row_id=out.key.id,
             index=out.index,
             sample=out.sample,
-            completion=text,
+            completion="" if out.finish_reason == "error" else text,
             finish_reason=out.finish_reason,
             prompt_tokens=out.prompt_tokens,
             completion_tokens=len(out.token_ids),

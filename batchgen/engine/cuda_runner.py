@@ -179,6 +179,8 @@ class CudaRunner:
         return StepResult(handle.step_id, tokens, logprobs)
 
     def _wait(self, work: torch.cuda.Event | torch.cuda.Stream) -> None:
+        if work.query():  # done (the usual case): synchronize would give up the GIL for nothing
+            return
         if self.check_alive is None:
             work.synchronize()
             return
