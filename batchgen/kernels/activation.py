@@ -2,8 +2,9 @@
 
 Same rounding as transformers' ``act_fn(gate) * up`` in the model dtype: the activation is computed in
 fp32 and rounded, then the product is rounded. With ``quant`` (down_proj takes FP8 input) the product is
-quantized to e4m3 in the same kernel: per group of columns in one pass, or per row in two (the first finds
-the row's absolute maximum, the second recomputes and stores; gate|up is read twice, from L2 at decode).
+quantized to e4m3 in the same kernel, over (row, column block) programs: per group of columns in one pass,
+or per row in two kernels (the first finds each block's absolute maximum, the second the row's scale from
+those, recomputes and stores; gate|up is read twice, from L2 at decode).
 """
 
 from __future__ import annotations
@@ -39,41 +40,48 @@ def _silu_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, n_cols, BLOCK: tl.const
 
 
 @triton.jit
+def _silu_mul_amax_kernel(x_ptr, amax_ptr, stride_x, n_cols, n_blocks, BLOCK: tl.constexpr):
+    """Per-row quantization, first pass: each program's largest |silu(gate) * up| over its columns."""
+    row = tl.program_id(0).to(tl.int64)
+    blk = tl.program_id(1)
+    cols = blk * BLOCK + tl.arange(0, BLOCK)
+    y = _silu_mul_tile(x_ptr + row * stride_x, cols, n_cols, x_ptr.dtype.element_ty)
+    tl.store(amax_ptr + row * n_blocks + blk, tl.max(tl.abs(y), 0))
+
+
+@triton.jit
 def _silu_mul_quant_kernel(
     x_ptr,  # [T, 2I] model dtype
+    amax_ptr,  # [T, n_blocks] fp32: the first pass's maxima (per-row scales only)
     q_ptr,  # [T, I] e4m3
     s_ptr,  # [T, n_groups] fp32
     stride_x,
     stride_q,
     n_cols,
+    n_blocks,
     n_groups,
     min_scale,
     GROUP: tl.constexpr,  # 0: one scale per row
     BLOCK: tl.constexpr,
+    BLOCKS_PAD: tl.constexpr,
     ROUND: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
-    x_row = x_ptr + row * stride_x
-    q_row = q_ptr + row * stride_q
-    dt = x_ptr.dtype.element_ty
-    q_dt = q_ptr.dtype.element_ty
+    blk = tl.program_id(1)
+    cols = blk * BLOCK + tl.arange(0, BLOCK)
+    y = _silu_mul_tile(x_ptr + row * stride_x, cols, n_cols, x_ptr.dtype.element_ty)
     if GROUP == 0:
-        amax = tl.zeros([BLOCK], dtype=tl.float32)
-        for start in range(0, n_cols, BLOCK):
-            amax = tl.maximum(amax, tl.abs(_silu_mul_tile(x_row, start + tl.arange(0, BLOCK), n_cols, dt)))
+        b = tl.arange(0, BLOCKS_PAD)
+        amax = tl.load(amax_ptr + row * n_blocks + b, mask=b < n_blocks, other=0.0)
         scale = tl.maximum(tl.max(amax, 0) / 448.0, min_scale)
-        tl.store(s_ptr + row, scale)
-        for start in range(0, n_cols, BLOCK):
-            cols = start + tl.arange(0, BLOCK)
-            y = _silu_mul_tile(x_row, cols, n_cols, dt)
-            tl.store(q_row + cols, to_fp8(y / scale, q_dt, ROUND), mask=cols < n_cols)
+        one = tl.arange(0, 1)  # the first block stores the row's scale (a vector mask: the interpreter's)
+        tl.store(s_ptr + row + one, tl.zeros([1], tl.float32) + scale, mask=one < tl.where(blk == 0, 1, 0))
+        q = y / scale
     else:
-        for start in range(0, n_cols, BLOCK):
-            cols = start + tl.arange(0, BLOCK)
-            q, scales = quantize_tile(_silu_mul_tile(x_row, cols, n_cols, dt), min_scale, GROUP, BLOCK)
-            tl.store(q_row + cols, to_fp8(q, q_dt, ROUND), mask=cols < n_cols)
-            grp = start // GROUP + tl.arange(0, BLOCK // GROUP)
-            tl.store(s_ptr + row * n_groups + grp, scales, mask=grp < n_groups)
+        q, scales = quantize_tile(y, min_scale, GROUP, BLOCK)
+        grp = blk * (BLOCK // GROUP) + tl.arange(0, BLOCK // GROUP)
+        tl.store(s_ptr + row * n_groups + grp, scales, mask=grp < n_groups)
+    tl.store(q_ptr + row * stride_q + cols, to_fp8(q, q_ptr.dtype.element_ty, ROUND), mask=cols < n_cols)
 
 
 def silu_mul(x: torch.Tensor, quant: ActQuant | None = None) -> torch.Tensor | Fp8Act:
@@ -91,12 +99,24 @@ def silu_mul(x: torch.Tensor, quant: ActQuant | None = None) -> torch.Tensor | F
 
 
 def _silu_mul_quant(x: torch.Tensor, group: int | None) -> Fp8Act:
+    """Over (row, column block) programs: a decode step's 32 rows of 14336 columns are 448 programs
+    where one program per row was 32 (11 us a layer on the H200, B1 FP8). Per-row scales take a first
+    pass for each block's maximum (gate|up is read twice, from L2 at decode)."""
     rows, cols = x.shape[0], x.shape[1] // 2
     out = fp8_quant.act_buffers(x[:, :cols], group)
-    if rows:
-        block = max(min(triton.next_power_of_2(cols), 2 * _BLOCK), group or 1)
-        _silu_mul_quant_kernel[(rows,)](
-            x, out.data, out.scale, x.stride(0), out.data.stride(0), cols, out.scale.shape[1], MIN_SCALE,
-            GROUP=group or 0, BLOCK=block, ROUND=fp8_quant.exact_rounding(x), num_warps=4,
-        )  # fmt: skip
+    if not rows:
+        return out
+    block = max(min(triton.next_power_of_2(cols), _BLOCK), group or 1)
+    n_blocks = triton.cdiv(cols, block)
+    amax = out.scale  # unused by per-group scales
+    if group is None:
+        amax = torch.empty((rows, n_blocks), dtype=torch.float32, device=x.device)
+        _silu_mul_amax_kernel[(rows, n_blocks)](
+            x, amax, x.stride(0), cols, n_blocks, BLOCK=block, num_warps=4
+        )
+    _silu_mul_quant_kernel[(rows, n_blocks)](
+        x, amax, out.data, out.scale, x.stride(0), out.data.stride(0), cols, n_blocks, out.scale.shape[1],
+        MIN_SCALE, GROUP=group or 0, BLOCK=block, BLOCKS_PAD=triton.next_power_of_2(n_blocks),
+        ROUND=fp8_quant.exact_rounding(x), num_warps=4,
+    )  # fmt: skip
     return out

@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
+from batchgen.kernels.decode import num_sms
 from batchgen.kernels.fp8_reference import Fp8Act
 
 
@@ -34,23 +35,28 @@ def _fp8_matmul_kernel(
     stride_cm,
     stride_as,
     stride_bs,
+    stride_split,  # SPLIT_K > 1: c is [SPLIT_K, M, N] fp32 partial sums, one slice per split
+    tiles_per_split,  # K tiles each split covers
     BLOCKWISE: tl.constexpr,
     SCALE_ROWS: tl.constexpr,  # weight rows per block-scale row (1: expanded per row)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
+    split = tl.program_id(2)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    k_first = split * tiles_per_split
     rk = tl.arange(0, BLOCK_K)
     m_ok = rm < M
     n_ok = rn < N
-    a_ptrs = a_ptr + rm.to(tl.int64)[:, None] * stride_am + rk[None, :]
-    b_ptrs = b_ptr + rn.to(tl.int64)[:, None] * stride_bn + rk[None, :]
+    a_ptrs = a_ptr + rm.to(tl.int64)[:, None] * stride_am + (k_first * BLOCK_K + rk)[None, :]
+    b_ptrs = b_ptr + rn.to(tl.int64)[:, None] * stride_bn + (k_first * BLOCK_K + rk)[None, :]
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for kb in range(0, tl.cdiv(K, BLOCK_K)):
+    for kb in range(k_first, tl.minimum(k_first + tiles_per_split, tl.cdiv(K, BLOCK_K))):
         k_ok = rk[None, :] < K - kb * BLOCK_K
         a = tl.load(a_ptrs, mask=m_ok[:, None] & k_ok, other=0.0)
         b = tl.load(b_ptrs, mask=n_ok[:, None] & k_ok, other=0.0)
@@ -67,8 +73,19 @@ def _fp8_matmul_kernel(
         sa = tl.load(as_ptr + rm * stride_as, mask=m_ok, other=0.0)
         sb = tl.load(bs_ptr + rn, mask=n_ok, other=0.0)
         acc = acc * sa[:, None] * sb[None, :]
-    c_ptrs = c_ptr + rm.to(tl.int64)[:, None] * stride_cm + rn[None, :]
+    c_ptrs = c_ptr + split * stride_split + rm.to(tl.int64)[:, None] * stride_cm + rn[None, :]
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _sum_splits_kernel(p_ptr, c_ptr, numel, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
+    """c = the sum of the SPLIT_K partial products [SPLIT_K, M, N], in split order (deterministic)."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < numel
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for s in range(SPLIT_K):
+        acc += tl.load(p_ptr + s * numel + offs, mask=ok, other=0.0)
+    tl.store(c_ptr + offs, acc.to(c_ptr.dtype.element_ty), mask=ok)
 
 
 def _config(m: int, k: int) -> dict:
@@ -81,12 +98,22 @@ def _config(m: int, k: int) -> dict:
     return dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3)
 
 
+def choose_split_k(programs: int, k_tiles: int, sms: int, waves: int = 2) -> int:
+    """K splits so that the tiles' programs fill ``waves`` programs per SM, each split at least 4 K
+    tiles long. Decode-sized products of a narrow N (Llama-3-8B's o_proj and down_proj at M = 32: 128
+    programs of 32 columns for 132 SMs) otherwise leave each SM one long serial read."""
+    if programs >= waves * sms:
+        return 1
+    return max(1, min(-(-waves * sms // programs), k_tiles // 4))
+
+
 def triton_fp8_matmul(
     act: Fp8Act, weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, *,
-    group: int | None = None, scale_rows: int = 1,
+    group: int | None = None, scale_rows: int = 1, split_k: int | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """[M, K] x [N, K] -> [M, N]. ``group`` set: block scales (``scale`` [cdiv(N, scale_rows), cdiv(K,
-    group)], activation scales per ``group`` columns); else per-token x per-channel (``scale`` [N])."""
+    group)], activation scales per ``group`` columns); else per-token x per-channel (``scale`` [N]).
+    ``split_k``: K splits (default: ``choose_split_k`` at decode sizes)."""
     m, k = act.data.shape
     n = weight.shape[0]
     out = torch.empty((m, n), dtype=dtype, device=act.data.device)
@@ -97,12 +124,22 @@ def triton_fp8_matmul(
     if block_k > 128 and cfg["BLOCK_M"] > 64:
         cfg["num_stages"] = 2
     grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n, cfg["BLOCK_N"]))
-    _fp8_matmul_kernel[grid](
-        act.data, weight, out, act.scale, scale, m, n, k,
-        act.data.stride(0), weight.stride(0), out.stride(0), act.scale.stride(0),
-        scale.stride(0) if group else 0,
-        BLOCKWISE=group is not None, SCALE_ROWS=scale_rows, BLOCK_K=block_k, **cfg,
+    k_tiles = triton.cdiv(k, block_k)
+    if split_k is None:
+        split_k = choose_split_k(grid[0] * grid[1], k_tiles, num_sms(out.device)) if m <= 64 else 1
+    per_split = triton.cdiv(k_tiles, split_k)
+    split_k = triton.cdiv(k_tiles, per_split)  # no empty split
+    # fp32 partial products, one [M, N] slice per split, summed in order by a second kernel
+    dest = out if split_k == 1 else torch.empty((split_k, m, n), dtype=torch.float32, device=out.device)
+    _fp8_matmul_kernel[(*grid, split_k)](
+        act.data, weight, dest, act.scale, scale, m, n, k,
+        act.data.stride(0), weight.stride(0), n if split_k > 1 else out.stride(0), act.scale.stride(0),
+        scale.stride(0) if group else 0, m * n, per_split,
+        BLOCKWISE=group is not None, SCALE_ROWS=scale_rows, BLOCK_K=block_k, SPLIT_K=split_k, **cfg,
     )  # fmt: skip
+    if split_k > 1:
+        block = 1024
+        _sum_splits_kernel[(triton.cdiv(m * n, block),)](dest, out, m * n, SPLIT_K=split_k, BLOCK=block)
     return out
 
 

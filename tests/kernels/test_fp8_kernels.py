@@ -16,7 +16,7 @@ from batchgen.kernels import reference
 from batchgen.kernels.activation import silu_mul
 from batchgen.kernels.cases import make_case, rel_error
 from batchgen.kernels.dispatch import paged_attention_triton
-from batchgen.kernels.fp8_gemm import triton_fp8_matmul
+from batchgen.kernels.fp8_gemm import choose_split_k, triton_fp8_matmul
 from batchgen.kernels.fp8_quant import quantize_act
 from batchgen.kernels.fp8_reference import ActQuant
 from batchgen.kernels.norm import rms_norm
@@ -79,7 +79,8 @@ def test_rms_norm_quantizes_its_output(quant, residual):
 @pytest.mark.parametrize("quant", QUANTS)
 def test_silu_mul_quantizes_its_output(quant):
     torch.manual_seed(3)
-    x = torch.randn(3, 2 * 300, device=DEVICE)  # 300: the per-row path loops over two chunks
+    x = torch.randn(3, 2 * 2500, device=DEVICE)  # 2500: three column blocks, the last one partial
+    x[1, 2400] = x[1, 2500 + 2400] = 9.0  # row 1's largest product sits in its last block
     _same(silu_mul(x, quant), ref.quantize_act(silu_mul(x), quant))
 
 
@@ -100,6 +101,33 @@ def test_rowwise_matmul_matches_reference(m):
     weight, scale = ref.quantize_rows(torch.randn(80, 192, device=DEVICE))
     got = triton_fp8_matmul(act, weight, scale, torch.float32)
     torch.testing.assert_close(got, ref.linear_rows(act, weight, scale, torch.float32), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("split_k", [2, 3, 9])  # 9 asks more splits than K tiles: 5 splits of one tile
+@pytest.mark.parametrize("group", [None, 128])
+def test_split_k_matmul_matches_reference(split_k, group):
+    """K split over programs, fp32 partial products summed in split order: the same product."""
+    torch.manual_seed(8)
+    m, n, k = 3, 40, 1100  # 5 K tiles of 256 (rowwise) or 9 of 128 (blocks), the last one partial
+    act = ref.quantize_act(torch.randn(m, k, device=DEVICE), ActQuant(group))
+    if group is None:
+        weight, scale = ref.quantize_rows(torch.randn(n, k, device=DEVICE))
+        want = ref.linear_rows(act, weight, scale, torch.float32)
+    else:
+        weight = torch.randn(n, k, device=DEVICE).to(ref.FP8)
+        scale = torch.rand(-(-n // 128), -(-k // 128), device=DEVICE) + 0.5
+        want = ref.linear_blocks(act, 128, weight, scale, 128, torch.float32)
+    kw = dict(group=group, scale_rows=128) if group else {}
+    got = triton_fp8_matmul(act, weight, scale, torch.float32, split_k=split_k, **kw)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+    assert torch.equal(got, triton_fp8_matmul(act, weight, scale, torch.float32, split_k=split_k, **kw))
+
+
+def test_split_k_choice_fills_the_sms_with_long_enough_splits():
+    assert choose_split_k(programs=896, k_tiles=16, sms=132) == 1  # gate_up at M = 32: 6.8 waves
+    assert choose_split_k(programs=128, k_tiles=16, sms=132) == 3  # o_proj: 128 programs -> 384
+    assert choose_split_k(programs=128, k_tiles=56, sms=132) == 3  # down_proj
+    assert choose_split_k(programs=1, k_tiles=6, sms=132) == 1  # splits of >= 4 tiles only
 
 
 @pytest.mark.parametrize("scale_rows", [1, 128])
