@@ -1,0 +1,60 @@
+"""Guards on the code's shape (README, "How we write code"): the host-side scheduling modules never
+import torch, and no module outgrows ~400 lines. Checked on the source, so a violation fails here, in
+CI, rather than in a review."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "batchgen"
+# The engine's CPU side: requests, scheduling, KV block bookkeeping, the persistent batch and the
+# numpy step arrays. They run once per step on the engine thread beside the GPU and must stay free of
+# torch (and so of torch.cuda): the runner is the one place that turns them into tensors.
+HOST_SIDE = ["request", "scheduler", "block_manager", "rows", "batch", "stops", "outputs"]
+MAX_LINES = 400
+
+
+def _imported_modules(path: Path) -> set[str]:
+    """Every module an import statement in ``path`` names, at any depth (lazy imports included)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module)
+    return names
+
+
+def _closure(module: str) -> set[str]:
+    """``module`` and the batchgen modules it imports, transitively."""
+    seen, todo = set(), [module]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        path = PACKAGE.parent / (name.replace(".", "/") + ".py")
+        if path.exists():
+            todo += [m for m in _imported_modules(path) if m.startswith("batchgen.")]
+    return seen
+
+
+@pytest.mark.parametrize("name", HOST_SIDE)
+def test_host_side_scheduling_never_imports_torch(name):
+    module = f"batchgen.engine.{name}"
+    for dep in sorted(_closure(module)):
+        path = PACKAGE.parent / (dep.replace(".", "/") + ".py")
+        if not path.exists():
+            continue
+        torch_imports = {m for m in _imported_modules(path) if m == "torch" or m.startswith("torch.")}
+        assert not torch_imports, f"{module} reaches torch through {dep}: {sorted(torch_imports)}"
+
+
+def test_no_module_outgrows_the_limit():
+    sizes = {p.relative_to(PACKAGE.parent): len(p.read_text().splitlines()) for p in PACKAGE.rglob("*.py")}
+    assert len(sizes) > 50  # the walk found the package
+    too_long = {str(p): n for p, n in sizes.items() if n > MAX_LINES}
+    assert not too_long, f"modules over {MAX_LINES} lines (split them by responsibility): {too_long}"
