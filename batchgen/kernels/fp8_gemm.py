@@ -35,14 +35,13 @@ def _fp8_matmul_kernel(
     stride_cm,
     stride_as,
     stride_bs,
-    stride_split,  # SPLIT_K > 1: c is [SPLIT_K, M, N] fp32 partial sums, one slice per split
+    stride_split,  # K split over program axis 2: c is [splits, M, N] fp32 partial sums, one per split
     tiles_per_split,  # K tiles each split covers
     BLOCKWISE: tl.constexpr,
     SCALE_ROWS: tl.constexpr,  # weight rows per block-scale row (1: expanded per row)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    SPLIT_K: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -135,7 +134,7 @@ def triton_fp8_matmul(
         act.data, weight, dest, act.scale, scale, m, n, k,
         act.data.stride(0), weight.stride(0), n if split_k > 1 else out.stride(0), act.scale.stride(0),
         scale.stride(0) if group else 0, m * n, per_split,
-        BLOCKWISE=group is not None, SCALE_ROWS=scale_rows, BLOCK_K=block_k, SPLIT_K=split_k, **cfg,
+        BLOCKWISE=group is not None, SCALE_ROWS=scale_rows, BLOCK_K=block_k, **cfg,
     )  # fmt: skip
     if split_k > 1:
         block = 1024
