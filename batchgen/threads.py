@@ -25,10 +25,12 @@ spin, 17-25 s with 1000 (13-22 s on 1 thread); at load ~1.5 the whole B4 generat
 with the default, 23.2-25.5 s with 1000, 27.9-30.8 s never spinning (``OMP_WAIT_POLICY=PASSIVE``).
 
 While ``batchgen run`` generates, the interpreter hands the GIL over every 0.2 ms instead of 5
-(``engine_switching``). The engine thread gives the GIL up at every torch call and numpy copy; the prompt
-thread (chat templates are Python) and the writer then hold it until they block or the switch interval
-ends, and the GPU waits. Measured on the H200 with the embedded model's shape at 1024 rows (B7w): launch
-3.38 -> 1.31 ms a step, generation 15.1 -> 10.7 s; at 256 rows no change beyond noise.
+(``engine_switching``). The engine thread gives the GIL up at every torch call and numpy copy; another
+thread that takes it keeps it until it blocks or the switch interval ends, and the GPU waits. Measured
+on the H200 with the embedded model's shape at 1024 rows (B7w), one in-process A/B: launch 3.38 -> 1.31
+ms a step, generation 15.1 -> 10.7 s; at 256 rows no change beyond noise. Whole-command B7w runs after
+it did not reproduce the gain (116-153k tok/s across runs), and moving prompt encoding to another process
+did not help either: it bounds a wait, it is not shown to be the limit (docs/results.md, session 19).
 """
 
 from __future__ import annotations
