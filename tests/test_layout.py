@@ -17,6 +17,10 @@ HOST_SIDE = ["request", "scheduler", "block_manager", "rows", "batch", "stops", 
 MAX_LINES = 400
 
 
+def _source(module: str) -> Path:
+    return PACKAGE.parent / (module.replace(".", "/") + ".py")
+
+
 def _imported_modules(path: Path) -> set[str]:
     """Every module an import statement in ``path`` names, at any depth (lazy imports included)."""
     names = set()
@@ -36,9 +40,8 @@ def _closure(module: str) -> set[str]:
         if name in seen:
             continue
         seen.add(name)
-        path = PACKAGE.parent / (name.replace(".", "/") + ".py")
-        if path.exists():
-            todo += [m for m in _imported_modules(path) if m.startswith("batchgen.")]
+        if _source(name).exists():
+            todo += [m for m in _imported_modules(_source(name)) if m.startswith("batchgen.")]
     return seen
 
 
@@ -46,10 +49,9 @@ def _closure(module: str) -> set[str]:
 def test_host_side_scheduling_never_imports_torch(name):
     module = f"batchgen.engine.{name}"
     for dep in sorted(_closure(module)):
-        path = PACKAGE.parent / (dep.replace(".", "/") + ".py")
-        if not path.exists():
+        if not _source(dep).exists():
             continue
-        torch_imports = {m for m in _imported_modules(path) if m == "torch" or m.startswith("torch.")}
+        torch_imports = {m for m in _imported_modules(_source(dep)) if m == "torch" or m.startswith("torch.")}
         assert not torch_imports, f"{module} reaches torch through {dep}: {sorted(torch_imports)}"
 
 
