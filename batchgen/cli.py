@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from batchgen import __version__
+from batchgen.app.lean_imports import hide_for_command
 from batchgen.bench.command import bench_command
 
 EXIT_FATAL, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 75
@@ -207,6 +208,7 @@ def run_command(input_path: str, output: str, verbose: bool, **kw: Any) -> None:
     Re-running the same command resumes; SIGTERM/SIGINT/SIGUSR1 save and exit 75.
     """
     _setup_logging(verbose, tag=f"shard {kw['shard'].strip()}" if kw["shard"] else None)
+    hide_for_command(kw["trust_remote_code"])  # before anything imports transformers
     if kw["tensor_parallel"] > 1:
         _tensor_parallel_worker(kw)  # a launcher (torchrun, srun) started every rank: ranks > 0 serve
     if kw["data_parallel"] > 1:

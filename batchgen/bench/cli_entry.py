@@ -269,7 +269,7 @@ def run_command_workload(w: Workload, modes: list[str], compare_hf: bool, opts: 
     prompts = commands.read_prompts(opts.prompts) if opts.prompts else builtin
     threads = f"{opts.threads} threads each" if opts.threads else "each command's default threads"
     log(f"{w.name}: whole commands, {len(prompts)} prompts, {threads}, {opts.repeat} round(s)")
-    target = commands.Target(w.device, None if on_cpu else w.dtype, flags=w.run_flags)
+    target = commands.Target(w.device, w.dtype, flags=w.run_flags)
     return commands.run_command_workload(
         w.name, prompts, modes_for(w, modes, compare_hf), w.max_new_tokens, opts.threads, opts.repeat, target
     )

@@ -51,10 +51,10 @@ def _argv(mode: str, prompts: Path, out: Path, new_tokens: int, threads: int | N
     common = [str(prompts), str(out), "--max-new-tokens", str(new_tokens)]
     common += ["--threads", str(threads)] if threads else []
     common += ["--model", target.model] if target.model else []
+    common += ["--dtype", target.dtype] if target.dtype else []  # both commands compute in it
     if mode == "generate_batch":
         return [sys.executable, "-m", "batchgen.bench.hf_baseline", *common]
     flags = {"run": [], "async": ["--async"], "sync": ["--sync"]}[mode]
-    flags += ["--dtype", target.dtype] if target.dtype else []
     flags += list(target.flags)
     stats = out.with_suffix(".stats.json")
     return [sys.executable, "-m", "batchgen", "run", *common, "--ignore-eos", "--device", target.device,

@@ -20,6 +20,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--model", help="local directory [the embedded model]")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, help="torch intra-op threads [torch's default]")
+    ap.add_argument("--dtype", default="float32", help="float32 or bfloat16 [float32]")
     return ap.parse_args(argv)
 
 
@@ -33,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     from batchgen.model.loader import load_model
     from batchgen.model.tokenize import encode_prompt
 
-    loaded = load_model(args.model, device="cpu", dtype="float32", attn_implementation="sdpa")
+    loaded = load_model(args.model, device="cpu", dtype=args.dtype, attn_implementation="sdpa")
     with open(args.input) as f:
         rows = [json.loads(line) for line in f if line.strip()]
     prompts = [encode_prompt(loaded.tokenizer, r.get("messages") or r["prompt"]) for r in rows]

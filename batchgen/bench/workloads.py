@@ -169,6 +169,8 @@ WORKLOADS: dict[str, Workload] = {
     "B2": Workload("B2", "llama3-8b", 1024, 512, 512, hf_max_new_tokens=128),
     "B3": Workload("B3", "qwen3-0.6b", 256, 128, 1024, hf_max_new_tokens=256),
     "B4": Workload("B4", EMBEDDED, 78, 0, 64, device="cpu", dtype="float32", command=True),
+    # B4 with both commands in bf16: a CPU with avx512_bf16 or AMX runs bf16 matmuls ~3x faster than fp32
+    "B4b": Workload("B4b", EMBEDDED, 78, 0, 64, device="cpu", dtype="bfloat16", command=True),
     # The whole `batchgen run` on a GPU with a small model: is the host fast enough (issue 12)?
     "B7": Workload("B7", EMBEDDED, 8192, 0, 256, command=True, baselines=()),
     # B7 with 1024 rows a step: a small model's step costs the GPU about the same at 256 or 1024 rows

@@ -17,6 +17,7 @@ import sys
 from collections import deque
 from multiprocessing.connection import Connection
 
+from batchgen.app.lean_imports import hide_inherited
 from batchgen.parallel.launch import Rendezvous, connect, init_group
 from batchgen.parallel.runner import runner_stats
 
@@ -94,6 +95,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--control", required=True, help="host:port of rank 0's control listener")
     parser.add_argument("--rank", type=int, required=True)
     args = parser.parse_args(argv)
+    hide_inherited()
     ignore_stop_signals()
     logging.basicConfig(format=f"batchgen[rank {args.rank}]: %(message)s", level=logging.INFO)
     conn = connect(None, args.control, args.rank)

@@ -53,10 +53,15 @@ def test_mixed_step_block_sizes(block_size):
     _check(case)
 
 
-def test_low_precision_cache_is_computed_in_fp32():
-    case = make_case([1, 4, 1], [20, 20, 70], q_heads=4, kv_heads=2, head_dim=16, dtype=torch.bfloat16)
-    out = _check(case, tol=1e-2)  # the two round their fp32 results to bf16 at different points
-    assert out.dtype == torch.bfloat16
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_16_bit_cache_multiplies_in_its_own_dtype(dtype):
+    """Products in the cache's dtype (fp32 accumulation, softmax and merge): within bf16's rounding of
+    the fp32 reference, here with scores large enough (q x 4) for that rounding to show."""
+    case = make_case([1, 4, 1, 1], [20, 20, 70, 300], q_heads=4, kv_heads=2, head_dim=16, dtype=dtype)
+    case.query.mul_(4)
+    out = _check(case, tol=2e-2)
+    assert out.dtype == dtype
+    assert cpu_attention.compute_dtype(case.k_cache) == dtype
 
 
 def test_decode_plan_reads_only_each_sequences_own_blocks():
