@@ -4,15 +4,21 @@ replacing rows), with a runner that returns made-up tokens at once. What is left
 work the engine does per step: the GPU waits for it when a small model's step is shorter.
 
     python scripts/bench_host.py [--max-num-seqs 256] [--requests 2048] [--new-tokens 256]
+        [--library-heap [--frozen]]
 
 Prints host ms per step overall and in the decode-only steady state (every row decoding), split into
 schedule + build and postprocess, and the launch-side cost of packing a step's inputs into the slot's
-buffer (``cuda_slots.fill_host`` into CPU tensors: no copy to a device here).
+buffer (``cuda_slots.fill_host`` into CPU tensors: no copy to a device here). With ``--library-heap``
+the heap first holds what a real run's does (transformers' modules, the embedded model's tokenizer and
+meta skeleton), and the garbage collector's pauses are reported; ``--frozen`` runs the loop inside
+``gc_policy.frozen_heap`` as ``batchgen run`` does.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
 import time
 
 import torch
@@ -75,7 +81,11 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=48)
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--max-batch-tokens", type=int, default=8192)
+    ap.add_argument("--library-heap", action="store_true", help="load what a real run holds first")
+    ap.add_argument("--frozen", action="store_true", help="the loop inside gc_policy.frozen_heap")
     args = ap.parse_args()
+    keep = _library_heap() if args.library_heap else None  # noqa: F841 (held for the heap's size)
+    pauses = _gc_pauses()
     block_size, max_len = 16, args.prompt_len + args.new_tokens
     blocks = BlockManager(args.max_num_seqs * (max_len // block_size + 2), block_size)
     scheduler = Scheduler(blocks, args.max_num_seqs, args.max_batch_tokens)
@@ -86,10 +96,39 @@ def main() -> None:
         GenerationRequest(i, [(i * 7919 + t) % 30000 + 3 for t in range(args.prompt_len)], params)
         for i in range(args.requests)
     )
-    t0 = time.perf_counter()
-    done = sum(1 for _ in engine.stream(rows, detokenize=False))
-    wall = time.perf_counter() - t0
+    from batchgen.app.gc_policy import frozen_heap
+
+    with frozen_heap() if args.frozen else contextlib.nullcontext():
+        t0 = time.perf_counter()
+        pauses.clear()  # frozen_heap's own collection came before the loop
+        done = sum(1 for _ in engine.stream(rows, detokenize=False))
+        wall = time.perf_counter() - t0
     _report(args, engine.stats, runner, done, wall)
+    print(f"gc in the loop: {len(pauses)} collections, {1e3 * sum(pauses):.1f} ms in all, the longest "
+          f"{1e3 * max(pauses, default=0.0):.1f} ms ({len(gc.get_objects())} objects tracked)")  # fmt: skip
+
+
+def _library_heap() -> tuple:
+    from batchgen.model.build import meta_skeleton
+    from batchgen.model.loader import default_model_dir, load_config, load_tokenizer
+
+    path = str(default_model_dir())
+    return load_tokenizer(path), meta_skeleton(load_config(path))
+
+
+def _gc_pauses() -> list[float]:
+    """Seconds of each collection from now on (``gc.callbacks``)."""
+    pauses: list[float] = []
+    started = [0.0]
+
+    def on_gc(phase: str, info: dict) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+        else:
+            pauses.append(time.perf_counter() - started[0])
+
+    gc.callbacks.append(on_gc)
+    return pauses
 
 
 def _report(args, stats, runner: NullRunner, done: int, wall: float) -> None:

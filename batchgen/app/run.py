@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from batchgen.app.errors import FatalError, as_fatal, one_line, rank_lost, storage_failure
+from batchgen.app.gc_policy import frozen_heap
 from batchgen.app.merge import check_target
 from batchgen.app.options import RunOptions
 from batchgen.app.prepare import END, Preparer, PromptSettings
@@ -237,7 +238,9 @@ class _Job:
         feed.snapshot = llm.snapshot  # what the 'submit' fault point reports
         failure: BaseException | None = None
         try:
-            with engine_switching():  # the engine thread gets the GIL back within 0.2 ms (threads.py)
+            # The engine thread gets the GIL back within 0.2 ms (threads.py); no collection walks the
+            # model's and the libraries' objects again (gc_policy.py).
+            with engine_switching(), frozen_heap():
                 self._drive(llm, feed, sink)
         except Exception as exc:
             failure = exc

@@ -133,6 +133,8 @@ def _engine_stats(record: dict, engine: dict) -> None:
         return
     step = dict(engine, gpu_busy_s=engine.get("gpu_busy_s") or None)  # 0 on the CPU: no device stream
     engine_fields(record, step, engine["wall_s"])
+    if engine.get("gpu_idle"):  # where the compute stream waited between steps (engine/idle_gaps.py)
+        record["gpu_idle"] = engine["gpu_idle"]
 
 
 def _threads_used(mode: str, log: str) -> str:

@@ -38,6 +38,7 @@ from batchgen.engine.cuda_slots import (
     fill_host,
     reset_inputs,
 )
+from batchgen.engine.idle_gaps import IdleGaps
 from batchgen.engine.runner import Sampler, StepResult, apply_carry_over
 from batchgen.engine.sampler import SamplingTensors, sample
 from batchgen.model.attention import PagedContext
@@ -88,6 +89,7 @@ class CudaRunner:
         self.prep_s = 0.0
         self.replay_s = 0.0  # of prep_s: inside graph.replay() (the driver's launch of the graph's kernels)
         self.graph_memory: dict[str, int] = {}
+        self.idle = IdleGaps()  # the compute stream's gaps between steps, by the kind of step that ended each
         # Tensor parallelism: raises when another rank died, so a wait on work that waits for a
         # collective with that rank fails instead of hanging.
         self.check_alive: Callable[[], None] | None = None
@@ -116,6 +118,7 @@ class CudaRunner:
             self.compute.wait_event(slot.h2d_done)
             self.compute.wait_event(slot.d2h_done)  # its previous tokens were copied out
             slot.compute_start.record(self.compute)
+            self.idle.start(inputs.step_id, self.compute)
             if graph is not None:
                 t1 = time.perf_counter()
                 graph.replay()
@@ -123,6 +126,7 @@ class CudaRunner:
             else:
                 self._run(part, slot_id, shape, flags, (inputs.max_q_len, inputs.max_seq_len))
             (slot.logits_done if inputs.masked else slot.compute_done).record(self.compute)
+            self.idle.end(inputs.step_id, self.compute)
         if not inputs.masked:
             self._copy_outputs(slot, shape.samples, inputs.want_logprobs)
         self.prep_s += time.perf_counter() - t0
@@ -158,6 +162,7 @@ class CudaRunner:
             else:
                 self._run("sample", handle.slot, handle.shape, flags, (1, 1))
             slot.compute_done.record(self.compute)
+            self.idle.end(handle.step_id, self.compute)
         self._copy_outputs(slot, handle.samples, handle.want_logprobs)
         self.prep_s += time.perf_counter() - t0
 
@@ -174,6 +179,7 @@ class CudaRunner:
         else:
             busy = slot.compute_start.elapsed_time(slot.compute_done)
         self.gpu_busy_s += busy / 1000.0
+        self.idle.fetched(handle.step_id, handle.bucket > 0, handle.samples)
         tokens = slot.host_tokens[: handle.samples].tolist()
         logprobs = slot.host_logprobs[: handle.samples].tolist() if handle.want_logprobs else None
         return StepResult(handle.step_id, tokens, logprobs)

@@ -51,6 +51,7 @@ class EngineStats:
     postprocess_s: float = 0.0
     mask_s: float = 0.0  # host time advancing grammars and filling token masks (structured output)
     gpu_busy_s: float = 0.0  # compute-stream busy time, from CUDA events (0 on the CPU)
+    gpu_idle: dict[str, Any] = field(default_factory=dict)  # the gaps between steps (CUDA: idle_gaps.py)
     wall_s: float = 0.0  # time inside stream() with work in the engine
     first_token_time: float = 0.0  # time.time() when the first step's tokens reached the host (start-up)
     finish_reasons: dict[str, int] = field(default_factory=lambda: defaultdict(int))
@@ -129,6 +130,8 @@ class Engine:
             self.stats.gpu_busy_s = getattr(self.runner, "gpu_busy_s", 0.0)
             self.stats.prep_s = getattr(self.runner, "prep_s", 0.0)
             self.stats.replay_s = getattr(self.runner, "replay_s", 0.0)
+            idle = getattr(self.runner, "idle", None)
+            self.stats.gpu_idle = idle.summary() if idle is not None else {}
 
     def _abandon(self) -> None:
         self._sample_pending(fill=False)  # its tokens are never used, but fetch needs it sampled
