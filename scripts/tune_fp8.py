@@ -2,7 +2,7 @@
 the Triton per-token x per-channel FP8 matmul at decode row counts, each beside what the forward runs
 today (decode_attention's defaults; torch._scaled_mm). Prints one line per configuration, fastest first.
 
-    PYTHONPATH=. python3 scripts/tune_fp8.py [--batch 32] [--context 4096]
+    PYTHONPATH=. python3 scripts/tune_fp8.py [--attention-shapes 32x4096 256x1024] [--caches fp8 bf16]
 """
 
 from __future__ import annotations
@@ -16,40 +16,39 @@ from triton.testing import do_bench
 from batchgen.kernels.decode import choose_num_splits, decode_attention, num_sms
 from batchgen.kernels.fp8_gemm import triton_fp8_matmul
 from batchgen.kernels.fp8_reference import FP8, Fp8Act
+from scripts.probe_attention import HEAD_DIM, KV_HEADS, inputs
 
-Q_HEADS, KV_HEADS, HEAD_DIM, BLOCK = 32, 8, 128, 16  # Llama-3-8B (B1)
 GEMMS = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 
 
-def attention(batch: int, ctx: int, bandwidth: float) -> None:
-    blocks = batch * ctx // BLOCK
-    caches = [torch.randn((blocks, BLOCK, KV_HEADS, HEAD_DIM), device="cuda").to(FP8) for _ in range(2)]
-    tables = torch.randperm(blocks, device="cuda", dtype=torch.int64).to(torch.int32).view(batch, -1)
-    query = torch.randn((batch, Q_HEADS, HEAD_DIM), device="cuda", dtype=torch.bfloat16)
-    cu = torch.arange(batch + 1, dtype=torch.int32, device="cuda")
-    lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
-    args = (query, *caches, cu, lens, tables, HEAD_DIM**-0.5)
-    kv_bytes = 2 * batch * ctx * KV_HEADS * HEAD_DIM
-    base_splits = choose_num_splits(batch, KV_HEADS, ctx, num_sms(query.device))
-    want = decode_attention(*args, max_seq_len=ctx)
+def attention(batch: int, ctx: int, cache: str, bandwidth: float) -> None:
+    """Paged decode attention over tiles x warps x stages x splits, beside decode_attention's defaults.
+
+    Stages matter through Triton's pipeliner: the page lookup and the K/V tile it addresses form a chain
+    of two loads, so ``num_stages = s`` keeps (s - 1) // 2 K/V tiles in flight per program (3 keeps one)."""
+    args = inputs(batch, ctx, cache)
+    kv_bytes = 2 * batch * ctx * KV_HEADS * HEAD_DIM * args[1].element_size()
+    base_splits = choose_num_splits(batch, KV_HEADS, ctx, num_sms(args[0].device))
+    want = decode_attention(*args, max_seq_len=ctx, num_stages=3)
     rows = []
-    for block_n, f16 in ((64, False), (128, False), (64, True), (128, True)):
+    for block_n in (32, 64, 128):
         for warps in (4, 8):
-            for stages in (3,):
+            for stages in (3, 5, 7, 9):
                 for splits in (base_splits, 2 * base_splits):
                     run = partial(decode_attention, *args, max_seq_len=ctx, block_n=block_n, num_warps=warps,
-                                  num_stages=stages, num_splits=splits, kv_f16=f16)  # fmt: skip
+                                  num_stages=stages, num_splits=splits)  # fmt: skip
+                    cfg = f"block_n={block_n} warps={warps} stages={stages} splits={splits}"
                     try:
                         err = float((run().float() - want.float()).norm() / want.float().norm())
                         us = do_bench(run, warmup=10, rep=50) * 1e3
                     except Exception as e:  # noqa: BLE001 (a tile that does not fit shared memory)
-                        print(f"attn block_n={block_n} warps={warps} stages={stages}: {type(e).__name__}")
+                        print(f"attn {cfg}: {type(e).__name__}")
                         continue
-                    rows.append((us, f"block_n={block_n} warps={warps} splits={splits} f16={f16}", err))
+                    rows.append((us, cfg, err))
     default_us = do_bench(partial(decode_attention, *args, max_seq_len=ctx), warmup=10, rep=50) * 1e3
     pct = 100 * kv_bytes / (default_us * 1e-6) / bandwidth
-    print(f"attn {batch} x {ctx} fp8 cache: default {default_us:.1f} us ({pct:.0f} % of copy bandwidth)")
-    for us, cfg, err in sorted(rows)[:8]:
+    print(f"attn {batch} x {ctx} {cache} cache: default {default_us:.1f} us ({pct:.0f} % of copy bandwidth)")
+    for us, cfg, err in sorted(rows)[:12]:
         print(f"  {us:7.1f} us {kv_bytes / us / 1e3:5.0f} GB/s  {cfg}  rel err {err:.1e}")
 
 
@@ -75,8 +74,9 @@ def matmul(m: int, bandwidth: float) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--context", type=int, default=4096)
+    ap.add_argument("--rows", type=int, default=32, help="the matmuls' M (decode rows)")
+    ap.add_argument("--attention-shapes", nargs="+", default=["32x4096", "256x1024"], help="BATCHxCONTEXT")
+    ap.add_argument("--caches", nargs="+", choices=["fp8", "bf16"], default=["fp8"])
     ap.add_argument("--skip", choices=["attention", "matmul"], action="append", default=[])
     args = ap.parse_args()
     src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
@@ -84,9 +84,12 @@ def main() -> None:
     bandwidth = 2 * src.numel() / (do_bench(lambda: dst.copy_(src), rep=50) * 1e-3)
     print(f"copy bandwidth {bandwidth / 1e9:.0f} GB/s")
     if "attention" not in args.skip:
-        attention(args.batch, args.context, bandwidth)
+        for shape in args.attention_shapes:
+            batch, ctx = (int(x) for x in shape.split("x"))
+            for cache in args.caches:
+                attention(batch, ctx, cache, bandwidth)
     if "matmul" not in args.skip:
-        matmul(args.batch, bandwidth)
+        matmul(args.rows, bandwidth)
 
 
 if __name__ == "__main__":

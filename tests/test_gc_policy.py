@@ -4,6 +4,7 @@ the run's own objects, and the run's garbage is still collected."""
 from __future__ import annotations
 
 import gc
+import json
 import weakref
 
 from click.testing import CliRunner
@@ -44,17 +45,54 @@ def test_garbage_made_during_the_block_is_collected():
         assert made() is None
 
 
+def test_pauses_are_timed_per_generation():
+    now = [0.0]
+    pauses = gc_policy.GcPauses(clock=lambda: now[0])
+    for gen, seconds in ((0, 0.001), (0, 0.003), (2, 0.050)):
+        pauses("start", {"generation": gen})
+        now[0] += seconds
+        pauses("stop", {"generation": gen, "collected": 0, "uncollectable": 0})
+    assert pauses.summary() == {
+        "collections": 3,
+        "total_ms": 54.0,
+        "longest_ms": 50.0,
+        "by_generation": {
+            "0": {"count": 2, "total_ms": 4.0, "longest_ms": 3.0},
+            "2": {"count": 1, "total_ms": 50.0, "longest_ms": 50.0},
+        },
+    }
+    assert gc_policy.GcPauses().summary()["collections"] == 0
+
+
+def test_the_blocks_collections_are_recorded_and_the_callback_removed():
+    with gc_policy.frozen_heap() as pauses:
+        gc.collect()
+    assert pauses.summary()["by_generation"]["2"]["count"] == 1
+    assert pauses not in gc.callbacks
+
+
+def test_freezing_can_be_turned_off(monkeypatch):
+    monkeypatch.setenv("BATCHGEN_GC_FREEZE", "0")
+    with gc_policy.frozen_heap() as pauses:
+        assert gc.get_freeze_count() == 0
+        gc.collect()
+    assert pauses.summary()["collections"] == 1
+
+
 def test_batchgen_run_generates_with_the_heap_frozen(tiny_llama, tmp_path, monkeypatch):
     entered = []
     real = gc_policy.frozen_heap
 
-    def spy():
+    def spy(pauses):
         entered.append(gc.get_freeze_count())
-        return real()
+        return real(pauses)
 
     monkeypatch.setattr("batchgen.app.run.frozen_heap", spy)
     inp = write_jsonl(tmp_path / "in.jsonl", ROWS)
+    stats = tmp_path / "stats.json"
     argv = ["run", inp, str(tmp_path / "out.jsonl"), "--model", tiny_llama, "--max-new-tokens", "3"]
-    result = CliRunner().invoke(cli, argv, catch_exceptions=False)
+    result = CliRunner().invoke(cli, [*argv, "--stats-file", str(stats)], catch_exceptions=False)
     assert result.exit_code == 0, result.stderr
     assert entered == [0] and gc.get_freeze_count() == 0  # entered once, thawed after
+    pauses = json.loads(stats.read_text())["gc"]  # the run's collections, as the stats file reports them
+    assert pauses["collections"] == sum(g["count"] for g in pauses["by_generation"].values())

@@ -5,22 +5,64 @@ and a model is built, that is hundreds of thousands of objects: one such pass to
 ``scripts/bench_host.py --library-heap`` (the engine loop, 2-core VM), a stall the GPU sees as idle time
 between steps. ``frozen_heap`` moves everything that exists when generation starts into the permanent
 generation (``gc.freeze``), so later collections only walk the run's own objects (requests, outputs):
-the same loop's collections then paused at most 4-6 ms (``docs/results.md``).
+the same loop's collections then paused at most 4-6 ms (``docs/results.md``). ``GcPauses`` times every
+collection made inside the block, so a run's stats file shows what the collector still costs.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
-from collections.abc import Iterator
+import os
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+
+class GcPauses:
+    """Collections seen through ``gc.callbacks``: count, total and longest pause, per generation."""
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+        self._clock = clock
+        self._started: float | None = None
+        self._pauses: dict[int, list[float]] = {}  # generation -> pause seconds
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = self._clock()
+        elif self._started is not None:
+            self._pauses.setdefault(info["generation"], []).append(self._clock() - self._started)
+            self._started = None
+
+    def summary(self) -> dict[str, Any]:
+        every = [p for pauses in self._pauses.values() for p in pauses]
+        return {
+            **_totals(every, "collections"),
+            "by_generation": {str(gen): _totals(p, "count") for gen, p in sorted(self._pauses.items())},
+        }
+
+
+def _totals(pauses: list[float], count_key: str) -> dict[str, Any]:
+    return {
+        count_key: len(pauses),
+        "total_ms": round(1e3 * sum(pauses), 2),
+        "longest_ms": round(1e3 * max(pauses, default=0.0), 2),
+    }
 
 
 @contextlib.contextmanager
-def frozen_heap() -> Iterator[None]:
-    """Collect once, then freeze what is left for the duration of the block; unfreeze after."""
-    gc.collect()
-    gc.freeze()
+def frozen_heap(pauses: GcPauses | None = None) -> Iterator[GcPauses]:
+    """Collect once, then freeze what is left for the duration of the block, timing the block's
+    collections in ``pauses``; unfreeze after. ``BATCHGEN_GC_FREEZE=0`` only times them."""
+    freeze = os.environ.get("BATCHGEN_GC_FREEZE", "1") != "0"  # 0: the collector as Python sets it
+    if freeze:
+        gc.collect()
+        gc.freeze()
+    pauses = pauses if pauses is not None else GcPauses()
+    gc.callbacks.append(pauses)
     try:
-        yield
+        yield pauses
     finally:
-        gc.unfreeze()
+        gc.callbacks.remove(pauses)
+        if freeze:
+            gc.unfreeze()

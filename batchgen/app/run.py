@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from batchgen.app.errors import FatalError, as_fatal, one_line, rank_lost, storage_failure
-from batchgen.app.gc_policy import frozen_heap
+from batchgen.app.gc_policy import GcPauses, frozen_heap
 from batchgen.app.merge import check_target
 from batchgen.app.options import RunOptions
 from batchgen.app.prepare import END, Preparer, PromptSettings
@@ -141,6 +141,7 @@ class _Job:
         self.signals, self.faults = signals, faults
         self.stop = threading.Event()  # stop admitting rows: a drain or a failure
         self.started, self.engine_called, self.ready = process_started(), 0.0, 0.0
+        self.gc_pauses = GcPauses()
 
     def execute(self) -> int:
         self.signals.loading = True  # until the engine runs, a signal stops at once
@@ -240,7 +241,7 @@ class _Job:
         try:
             # The engine thread gets the GIL back within 0.2 ms (threads.py); no collection walks the
             # model's and the libraries' objects again (gc_policy.py).
-            with engine_switching(), frozen_heap():
+            with engine_switching(), frozen_heap(self.gc_pauses):
                 self._drive(llm, feed, sink)
         except Exception as exc:
             failure = exc
@@ -333,6 +334,7 @@ class _Job:
         summary = progress.summary(status, getattr(llm, "stats", None))
         summary["startup"] = startup_summary(self.started, self.engine_called, self.ready or time.time(), llm)
         summary["max_num_seqs"] = getattr(getattr(llm, "config", None), "max_num_seqs", None)
+        summary["gc"] = self.gc_pauses.summary()  # the collector's pauses while generating (gc_policy.py)
         log.info(summary_text(summary))
         self._write_stats(summary)
         if failure is not None:

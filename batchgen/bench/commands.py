@@ -123,7 +123,8 @@ def _generated(mode: str, out: Path, log: str) -> tuple[int, float, dict, dict |
         summary = json.loads(log.strip().splitlines()[-1])
         return summary["output_tokens"], summary["wall_s"], {}, None
     stats = json.loads(out.with_suffix(".stats.json").read_text())
-    return stats["completion_tokens"], stats["wall_s"], stats.get("engine") or {}, stats.get("startup")
+    engine = dict(stats.get("engine") or {}, gc=stats.get("gc"))  # the collector's pauses: gc_policy.py
+    return stats["completion_tokens"], stats["wall_s"], engine, stats.get("startup")
 
 
 def _engine_stats(record: dict, engine: dict) -> None:
@@ -135,6 +136,10 @@ def _engine_stats(record: dict, engine: dict) -> None:
     engine_fields(record, step, engine["wall_s"])
     if engine.get("gpu_idle"):  # where the compute stream waited between steps (engine/idle_gaps.py)
         record["gpu_idle"] = engine["gpu_idle"]
+    if engine.get("gc"):
+        record["gc"] = engine["gc"]
+        record["note"] += f"; gc {engine['gc']['total_ms']:.0f} ms in {engine['gc']['collections']} pauses"
+        record["note"] += f" (longest {engine['gc']['longest_ms']:.1f} ms)"
 
 
 def _threads_used(mode: str, log: str) -> str:

@@ -162,8 +162,8 @@ def num_sms(device: torch.device) -> int:
 def choose_num_splits(batch: int, kv_heads: int, max_seq_len: int, sms: int, waves: int = 2) -> int:
     """Splits so that batch * kv_heads * splits covers ``waves`` programs per SM; Python ints only.
 
-    Two per SM is what fits at once with the default tiles (3 stages x 32 KiB of K+V each); on the H200,
-    32 x 8K decode read KV at 97% of copy bandwidth with 2 splits vs 87% with 3 (a partial last wave)."""
+    On the H200, 32 x 8K bf16 decode read KV at 97% of copy bandwidth with 2 splits vs 87% with 3 (a
+    partial last wave); the FP8 kernel (2 programs per SM, by registers) is fastest at 2 too."""
     max_useful = max(1, math.ceil(max_seq_len / MIN_SPLIT_TOKENS))
     wanted = math.ceil(waves * sms / max(1, batch * kv_heads))
     return max(1, min(wanted, max_useful))
@@ -183,7 +183,7 @@ def decode_attention(
     num_splits: int | None = None,
     block_n: int | None = None,
     num_warps: int = 4,
-    num_stages: int = 3,
+    num_stages: int | None = None,
     out: torch.Tensor | None = None,
     kv_scales: tuple[float, float] = (1.0, 1.0),
     kv_f16: bool | None = None,
@@ -203,6 +203,12 @@ def decode_attention(
         # An FP8 cache's tiles go to fp16 (one native convert; bf16 takes three) and q with them: 127 vs
         # 149 us there. q's magnitudes stay far inside fp16's range (~6.5e4) in the models served.
         kv_f16 = fp8_cache and query.dtype == torch.bfloat16
+    if num_stages is None:
+        # The page lookup and the K/V tile it addresses are a chain of two loads, so Triton's pipeliner keeps
+        # (num_stages - 1) // 2 tiles in flight: 3 stages keep one. An FP8 program holds ~200 registers (2 per
+        # SM), too few loads in flight with one tile: 5 stages (two tiles) ran 32 x 4K in 110 vs 127 us and
+        # 256 x 1K in 208 vs 232 on the H200; bf16 (4-5 programs per SM) is fastest at 3 (tune_fp8.py).
+        num_stages = 5 if fp8_cache else 3
     if num_splits is None:
         num_splits = choose_num_splits(batch, kv_heads, max_seq_len, num_sms(query.device))
     query = query if query.stride(-1) == 1 else query.contiguous()

@@ -1,0 +1,50 @@
+"""Launch the paged decode attention at B1's shape (Llama-3-8B heads, 32 x 4K, 16-token pages) a few
+times, for a profiler to attach to (Nsight Compute) or for Triton's cache to keep the compiled kernel:
+
+    ncu --clock-control none -k regex:_decode_split --launch-skip 3 --launch-count 1 --set full \
+        python3 scripts/probe_attention.py --cache fp8
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from triton.testing import do_bench
+
+from batchgen.kernels.decode import decode_attention
+from batchgen.kernels.fp8_reference import FP8
+
+Q_HEADS, KV_HEADS, HEAD_DIM, BLOCK = 32, 8, 128, 16
+
+
+def inputs(batch: int, ctx: int, cache: str) -> tuple:
+    """Random query, K/V caches in pages shuffled over the pool, block tables, cu_seqlens, lengths."""
+    blocks = batch * ctx // BLOCK
+    dtype = FP8 if cache == "fp8" else torch.bfloat16
+    caches = [torch.randn((blocks, BLOCK, KV_HEADS, HEAD_DIM), device="cuda").to(dtype) for _ in range(2)]
+    tables = torch.randperm(blocks, device="cuda", dtype=torch.int64).to(torch.int32).view(batch, -1)
+    query = torch.randn((batch, Q_HEADS, HEAD_DIM), device="cuda", dtype=torch.bfloat16)
+    cu = torch.arange(batch + 1, dtype=torch.int32, device="cuda")
+    lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
+    return query, *caches, cu, lens, tables, HEAD_DIM**-0.5
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cache", choices=["fp8", "bf16"], default="fp8")
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--context", type=int, default=4096)
+    ap.add_argument("--launches", type=int, default=6)
+    args = ap.parse_args()
+    run_args = inputs(args.batch, args.context, args.cache)
+    for _ in range(args.launches):
+        decode_attention(*run_args, max_seq_len=args.context)
+    torch.cuda.synchronize()
+    us = do_bench(lambda: decode_attention(*run_args, max_seq_len=args.context), warmup=5, rep=30) * 1e3
+    kv_bytes = 2 * args.batch * args.context * KV_HEADS * HEAD_DIM * run_args[1].element_size()
+    print(f"{args.cache} cache {args.batch} x {args.context}: {us:.1f} us, {kv_bytes / us / 1e3:.0f} GB/s")
+
+
+if __name__ == "__main__":
+    main()
