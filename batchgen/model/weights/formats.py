@@ -15,6 +15,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+from batchgen.kernels import cpu_linear
 from batchgen.kernels.fp8_reference import ActQuant, Fp8Act
 from batchgen.model.weights.sources import Part, WeightSource
 
@@ -29,7 +30,8 @@ class Linear(Protocol):
 
 
 class DenseLinear:
-    """A plain weight in the model dtype (``F.linear``, so bf16 rounds as transformers' layers do)."""
+    """A plain weight in the model dtype (``F.linear``, so bf16 rounds as transformers' layers do; fp32 on
+    the CPU is a ``cpu_linear.PackedLinear`` instead)."""
 
     act_quant = None
 
@@ -64,7 +66,10 @@ class DenseFormat:
 
     def linear(self, source: WeightSource, parts: Sequence[Part], bias: bool) -> Linear:
         weight = source.stack_rows(parts).to(self.dtype)
-        return DenseLinear(weight, stacked_bias(source, parts, self.dtype) if bias else None)
+        stacked = stacked_bias(source, parts, self.dtype) if bias else None
+        if cpu_linear.packable(weight):  # fp32 on the CPU: oneDNN's packed layout (cpu_linear.py)
+            return cpu_linear.PackedLinear(weight, stacked)
+        return DenseLinear(weight, stacked)
 
 
 def weight_format(hf_config, dtype: torch.dtype, quantization: str | None = None) -> WeightFormat:

@@ -1,0 +1,78 @@
+"""fp32 CPU projections through oneDNN (kernels/cpu_linear.py) against F.linear (MKL): the same
+products, summed in another order."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from batchgen.kernels import cpu_linear
+from batchgen.model.weights.formats import DenseFormat, DenseLinear
+from batchgen.model.weights.sources import Part
+
+pytestmark = pytest.mark.skipif(not cpu_linear.ONEDNN, reason="torch built without oneDNN")
+
+
+def _operands(rows: int, with_bias: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    torch.manual_seed(rows)
+    return torch.randn(rows, 96), torch.randn(200, 96), torch.randn(200) if with_bias else None
+
+
+@pytest.mark.parametrize("rows", [1, cpu_linear.MIN_ROWS, 78, 300])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_packed_and_plain_weights_match_f_linear(rows, with_bias):
+    x, weight, bias = _operands(rows, with_bias)
+    want = F.linear(x, weight, bias)
+    torch.testing.assert_close(cpu_linear.PackedLinear(weight, bias)(x), want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(cpu_linear.linear(x, weight, bias), want, rtol=1e-5, atol=1e-5)
+
+
+def test_packed_weight_takes_any_leading_shape():
+    x, weight, bias = _operands(12, True)
+    packed = cpu_linear.PackedLinear(weight, bias)
+    got = packed(x.view(3, 4, 96))
+    assert got.shape == (3, 4, 200) and packed.out_features == 200
+    torch.testing.assert_close(got, F.linear(x, weight, bias).view(3, 4, 200), rtol=1e-5, atol=1e-5)
+
+
+class _Source:
+    def __init__(self, tensors: dict[str, torch.Tensor]) -> None:
+        self.tensors = tensors
+
+    def has(self, name: str) -> bool:
+        return name in self.tensors
+
+    def stack_rows(self, parts) -> torch.Tensor:
+        return torch.cat([self.tensors[p.name] for p in parts])
+
+
+def test_the_dense_format_packs_fp32_cpu_weights_only():
+    source = _Source({"a.weight": torch.randn(8, 16), "b.weight": torch.randn(4, 16)})
+    parts = [Part("a.weight", None), Part("b.weight", None)]
+    packed = DenseFormat(torch.float32).linear(source, parts, bias=False)
+    assert isinstance(packed, cpu_linear.PackedLinear) and packed.out_features == 12
+    x = torch.randn(5, 16)
+    want = F.linear(x, torch.cat([source.tensors["a.weight"], source.tensors["b.weight"]]))
+    torch.testing.assert_close(packed(x), want, rtol=1e-5, atol=1e-5)
+    assert isinstance(DenseFormat(torch.bfloat16).linear(source, parts, bias=False), DenseLinear)
+
+
+def test_plain_weights_go_through_onednn_for_fp32_batches_only(monkeypatch):
+    calls = []
+    real = torch.ops.mkldnn._linear_pointwise
+
+    class Spy:
+        def _linear_pointwise(self, *args):
+            calls.append(args[0].shape)
+            return real(*args)
+
+    monkeypatch.setattr(cpu_linear.torch.ops, "mkldnn", Spy())
+    weight = torch.randn(32, 16)
+    cpu_linear.linear(torch.randn(cpu_linear.MIN_ROWS, 16), weight, None)
+    assert calls == [torch.Size([cpu_linear.MIN_ROWS, 16])]
+    half, x = weight.bfloat16(), torch.randn(40, 16, dtype=torch.bfloat16)
+    assert torch.equal(cpu_linear.linear(x, half, None), F.linear(x, half))  # 16-bit: F.linear as is
+    cpu_linear.linear(torch.randn(2, 5, 16), weight, None)  # 3-d input, and fewer rows than MIN_ROWS
+    cpu_linear.linear(torch.randn(cpu_linear.MIN_ROWS - 1, 16), weight, None)
+    assert len(calls) == 1
