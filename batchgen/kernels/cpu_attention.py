@@ -142,6 +142,54 @@ def chunk_attention(
     return out[0].transpose(0, 1)
 
 
+class StepPlan(NamedTuple):
+    """What a step's attention reads; the same in every layer (of one sliding window), so made once."""
+
+    decode_rows: torch.Tensor | None  # [Bd] the query rows of one-token sequences
+    decode: DecodePlan | None
+    chunks: list[tuple[int, int, torch.Tensor, int]]  # multi-token runs: (first row, end row, table, context)
+
+
+def plan_step(
+    cu_seqlens_q: torch.Tensor,  # [B + 1] int32
+    seq_lens: torch.Tensor,  # [B] int32, context length after this step's write
+    block_tables: torch.Tensor,  # [B, max_blocks] int32
+    block_size: int,
+    sliding_window: int | None,
+) -> StepPlan:
+    cu, lens = cu_seqlens_q.tolist(), seq_lens.tolist()
+    q_lens = [cu[b + 1] - cu[b] for b in range(len(cu) - 1)]
+    chunks = [(cu[b], cu[b + 1], block_tables[b], lens[b]) for b, n in enumerate(q_lens) if n > 1]
+    decodes = [b for b, n in enumerate(q_lens) if n == 1]
+    if not decodes:
+        return StepPlan(None, None, chunks)
+    picked = torch.tensor(decodes, device=seq_lens.device)
+    plan = plan_decode(
+        seq_lens.index_select(0, picked), block_tables.index_select(0, picked), block_size, sliding_window
+    )
+    return StepPlan(cu_seqlens_q[:-1].long().index_select(0, picked), plan, chunks)
+
+
+def attend(
+    query: torch.Tensor,  # [T, q_heads, head_dim]
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    plan: StepPlan,
+    scale: float,
+    sliding_window: int | None,
+) -> torch.Tensor:  # [T, q_heads, head_dim]
+    out = torch.zeros_like(query)  # graph-padding rows past cu_seqlens_q[-1] stay zero
+    if plan.decode is not None:
+        decoded = decode_attention(
+            query.index_select(0, plan.decode_rows), k_cache, v_cache, plan.decode, scale
+        )
+        out[plan.decode_rows] = decoded.to(out.dtype)
+    for start, end, table, ctx in plan.chunks:
+        chunk = chunk_attention(query[start:end], k_cache, v_cache, table, ctx, scale, sliding_window)
+        out[start:end] = chunk.to(out.dtype)
+    return out
+
+
 def paged_attention(
     query: torch.Tensor,  # [T, q_heads, head_dim]
     k_cache: torch.Tensor,
@@ -152,23 +200,5 @@ def paged_attention(
     scale: float,
     sliding_window: int | None = None,
 ) -> torch.Tensor:  # [T, q_heads, head_dim]
-    out = torch.zeros_like(query)  # graph-padding rows past cu_seqlens_q[-1] stay zero
-    cu = cu_seqlens_q.tolist()
-    q_lens = [cu[b + 1] - cu[b] for b in range(len(cu) - 1)]
-    decodes = [b for b, n in enumerate(q_lens) if n == 1]
-    if decodes:
-        picked = torch.tensor(decodes, device=query.device)
-        rows = cu_seqlens_q[:-1].long().index_select(0, picked)
-        plan = plan_decode(
-            seq_lens.index_select(0, picked), block_tables.index_select(0, picked), k_cache.shape[1],
-            sliding_window,
-        )  # fmt: skip
-        out[rows] = decode_attention(query.index_select(0, rows), k_cache, v_cache, plan, scale).to(out.dtype)
-    lens = seq_lens.tolist()
-    for b, n in enumerate(q_lens):
-        if n > 1:
-            chunk = chunk_attention(
-                query[cu[b] : cu[b + 1]], k_cache, v_cache, block_tables[b], lens[b], scale, sliding_window
-            )
-            out[cu[b] : cu[b + 1]] = chunk.to(out.dtype)
-    return out
+    plan = plan_step(cu_seqlens_q, seq_lens, block_tables, k_cache.shape[1], sliding_window)
+    return attend(query, k_cache, v_cache, plan, scale, sliding_window)

@@ -54,6 +54,8 @@ class TorchBackend:
 
     def __init__(self, governor: ThreadGovernor | None = None) -> None:
         self.governor = governor
+        self._plans_of: PagedContext | None = None  # the step whose attention plans are cached
+        self._plans: dict[tuple[int | None, int], cpu_attention.StepPlan] = {}  # by (window, block size)
 
     write_kv = staticmethod(reference.write_kv)
     rope_write_kv = staticmethod(reference.rope_write_kv)
@@ -72,11 +74,26 @@ class TorchBackend:
     ):
         if self.governor is not None:
             self.governor.tick()
-        args = (query, k_cache, v_cache, ctx.cu_seqlens_q, ctx.seq_lens, ctx.block_tables, scale,
-                sliding_window)  # fmt: skip
         if fp8_reference.is_fp8(k_cache):  # the oracle's FP8 path: rare on the CPU
-            return fp8_reference.paged_attention(*args, kv_scales)
-        return cpu_attention.paged_attention(*args)
+            return fp8_reference.paged_attention(
+                query, k_cache, v_cache, ctx.cu_seqlens_q, ctx.seq_lens, ctx.block_tables, scale,
+                sliding_window, kv_scales,
+            )  # fmt: skip
+        plan = self._step_plan(ctx, k_cache, sliding_window)
+        return cpu_attention.attend(query, k_cache, v_cache, plan, scale, sliding_window)
+
+    def _step_plan(self, ctx: PagedContext, k_cache, sliding_window) -> cpu_attention.StepPlan:
+        """Made at a step's first layer and reused by the others (per sliding window): every layer reads the
+        same blocks. A new step comes with a new context. Saves ~0.5 ms a layer (B4's 78 decodes)."""
+        if self._plans_of is not ctx:
+            self._plans_of, self._plans = ctx, {}
+        block_size = k_cache.shape[1]
+        key = (sliding_window, block_size)
+        if key not in self._plans:
+            self._plans[key] = cpu_attention.plan_step(
+                ctx.cu_seqlens_q, ctx.seq_lens, ctx.block_tables, block_size, sliding_window
+            )
+        return self._plans[key]
 
 
 class TritonBackend:

@@ -8,6 +8,8 @@ import torch
 
 from batchgen.kernels import cpu_attention, reference
 from batchgen.kernels.cases import make_case, rel_error
+from batchgen.model.attention import PagedContext
+from batchgen.model.backends import TorchBackend
 
 GQA = [(4, 4), (9, 3), (8, 2), (8, 1)]  # group sizes 1, 3 (SmolLM2's 9/3), 4 and 8
 
@@ -20,6 +22,12 @@ def _check(case, tol: float = 1e-5) -> torch.Tensor:
     assert err < tol, f"relative error {err:.2e} >= {tol:.0e}"
     assert not out[case.num_valid_rows :].any()  # graph-padding rows stay zero
     return out
+
+
+def paged_context(case) -> PagedContext:
+    """A new step's context over the case's tensors (the backend keys its plans on the object)."""
+    return PagedContext([], case.slot_mapping, case.cu_seqlens_q, case.seq_lens, case.block_tables,
+                        case.max_q_len, case.max_seq_len, None)  # fmt: skip
 
 
 @pytest.mark.parametrize(("q_heads", "kv_heads"), GQA)
@@ -75,3 +83,19 @@ def test_decode_plan_reads_only_each_sequences_own_blocks():
         assert plan.blocks[plan.seq == b].tolist() == case.block_tables[b, :n].tolist()
     windowed = cpu_attention.plan_decode(case.seq_lens, case.block_tables, 16, 24)
     assert len(windowed.blocks) == 1 + 2 + 2 + 2  # only the blocks inside each window
+
+
+def test_the_cpu_backend_plans_once_per_step(monkeypatch):
+    """Every layer of a step reads the same blocks: one plan per step (and window), then a new one."""
+    made = []
+    real = cpu_attention.plan_step
+    monkeypatch.setattr(cpu_attention, "plan_step", lambda *a: made.append(a) or real(*a))
+    backend = TorchBackend()
+    case = make_case([1, 3], [20, 40], q_heads=4, kv_heads=2, head_dim=16)
+    want = reference.paged_attention(*case.attn_args())
+    for ctx in (paged_context(case), paged_context(case)):  # two steps
+        for window in (None, None, 8, None):  # four layers, one with a sliding window
+            out = backend.attention(case.query, case.k_cache, case.v_cache, ctx, case.scale, window)
+            if window is None:
+                assert rel_error(out, want, case.num_valid_rows) < 1e-5
+    assert len(made) == 4  # (step, window): 2 x 2

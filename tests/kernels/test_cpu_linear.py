@@ -37,8 +37,8 @@ def test_packed_weight_takes_any_leading_shape():
 
 
 class _Source:
-    def __init__(self, tensors: dict[str, torch.Tensor]) -> None:
-        self.tensors = tensors
+    def __init__(self, tensors: dict[str, torch.Tensor], shares_storage: bool = False) -> None:
+        self.tensors, self.shares_storage = tensors, shares_storage
 
     def has(self, name: str) -> bool:
         return name in self.tensors
@@ -47,7 +47,7 @@ class _Source:
         return torch.cat([self.tensors[p.name] for p in parts])
 
 
-def test_the_dense_format_packs_fp32_cpu_weights_only():
+def test_the_dense_format_packs_fp32_cpu_weights_it_owns():
     source = _Source({"a.weight": torch.randn(8, 16), "b.weight": torch.randn(4, 16)})
     parts = [Part("a.weight", None), Part("b.weight", None)]
     packed = DenseFormat(torch.float32).linear(source, parts, bias=False)
@@ -56,6 +56,11 @@ def test_the_dense_format_packs_fp32_cpu_weights_only():
     want = F.linear(x, torch.cat([source.tensors["a.weight"], source.tensors["b.weight"]]))
     torch.testing.assert_close(packed(x), want, rtol=1e-5, atol=1e-5)
     assert isinstance(DenseFormat(torch.bfloat16).linear(source, parts, bias=False), DenseLinear)
+    # An in-memory model's own weights stay as they are (a packed copy would add to memory): plain oneDNN.
+    model_owned = _Source(source.tensors, shares_storage=True)
+    shared = DenseFormat(torch.float32).linear(model_owned, parts, bias=False)
+    assert isinstance(shared, DenseLinear)
+    torch.testing.assert_close(shared(x), want, rtol=1e-5, atol=1e-5)
 
 
 def test_plain_weights_go_through_onednn_for_fp32_batches_only(monkeypatch):

@@ -13,7 +13,6 @@ from collections.abc import Sequence
 from typing import Protocol
 
 import torch
-import torch.nn.functional as F
 
 from batchgen.kernels import cpu_linear
 from batchgen.kernels.fp8_reference import ActQuant, Fp8Act
@@ -31,7 +30,7 @@ class Linear(Protocol):
 
 class DenseLinear:
     """A plain weight in the model dtype (``F.linear``, so bf16 rounds as transformers' layers do; fp32 on
-    the CPU is a ``cpu_linear.PackedLinear`` instead)."""
+    the CPU through oneDNN, packed (``cpu_linear.PackedLinear``) unless the weight is a model's own)."""
 
     act_quant = None
 
@@ -40,7 +39,7 @@ class DenseLinear:
         self.out_features = weight.shape[0]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return cpu_linear.linear(x, self.weight, self.bias)
 
 
 class WeightFormat(Protocol):
@@ -67,7 +66,7 @@ class DenseFormat:
     def linear(self, source: WeightSource, parts: Sequence[Part], bias: bool) -> Linear:
         weight = source.stack_rows(parts).to(self.dtype)
         stacked = stacked_bias(source, parts, self.dtype) if bias else None
-        if cpu_linear.packable(weight):  # fp32 on the CPU: oneDNN's packed layout (cpu_linear.py)
+        if cpu_linear.packable(weight) and not source.shares_storage:  # fp32 on the CPU (cpu_linear.py)
             return cpu_linear.PackedLinear(weight, stacked)
         return DenseLinear(weight, stacked)
 

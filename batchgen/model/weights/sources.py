@@ -33,6 +33,9 @@ class Part(NamedTuple):
 
 class WeightSource(Protocol):
     device: torch.device
+    # Its stacks are views of tensors someone else holds (an in-memory model's parameters): a format must
+    # multiply them as they are, since a converted copy would add to memory instead of replacing them.
+    shares_storage: bool
 
     def has(self, name: str) -> bool: ...
 
@@ -60,6 +63,8 @@ def _index(part: Part) -> tuple[int | slice, ...]:
 
 
 class SafetensorsSource:
+    shares_storage = False
+
     def __init__(self, directory: str | Path, device: torch.device) -> None:
         from safetensors import safe_open
 
@@ -107,6 +112,8 @@ class ModuleSource:
     """The tensors of an in-memory model. Unsliced row stacks of ``nn.Linear`` weights are merged once
     and the modules' own parameters become views of the merged tensor: memory does not grow, and the
     model's own forward still works."""
+
+    shares_storage = True
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
@@ -166,6 +173,8 @@ def _adjacent(parts: list[torch.Tensor]) -> bool:
 class RandomSource:
     """Random tensors of the given full shapes: weights ~ N(0, std), norms 1, biases 0. Each slice is
     a pure function of (name, slice, seed), so ranks that replicate a slice hold the same values."""
+
+    shares_storage = False
 
     def __init__(
         self, shapes: dict[str, tuple[int, ...]], device: torch.device, dtype: torch.dtype,
