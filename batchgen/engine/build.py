@@ -12,6 +12,7 @@ from typing import NamedTuple
 
 import torch
 
+from batchgen.allocator import keep_freed_memory
 from batchgen.config import EngineConfig
 from batchgen.engine import kv_cache
 from batchgen.model.backends import TorchBackend, TritonBackend
@@ -59,6 +60,8 @@ def build_rank(
         torch.cuda.set_device(device)
     dtype = dtype or resolve_dtype(options.dtype, device)
     governor = set_cpu_threads(options.threads, device, group.size)  # before loading: it computes
+    if device.type == "cpu":
+        keep_freed_memory()  # allocator.py: no page faults per op on the CPU path
     limit = max_model_len(options, files.hf_config)
     clock = _Clock(device)
     bundle = build_model(options, files, group, device, dtype, limit)

@@ -65,7 +65,7 @@ def compute_dtype(cache: torch.Tensor) -> torch.dtype:
 
 
 def decode_attention(
-    query: torch.Tensor,  # [B, Hq, D], one row per sequence
+    query: torch.Tensor,  # [B, Hq, D], one row per sequence (rows may be strided)
     k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
     v_cache: torch.Tensor,
     plan: DecodePlan,
@@ -148,6 +148,7 @@ class StepPlan(NamedTuple):
     decode_rows: torch.Tensor | None  # [Bd] the query rows of one-token sequences
     decode: DecodePlan | None
     chunks: list[tuple[int, int, torch.Tensor, int]]  # multi-token runs: (first row, end row, table, context)
+    decodes_only: bool = False  # row b is sequence b's one query: the decodes' output is the whole output
 
 
 def plan_step(
@@ -167,7 +168,8 @@ def plan_step(
     plan = plan_decode(
         seq_lens.index_select(0, picked), block_tables.index_select(0, picked), block_size, sliding_window
     )
-    return StepPlan(cu_seqlens_q[:-1].long().index_select(0, picked), plan, chunks)
+    rows = cu_seqlens_q[:-1].long().index_select(0, picked)
+    return StepPlan(rows, plan, chunks, decodes_only=not chunks and cu[-1] == len(decodes))
 
 
 def attend(
@@ -178,7 +180,9 @@ def attend(
     scale: float,
     sliding_window: int | None,
 ) -> torch.Tensor:  # [T, q_heads, head_dim]
-    out = torch.zeros_like(query)  # graph-padding rows past cu_seqlens_q[-1] stay zero
+    if plan.decodes_only and query.shape[0] == len(plan.decode_rows):  # a decode step: no scatter
+        return decode_attention(query, k_cache, v_cache, plan.decode, scale).to(query.dtype)
+    out = query.new_zeros(query.shape)  # graph-padding rows past cu_seqlens_q[-1] stay zero
     if plan.decode is not None:
         decoded = decode_attention(
             query.index_select(0, plan.decode_rows), k_cache, v_cache, plan.decode, scale

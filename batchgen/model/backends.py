@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from batchgen.kernels import cpu_attention, fp8_reference, reference
+from batchgen.kernels import cpu_attention, cpu_rotary, fp8_reference, reference
 from batchgen.kernels.fp8_reference import ActQuant, Fp8Act
 
 if TYPE_CHECKING:
@@ -56,14 +56,29 @@ class TorchBackend:
         self.governor = governor
         self._plans_of: PagedContext | None = None  # the step whose attention plans are cached
         self._plans: dict[tuple[int | None, int], cpu_attention.StepPlan] = {}  # by (window, block size)
+        self._rotary_of: tuple[torch.Tensor, ...] = ()  # the step (positions, slots, cos) of _rotary
+        self._rotary: cpu_rotary.RotaryPlan | None = None
 
     write_kv = staticmethod(reference.write_kv)
-    rope_write_kv = staticmethod(reference.rope_write_kv)
     moe_experts = staticmethod(reference.moe_experts)
 
     def rms_norm(self, x, weight, eps: float, residual=None, quant: ActQuant | None = None):
         out, summed = reference.rms_norm(x, weight, eps, residual)
         return (out if quant is None else fp8_reference.quantize_act(out, quant)), summed
+
+    def rope_write_kv(
+        self, qkv, positions, cos, sin, q_norm, k_norm, eps, k_cache, v_cache, slot_mapping, q_heads,
+        kv_heads, kv_scales=(1.0, 1.0),
+    ):  # fmt: skip
+        if q_norm is not None or fp8_reference.is_fp8(k_cache):  # Qwen3's q/k norms, FP8 caches: the oracle
+            return reference.rope_write_kv(
+                qkv, positions, cos, sin, q_norm, k_norm, eps, k_cache, v_cache, slot_mapping, q_heads,
+                kv_heads, kv_scales,
+            )  # fmt: skip
+        step = (positions, slot_mapping, cos)
+        if len(self._rotary_of) != 3 or any(a is not b for a, b in zip(self._rotary_of, step, strict=True)):
+            self._rotary_of, self._rotary = step, cpu_rotary.plan_rotary(positions, cos, sin, slot_mapping)
+        return cpu_rotary.rope_write_kv(qkv, self._rotary, k_cache, v_cache, q_heads, kv_heads)
 
     def silu_mul(self, x, quant: ActQuant | None = None):
         out = reference.silu_mul(x)

@@ -99,3 +99,18 @@ def test_the_cpu_backend_plans_once_per_step(monkeypatch):
             if window is None:
                 assert rel_error(out, want, case.num_valid_rows) < 1e-5
     assert len(made) == 4  # (step, window): 2 x 2
+
+
+def test_a_decode_step_returns_the_decodes_without_a_scatter():
+    """A step of decodes only (row b is sequence b), its query a strided view as the rotary op returns
+    it: the decodes' output is the whole output, as the reference computes it."""
+    case = make_case([1] * 5, [1, 16, 17, 40, 300], q_heads=9, kv_heads=3, head_dim=16, seed=5)
+    fused = torch.cat([case.query, torch.randn(5, 3, 16)], dim=1)  # [T, Hq + Hkv, D]: q heads first
+    query = fused[:, :9]
+    assert not query.is_contiguous()
+    args = list(case.attn_args())
+    args[0] = query
+    plan = cpu_attention.plan_step(case.cu_seqlens_q, case.seq_lens, case.block_tables, 16, None)
+    assert plan.decodes_only
+    out = cpu_attention.paged_attention(*args)
+    assert rel_error(out, reference.paged_attention(*case.attn_args()), 5) < 1e-5

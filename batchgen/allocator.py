@@ -1,0 +1,51 @@
+"""Keep freed memory in the process on the CPU path: glibc's malloc otherwise maps and unmaps it per op.
+
+A CPU forward allocates every intermediate anew: gathered K/V blocks (~8 MB a layer in a B4 decode
+step), projection outputs, a prefill's [T, 2I] activations (~40 MB). glibc serves blocks above its mmap
+threshold (128 KB, raised on the fly up to 32 MB) with fresh ``mmap`` pages and returns freed heap
+tops above its trim threshold to the kernel, so the next step page-faults all of it in again. Measured
+on the 2-core VM, whole B4 command: 825k -> 270k minor page faults, 3.3 -> 2.4 s of system time.
+
+``keep_freed_memory`` raises both thresholds (``mallopt``) once a run knows it computes on the CPU. The
+cost: memory the process freed stays mapped until it exits (its peak resident size is unchanged).
+Skipped when the C library is not glibc, when ``MALLOC_*`` variables or ``LD_PRELOAD`` (jemalloc,
+tcmalloc) show the user chose the allocator's policy, and with ``BATCHGEN_KEEP_FREED_MEMORY=0``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import os
+
+log = logging.getLogger(__name__)
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameter numbers
+_THRESHOLD = 1 << 30  # 1 GiB: every intermediate of a CPU forward stays on the heap
+
+
+def user_chose_allocator(environ: os._Environ | dict[str, str] = os.environ) -> bool:
+    return (
+        environ.get("BATCHGEN_KEEP_FREED_MEMORY") == "0"
+        or "LD_PRELOAD" in environ
+        or any(key.startswith("MALLOC_") for key in environ)
+    )
+
+
+def keep_freed_memory() -> bool:
+    """Raise glibc's mmap and trim thresholds for this process; True when they were set."""
+    if user_chose_allocator():
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        if not hasattr(libc, "gnu_get_libc_version"):  # musl, macOS: their malloc has no such knobs
+            return False
+        done = (
+            libc.mallopt(_M_MMAP_THRESHOLD, _THRESHOLD) == 1
+            and libc.mallopt(_M_TRIM_THRESHOLD, _THRESHOLD) == 1
+        )
+    except (OSError, AttributeError):
+        return False
+    log.debug("glibc malloc: freed memory stays in the process (mmap / trim thresholds %d)", _THRESHOLD)
+    return done
