@@ -3,10 +3,16 @@
 A bounded queue sits between this thread and the engine, so the engine finds rows ready whenever it has
 room, and memory stays flat however long the input is. Bad rows never reach the engine: they go
 straight to the writer as failures (or stop the run under ``--on-error fail``).
+
+Rows are prepared ``CHUNK_ROWS`` at a time: their chat templates render one by one (Python), then the
+tokenizer encodes them in one call that releases the GIL (``model/tokenize.encode_rendered``). On a GPU
+the engine thread takes the GIL back after every torch call; this thread holding it in transformers'
+per-prompt Python was what the engine waited on (B7, ``scripts/sample_stacks.py``).
 """
 
 from __future__ import annotations
 
+import itertools
 import queue
 import threading
 from collections.abc import Callable, Iterator
@@ -20,9 +26,10 @@ from batchgen.io.checkpoint import DoneSet
 from batchgen.io.readers import BadLine
 from batchgen.io.records import RowKey
 from batchgen.io.rows import RowError, RowSpec
-from batchgen.model.tokenize import encode_prompt
+from batchgen.model.tokenize import Rendered, encode_rendered, render_prompt
 
 END = object()  # the queue's last item: the input is exhausted
+CHUNK_ROWS = 32  # rows tokenized in one call
 
 
 class RowFailure(NamedTuple):
@@ -33,6 +40,17 @@ class RowFailure(NamedTuple):
     samples: tuple[int, ...]
     error: str
     prompt_tokens: int = 0
+
+
+class _RenderedRow(NamedTuple):
+    """A row that passed every check but the token ones, its prompt rendered to text."""
+
+    index: int
+    key: RowKey
+    samples: tuple[int, ...]
+    params: SamplingParams
+    grammar: Any
+    text: Rendered
 
 
 class PromptSettings(NamedTuple):
@@ -70,16 +88,17 @@ class Preparer(threading.Thread):
 
     def run(self) -> None:
         try:
-            for index, raw in self.rows:
+            rows = iter(self.rows)
+            while chunk := list(itertools.islice(rows, CHUNK_ROWS)):
                 if self.stop.is_set():
                     return
-                item = self.prepare(index, raw)
-                if isinstance(item, RowFailure):
-                    if self.settings.fail_fast:
-                        raise RowFailed(f"row {index} (id {item.key.id!r}): {item.error}")
-                    self.on_failure(item)
-                elif not self._put(item):
-                    return
+                for item in self.prepare_many(chunk):
+                    if isinstance(item, RowFailure):
+                        if self.settings.fail_fast:
+                            raise RowFailed(f"row {item.index} (id {item.key.id!r}): {item.error}")
+                        self.on_failure(item)
+                    elif not self._put(item):
+                        return
             self.reached_end = True
         except BaseException as exc:  # handed to the main thread, which stops the run with it
             self.error = exc
@@ -97,6 +116,29 @@ class Preparer(threading.Thread):
                     return False
 
     def prepare(self, index: int, raw: Any) -> GenerationRequest | RowFailure:
+        return self.prepare_many([(index, raw)])[0]
+
+    def prepare_many(self, rows: list[tuple[int, Any]]) -> list[GenerationRequest | RowFailure]:
+        """Rows in order: parsed and rendered one by one, encoded together, then checked."""
+        parsed = [self._render(index, raw) for index, raw in rows]
+        rendered = [p for p in parsed if isinstance(p, _RenderedRow)]
+        ids = iter(self._encode([p.text for p in rendered]) if rendered else [])
+        return [self._request(p, next(ids)) if isinstance(p, _RenderedRow) else p for p in parsed]
+
+    def _encode(self, texts: list[Rendered]) -> list[list[int] | Exception]:
+        """Token ids, or for a prompt the tokenizer refuses, its exception (the other rows go on)."""
+        try:
+            return list(encode_rendered(self.tokenizer, texts))
+        except Exception:  # find the row: one at a time
+            return [self._encode_one(text) for text in texts]
+
+    def _encode_one(self, text: Rendered) -> list[int] | Exception:
+        try:
+            return encode_rendered(self.tokenizer, [text])[0]
+        except Exception as exc:
+            return exc
+
+    def _render(self, index: int, raw: Any) -> _RenderedRow | RowFailure:
         s = self.settings
         samples = self.done.missing(index)
         if isinstance(raw, BadLine):
@@ -118,13 +160,19 @@ class Preparer(threading.Thread):
             except GrammarError as exc:
                 return RowFailure(index, key, samples, str(exc))
         try:
-            ids = encode_prompt(self.tokenizer, row.prompt, s.chat, s.system_prompt)
+            text = render_prompt(self.tokenizer, row.prompt, s.chat, s.system_prompt)
         except Exception as exc:  # chat templates raise anything (jinja errors, KeyError, ...)
             return RowFailure(index, key, samples, f"cannot tokenize the prompt: {exc}")
+        return _RenderedRow(index, key, samples, params, grammar, text)
+
+    def _request(self, p: _RenderedRow, ids: list[int] | Exception) -> GenerationRequest | RowFailure:
+        s, index, key, samples, params = self.settings, p.index, p.key, p.samples, p.params
+        if isinstance(ids, Exception):
+            return RowFailure(index, key, samples, f"cannot tokenize the prompt: {ids}")
         if not ids:
             return RowFailure(index, key, samples, "the prompt is empty")
         if len(ids) >= s.max_model_len:
             error = f"prompt too long: {len(ids)} tokens, the model allows at most {s.max_model_len - 1}"
             return RowFailure(index, key, samples, error, len(ids))
         todo = None if len(samples) == params.n else samples
-        return GenerationRequest(index, ids, params, key=key, samples=todo, grammar=grammar)
+        return GenerationRequest(index, ids, params, key=key, samples=todo, grammar=p.grammar)

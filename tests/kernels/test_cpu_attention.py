@@ -114,3 +114,17 @@ def test_a_decode_step_returns_the_decodes_without_a_scatter():
     assert plan.decodes_only
     out = cpu_attention.paged_attention(*args)
     assert rel_error(out, reference.paged_attention(*case.attn_args()), 5) < 1e-5
+
+
+@pytest.mark.parametrize("window", [None, 6, 40])
+@pytest.mark.parametrize(("q_heads", "kv_heads"), [(9, 3), (4, 4)])
+def test_short_chunks_share_one_padded_call(window, q_heads, kv_heads):
+    """Short prefill chunks of different lengths (one a whole prompt, others after cached context, one
+    of two tokens) go through one padded SDPA call; a long one and decodes keep their own paths."""
+    case = make_case([5, 1, 30, 2, 300, 1, 17], [5, 40, 61, 200, 300, 90, 256], q_heads=q_heads,
+                     kv_heads=kv_heads, head_dim=16, sliding_window=window, pad_rows=2, seed=11)  # fmt: skip
+    plan = cpu_attention.plan_step(case.cu_seqlens_q, case.seq_lens, case.block_tables, 16, window)
+    assert plan.short is not None and plan.short.rows.shape == (4, 30)  # the 4 short chunks, padded to 30
+    assert [ctx for *_, ctx in plan.chunks] == [300]
+    assert int(plan.short.valid.sum()) == 5 + 30 + 2 + 17
+    _check(case)

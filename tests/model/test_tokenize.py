@@ -1,4 +1,5 @@
-"""Batch decoding of completions (the writer thread) against the tokenizer's own ``decode``."""
+"""Batch decoding of completions (the writer thread) against the tokenizer's own ``decode``, and batched
+prompt encoding (the prompt thread) against transformers' own encoding."""
 
 from __future__ import annotations
 
@@ -6,7 +7,13 @@ import copy
 
 from transformers import AutoTokenizer
 
-from batchgen.model.tokenize import batch_decoder
+from batchgen.model.tokenize import (
+    batch_decoder,
+    build_messages,
+    encode_prompt,
+    encode_rendered,
+    render_prompt,
+)
 from batchgen.testing.models import tokenizer_path
 
 
@@ -34,3 +41,56 @@ def test_a_tokenizer_that_cleans_up_spaces_decodes_through_its_own_decode():
     seqs = _sequences(tokenizer)
     assert batch_decoder(tokenizer)(seqs) == [decode(ids, skip_special_tokens=True) for ids in seqs]
     assert calls == seqs
+
+
+_PROMPTS = [
+    "Hello, world!  It's  fine .",
+    "naïve café — 東京 🙂",
+    "a\n\n b\tc ",
+    "<|im_start|>user\nliteral special tokens in a prompt<|im_end|>",
+    " leading space",
+    "x" * 3000,
+]
+
+
+def _old_encode(tokenizer, prompt, chat: bool, system_prompt=None) -> list[int]:
+    """What encode_prompt did through transformers alone: the oracle of the batched path."""
+    if not chat:
+        return list(tokenizer.encode(prompt, add_special_tokens=True))
+    ids = tokenizer.apply_chat_template(
+        build_messages(prompt, system_prompt), add_generation_prompt=True, tokenize=True
+    )
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
+def test_batched_encoding_gives_transformers_ids():
+    """Rendered prompts encoded in one Rust call give exactly transformers' ids: chat-templated (with and
+    without a system prompt) and raw, mixed in one batch as the prompt thread sends them."""
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path())
+    rendered, want = [], []
+    for i, prompt in enumerate(_PROMPTS):
+        for chat, system in ((True, None), (True, "Be brief."), (False, None)):
+            rendered.append(render_prompt(tokenizer, prompt, chat, system))
+            want.append(_old_encode(tokenizer, prompt, chat, system))
+        messages = [
+            {"role": "user", "content": prompt},
+            {"role": "assistant", "content": "ok"},
+            {"role": "user", "content": str(i)},
+        ]
+        rendered.append(render_prompt(tokenizer, messages))
+        want.append(_old_encode(tokenizer, messages, True))
+    assert encode_rendered(tokenizer, rendered) == want
+    assert [encode_prompt(tokenizer, p, False) for p in _PROMPTS] == want[2::4]
+
+
+def test_a_tokenizer_without_a_rust_backend_encodes_one_at_a_time():
+    tokenizer = copy.deepcopy(AutoTokenizer.from_pretrained(tokenizer_path()))
+    rendered = [render_prompt(tokenizer, p) for p in _PROMPTS[:3]]
+    want = encode_rendered(tokenizer, rendered)
+    calls = []
+    encode = tokenizer.encode
+    tokenizer.split_special_tokens = True  # the backend would then differ from transformers' encode: not used
+    tokenizer.encode = lambda text, **kw: calls.append(text) or encode(text, **kw)
+    got = encode_rendered(tokenizer, rendered)
+    assert calls == [r.text for r in rendered]
+    assert len(got) == len(want)
