@@ -159,18 +159,20 @@ class ChunkBatch(NamedTuple):
 def plan_chunk_batch(
     chunks: list[tuple[int, int, torch.Tensor, int]], block_size: int, sliding_window: int | None
 ) -> ChunkBatch:
+    device = chunks[0][2].device  # the block tables' (the torch backend also runs on CUDA)
     q_max = max(end - start for start, end, _, _ in chunks)
     n_blocks = max(-(-ctx // block_size) for *_, ctx in chunks)
-    offsets = torch.arange(q_max)
-    starts = torch.tensor([start for start, *_ in chunks]).view(-1, 1)
-    q_lens = torch.tensor([end - start for start, end, _, _ in chunks]).view(-1, 1)
-    ctxs = torch.tensor([ctx for *_, ctx in chunks]).view(-1, 1)
+    offsets = torch.arange(q_max, device=device)
+    starts = torch.tensor([start for start, *_ in chunks], device=device).view(-1, 1)
+    q_lens = torch.tensor([end - start for start, end, _, _ in chunks], device=device).view(-1, 1)
+    ctxs = torch.tensor([ctx for *_, ctx in chunks], device=device).view(-1, 1)
     valid = offsets < q_lens  # [n, Lq]
     rows = torch.where(valid, starts + offsets, 0)
     blocks = torch.stack([table[:n_blocks].long() for _, _, table, _ in chunks])
-    blocks = torch.where(torch.arange(n_blocks) * block_size < ctxs, blocks, blocks[:, :1])
+    in_context = torch.arange(n_blocks, device=device) * block_size < ctxs
+    blocks = torch.where(in_context, blocks, blocks[:, :1])
     q_pos = (ctxs - q_lens + offsets).unsqueeze(-1)  # [n, Lq, 1]
-    k_pos = torch.arange(n_blocks * block_size).view(1, 1, -1)  # [1, 1, Lk]
+    k_pos = torch.arange(n_blocks * block_size, device=device).view(1, 1, -1)  # [1, 1, Lk]
     mask = k_pos <= q_pos  # causal: below the context's end too, since q_pos < ctx
     if sliding_window is not None:
         mask &= k_pos > q_pos - sliding_window

@@ -19,7 +19,7 @@ def _operands(rows: int, with_bias: bool) -> tuple[torch.Tensor, torch.Tensor, t
     return torch.randn(rows, 96), torch.randn(200, 96), torch.randn(200) if with_bias else None
 
 
-@pytest.mark.parametrize("rows", [1, cpu_linear.MIN_ROWS, 78, 300])
+@pytest.mark.parametrize("rows", [1, 4, 8, 78, 300])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_packed_and_plain_weights_match_f_linear(rows, with_bias):
     x, weight, bias = _operands(rows, with_bias)
@@ -63,7 +63,7 @@ def test_the_dense_format_packs_fp32_cpu_weights_it_owns():
     torch.testing.assert_close(shared(x), want, rtol=1e-5, atol=1e-5)
 
 
-def test_plain_weights_go_through_onednn_for_fp32_batches_only(monkeypatch):
+def test_plain_weights_go_through_onednn_for_fp32_2d_inputs_only(monkeypatch):
     calls = []
     real = torch.ops.mkldnn._linear_pointwise
 
@@ -74,10 +74,11 @@ def test_plain_weights_go_through_onednn_for_fp32_batches_only(monkeypatch):
 
     monkeypatch.setattr(cpu_linear.torch.ops, "mkldnn", Spy())
     weight = torch.randn(32, 16)
-    cpu_linear.linear(torch.randn(cpu_linear.MIN_ROWS, 16), weight, None)
-    assert calls == [torch.Size([cpu_linear.MIN_ROWS, 16])]
+    cpu_linear.linear(torch.randn(1, 16), weight, None)  # one row too: oneDNN reads a cold weight faster
+    cpu_linear.linear(torch.randn(8, 16), weight, None)
+    assert calls == [torch.Size([1, 16]), torch.Size([8, 16])]
     half, x = weight.bfloat16(), torch.randn(40, 16, dtype=torch.bfloat16)
     assert torch.equal(cpu_linear.linear(x, half, None), F.linear(x, half))  # 16-bit: F.linear as is
-    cpu_linear.linear(torch.randn(2, 5, 16), weight, None)  # 3-d input, and fewer rows than MIN_ROWS
-    cpu_linear.linear(torch.randn(cpu_linear.MIN_ROWS - 1, 16), weight, None)
-    assert len(calls) == 1
+    cpu_linear.linear(torch.randn(2, 5, 16), weight, None)  # 3-d input
+    cpu_linear.linear(torch.randn(0, 16), weight, None)  # no rows
+    assert len(calls) == 2

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from batchgen.config import EngineConfig
+from batchgen.kernels import cpu_linear
 from batchgen.model import attention
 from batchgen.model.backends import TorchBackend
 from batchgen.model.build import ModelFiles, build_model
@@ -60,9 +61,11 @@ def test_moe_layer_equals_transformers_layer(arch, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("arch", MOE_ARCHS)
-def test_moe_forward_equals_transformers_forward(arch, dtype):
+def test_moe_forward_equals_transformers_forward(arch, dtype, monkeypatch):
     """The whole forward (OLMoE's full-width q/k norms included) over a chunked prefill and decodes, both
-    forwards on the same paged cache: bit-identical logits."""
+    forwards on the same paged cache: bit-identical logits. fp32 projections multiply through torch's
+    own GEMM here, as transformers' do: the CPU path's oneDNN (``cpu_linear``) sums in another order."""
+    monkeypatch.setattr(cpu_linear, "ONEDNN", False)
     model = _model(arch, dtype)
     model.set_attn_implementation(attention.register())
     ids = torch.randint(0, 97, (15,), generator=torch.Generator().manual_seed(1))
