@@ -159,11 +159,14 @@ class Engine:
                 if exhausted:
                     return
                 continue
-            launched = self._launch_next(inflight)
-            if inflight and (len(inflight) > self.lag or not launched):
+            if len(inflight) > self.lag:  # every slot busy: the oldest step's tokens first
                 self._postprocess(*inflight.popleft())
-            elif not launched and not inflight:
-                raise RuntimeError("scheduler made no progress: a request cannot fit in the KV cache")
+            if not self._launch_next(inflight):
+                if inflight:
+                    self._postprocess(*inflight.popleft())  # nothing to run until its tokens are known
+                elif self.scheduler.has_work():
+                    raise RuntimeError("scheduler made no progress: a request cannot fit in the KV cache")
+            # The caller's work on finished rows, and pulling new ones, happen with the next step queued.
             yield from self._drain_done()
 
     # --- admission --------------------------------------------------------------------------------

@@ -79,7 +79,9 @@ def test_drain_finishes_started_rows_and_drops_queued_ones(tiny_llama, async_mod
     llm.drain()
     rest = list(stream)
     done = [first, *rest]
-    assert 1 <= len(done) <= 3, [o.index for o in done]  # only rows already running finish
+    # Only rows already started finish: the 2 running when the first finished, and the rows of the step
+    # the engine launched before handing that output over (it queues the next step first).
+    assert 1 <= len(done) <= 4, [o.index for o in done]
     assert llm.stats.dropped > 0  # queued rows were dropped, and the caller can tell
     assert all(o.finish_reason == "length" and o.completion_tokens == 6 + o.index for o in done)
     blocks = llm._engine.blocks
