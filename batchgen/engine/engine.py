@@ -3,7 +3,10 @@
 In asynchronous mode the loop keeps one step in flight: it schedules and launches step N+1 before it
 postprocesses step N, so the host's work overlaps the device's. Postprocessing therefore runs one step
 late: a request that finished in step N may sit in step N+1 too; that extra token is discarded and the
-request's blocks are released only once step N+1 is done with them.
+request's blocks are released only once step N+1 is done with them. An iteration postprocesses step N,
+launches step N+2 and only then hands the finished rows to the caller and pulls new ones, so that work
+(writing outputs, tokenized rows becoming requests: ~15 ms when 256 rows finish together) runs with two
+steps queued on the device rather than one (B7: +5-15 %, docs/results.md).
 
 Structured output: a step with constrained rows is launched in two parts (runner.py). Its logits are
 computed at once; its token masks depend on the tokens of the step before, so they are filled, and the
