@@ -115,9 +115,6 @@ class Preparer(threading.Thread):
                 if self.stop.is_set():
                     return False
 
-    def prepare(self, index: int, raw: Any) -> GenerationRequest | RowFailure:
-        return self.prepare_many([(index, raw)])[0]
-
     def prepare_many(self, rows: list[tuple[int, Any]]) -> list[GenerationRequest | RowFailure]:
         """Rows in order: parsed and rendered one by one, encoded together, then checked."""
         parsed = [self._render(index, raw) for index, raw in rows]
@@ -128,7 +125,7 @@ class Preparer(threading.Thread):
     def _encode(self, texts: list[Rendered]) -> list[list[int] | Exception]:
         """Token ids, or for a prompt the tokenizer refuses, its exception (the other rows go on)."""
         try:
-            return list(encode_rendered(self.tokenizer, texts))
+            return encode_rendered(self.tokenizer, texts)
         except Exception:  # find the row: one at a time
             return [self._encode_one(text) for text in texts]
 
