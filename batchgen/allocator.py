@@ -3,11 +3,12 @@
 A CPU forward allocates every intermediate anew: gathered K/V blocks (~8 MB a layer in a B4 decode
 step), projection outputs, a prefill's [T, 2I] activations (~40 MB). glibc serves blocks above its mmap
 threshold (128 KB, raised on the fly up to 32 MB) with fresh ``mmap`` pages and returns freed heap
-tops above its trim threshold to the kernel, so the next step page-faults all of it in again. Measured
-on the 2-core VM, whole B4 command: 825k -> 270k minor page faults, 3.3 -> 2.4 s of system time.
+tops above its trim threshold to the kernel, so the next step page-faults all of it in again (2-core
+VM, whole B4 command: 825k minor page faults, 3.3 s of system time).
 
-``keep_freed_memory`` raises both thresholds (``mallopt``) once a run knows it computes on the CPU. The
-cost: memory the process freed stays mapped until it exits (its peak resident size is unchanged).
+``keep_freed_memory`` raises both thresholds (``mallopt``) to 64 MiB once a run knows it computes on the
+CPU: 825k -> 307k page faults on B4. At 1 GiB (270k) the heap's unused top was never returned, and over
+20 000 rows RSS crept +27 MiB (``tests/test_run_memory.py``: +3 MiB with glibc's defaults, +5 at 64 MiB).
 Skipped when the C library is not glibc, when ``MALLOC_*`` variables or ``LD_PRELOAD`` (jemalloc,
 tcmalloc) show the user chose the allocator's policy, and with ``BATCHGEN_KEEP_FREED_MEMORY=0``.
 """
@@ -22,7 +23,7 @@ import os
 log = logging.getLogger(__name__)
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameter numbers
-_THRESHOLD = 1 << 30  # 1 GiB: every intermediate of a CPU forward stays on the heap
+_THRESHOLD = 64 << 20  # a forward's intermediates stay on the heap; at most this much kept unused on top
 
 
 def user_chose_allocator(environ: os._Environ | dict[str, str] = os.environ) -> bool:
