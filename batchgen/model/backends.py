@@ -56,7 +56,7 @@ class TorchBackend:
         self.governor = governor
         self._plans_of: PagedContext | None = None  # the step whose attention plans are cached
         self._plans: dict[tuple[int | None, int], cpu_attention.StepPlan] = {}  # by (window, block size)
-        self._rotary_of: tuple[torch.Tensor, ...] = ()  # the step (positions, slots, cos) of _rotary
+        self._rotary_of: tuple = (None, None, None)  # the step (positions, slots, cos) of _rotary
         self._rotary: cpu_rotary.RotaryPlan | None = None
 
     write_kv = staticmethod(reference.write_kv)
@@ -76,7 +76,7 @@ class TorchBackend:
                 kv_heads, kv_scales,
             )  # fmt: skip
         step = (positions, slot_mapping, cos)
-        if len(self._rotary_of) != 3 or any(a is not b for a, b in zip(self._rotary_of, step, strict=True)):
+        if any(a is not b for a, b in zip(self._rotary_of, step, strict=True)):
             self._rotary_of, self._rotary = step, cpu_rotary.plan_rotary(positions, cos, sin, slot_mapping)
         return cpu_rotary.rope_write_kv(qkv, self._rotary, k_cache, v_cache, q_heads, kv_heads)
 
