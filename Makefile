@@ -45,8 +45,8 @@ gpu-check:
 
 # What a bare GPU machine needs from here: the embedded model's tokenizer (a few MB, not the model wheel)
 # and wheels for its Python (3.12) that it lacks: orjson (`batchgen run`), and xgrammar with its
-# non-torch dependencies (structured output; torch and triton are on the machine), and jsonschema with
-# its dependencies (the structured-output tests validate against it).
+# non-torch dependencies (structured output; torch and triton are on the machine), jsonschema with
+# its dependencies (the structured-output tests validate against it), and the newest transformers.
 gpu-assets: setup
 	$(BIN)/python -c "from batchgen.model.loader import default_model_dir; print(default_model_dir())"
 	mkdir -p .gpu-assets/tokenizer
@@ -57,6 +57,9 @@ gpu-assets: setup
 		jsonschema jsonschema-specifications referencing rpds-py attrs \
 		--only-binary=:all: --no-deps --python-version 3.12 --platform manylinux_2_28_x86_64 \
 		--platform manylinux_2_17_x86_64 -d .gpu-assets
+	# The newest transformers (and the hub client it needs), installed apart from the machine's own:
+	# start-up as a user on the newest release gets it (PYTHONPATH=<its --target>:..., docs/results.md).
+	$(BIN)/pip download -q transformers "huggingface-hub<2" --no-deps -d .gpu-assets/newest
 
 clean:
 	rm -rf $(VENV) .pytest_cache demo-out.jsonl demo-out.jsonl.batchgen

@@ -222,11 +222,7 @@ def run_command(input_path: str, output: str, verbose: bool, **kw: Any) -> None:
     finally:
         for sig, handler in saved.items():
             signal.signal(sig, handler)
-    if kw["tensor_parallel"] > 1:  # everything is saved: skip interpreter teardown, which can block in
-        sys.stdout.flush()  # NCCL's destructors when a rank died mid-collective
-        sys.stderr.flush()
-        os._exit(code)
-    sys.exit(code)
+    sys.exit(code)  # main() then skips the interpreter's teardown (_exit_process)
 
 
 def _tensor_parallel_worker(kw: dict[str, Any]) -> None:
@@ -346,10 +342,30 @@ cli.add_command(bench_command)
 
 
 def main(argv: list[str] | None = None) -> None:
+    """The console script (``argv=None``: this process is batchgen's own) or a caller's ``argv``."""
     from batchgen.threads import prefer_short_spins
 
     prefer_short_spins()  # before anything loads torch: OpenMP reads it once, at load
-    cli.main(args=argv, prog_name="batchgen")
+    try:
+        cli.main(args=argv, prog_name="batchgen")
+    except SystemExit as done:
+        if argv is not None:  # a script that called us goes on afterwards
+            raise
+        _exit_process(done.code)
+
+
+def _exit_process(code: int | str | None) -> None:
+    """End the process once a command returned: its files are written and closed, its threads joined.
+    The interpreter's own teardown (unloading torch, transformers and what they imported) took 1.0-1.4 s
+    on the CPU VM, longer than a short job's generation, and can block in NCCL's destructors after a
+    rank died; a command has nothing left for it to do."""
+    if isinstance(code, str):  # sys.exit("message"): Python prints it and exits 1
+        print(code, file=sys.stderr)
+        code = EXIT_FATAL
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code or 0)
 
 
 if __name__ == "__main__":

@@ -20,13 +20,7 @@ from batchgen.engine.scheduler import Scheduler
 from batchgen.engine.stops import StopChecker
 from batchgen.model import attention
 from batchgen.model.build import ModelFiles
-from batchgen.model.loader import (
-    DEFAULT_MODEL_NAME,
-    load_config,
-    load_generation_config,
-    load_tokenizer,
-    local_model_dir,
-)
+from batchgen.model.loader import DEFAULT_MODEL_NAME, local_model_dir, open_checkpoint
 from batchgen.model.tokenize import encode_prompt
 from batchgen.parallel.group import ParallelGroup
 
@@ -48,13 +42,10 @@ class LLM:
         started = time.perf_counter()
         config = _engine_config(model, options)
         path = local_model_dir(model)
-        hf_config = load_config(path, config.trust_remote_code)
-        tokenizer = load_tokenizer(path, config.trust_remote_code)
-        files = ModelFiles(path, hf_config)
+        checkpoint = open_checkpoint(path, config)
         configs_s = round(time.perf_counter() - started, 3)
-        self._start(
-            config, files, tokenizer, load_generation_config(path, hf_config), model or DEFAULT_MODEL_NAME
-        )
+        files = ModelFiles(path, checkpoint.config)
+        self._start(config, files, checkpoint.tokenizer, checkpoint.generation, model or DEFAULT_MODEL_NAME)
         self.startup = {"config_tokenizer_s": configs_s} | self.startup
 
     @classmethod
@@ -79,7 +70,6 @@ class LLM:
         self.hf_config, self.generation_config = files.hf_config, generation_config
         self._workers = None
         group = ParallelGroup.single()
-        attention.register()
         if config.tensor_parallel > 1:
             from batchgen.model.build import tensor_parallel_problem
             from batchgen.parallel.launch import start_workers

@@ -4,8 +4,10 @@ median of each start-up phase (the stats file's ``startup``) per variant.
 
     PYTHONPATH=. python3 scripts/startup_ab.py [--rounds 3] [--prompts 256] [--model DIR]
 
-Variants: ``lean`` (the default: packages transformers would import only because they are installed
-stay hidden, batchgen/app/lean_imports.py) and ``import_all`` (BATCHGEN_IMPORT_ALL=1).
+Variants: ``lean`` (the default: the checkpoint's config, tokenizer and generation config read from its
+files, ``batchgen/model/files/``; packages transformers would import only because they are installed stay
+hidden, ``batchgen/app/lean_imports.py``), ``transformers`` (BATCHGEN_READ_WITH_TRANSFORMERS=1: all three
+read through transformers, as before) and ``import_all`` (that, and BATCHGEN_IMPORT_ALL=1).
 """
 
 from __future__ import annotations
@@ -22,7 +24,12 @@ from pathlib import Path
 
 from batchgen.bench.commands import startup_inputs
 
-VARIANTS = {"lean": {}, "import_all": {"BATCHGEN_IMPORT_ALL": "1"}}
+_TRANSFORMERS = {"BATCHGEN_READ_WITH_TRANSFORMERS": "1"}
+VARIANTS = {
+    "lean": {},
+    "transformers": _TRANSFORMERS,
+    "import_all": _TRANSFORMERS | {"BATCHGEN_IMPORT_ALL": "1"},
+}
 FLOORS = {
     "python": "pass",
     "import torch": "import torch",

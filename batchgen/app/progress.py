@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import resource
 import sys
 import time
@@ -192,3 +193,15 @@ def _plain(stats: Any) -> Any:
     if hasattr(stats, "__dict__"):
         return _plain({k: v for k, v in vars(stats).items() if not k.startswith("_")})
     return str(stats)
+
+
+def quiet_transformers_bars() -> None:
+    """Carriage-return bars garble log files: transformers' own (loading weights) too, if it loads any.
+    A run of a model read from its files (model/files/) never imports transformers: do not import it
+    here either; huggingface_hub reads the variable when transformers first imports it."""
+    if "transformers" in sys.modules:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    else:
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")

@@ -26,7 +26,7 @@ from batchgen.app.gc_policy import GcPauses, frozen_heap
 from batchgen.app.merge import check_target
 from batchgen.app.options import RunOptions
 from batchgen.app.prepare import END, Preparer, PromptSettings
-from batchgen.app.progress import Counters, Progress, summary_text
+from batchgen.app.progress import Counters, Progress, quiet_transformers_bars, summary_text
 from batchgen.app.shards import SHARD_PLACEHOLDER, merged_output, plan_shard, shard_output
 from batchgen.app.signals import Interrupt, SignalControl
 from batchgen.app.sink import RecordOptions, Sink
@@ -218,9 +218,7 @@ class _Job:
         from batchgen import LLM
 
         if not (sys.stderr.isatty() if self.opts.progress_bar is None else self.opts.progress_bar):
-            from transformers.utils import logging as hf_logging
-
-            hf_logging.disable_progress_bar()  # carriage-return bars garble log files
+            quiet_transformers_bars()
         self.engine_called = time.time()  # imports, reading the input's head, resume checks: before
         try:
             return LLM(**engine_options(self.opts, self.reader, rows_done))

@@ -91,9 +91,10 @@ class GrammarCompiler:
 
         if self._compiler is None:
             stops = [i for i in self._stop_ids if i < self.vocab] or None
-            info = xgr.TokenizerInfo.from_huggingface(
-                self._tokenizer, vocab_size=self.vocab, stop_token_ids=stops
-            )
+            # xgrammar reads transformers' tokenizer object: a FileTokenizer (model/files/) loads it now.
+            loader = getattr(self._tokenizer, "transformers_tokenizer", None)
+            tokenizer = loader() if loader is not None else self._tokenizer
+            info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=self.vocab, stop_token_ids=stops)
             self._compiler = xgr.GrammarCompiler(info, cache_enabled=False)
             self._stops = frozenset(info.stop_token_ids)
             # Masks are filled by xgrammar's C++ threads: half the cores (its own default), at most 8.

@@ -13,7 +13,7 @@ import torch
 
 from batchgen.model.fused import Attention, DenseMLP, FusedForward, Layer, ProjectionNorm
 from batchgen.model.moe import is_moe, moe_mlp
-from batchgen.model.spec import ModelSpec, describe, rope_tables
+from batchgen.model.spec import ModelSpec, ModelStructure, rope_tables
 from batchgen.model.weights.formats import Linear, WeightFormat
 from batchgen.model.weights.fp8 import kv_scales
 from batchgen.model.weights.sources import Part, WeightSource
@@ -60,20 +60,18 @@ class Loader(NamedTuple):
 
 
 def assemble(
-    skeleton: torch.nn.Module, source: WeightSource, fmt: WeightFormat, group: ParallelGroup,
+    structure: ModelStructure, source: WeightSource, fmt: WeightFormat, group: ParallelGroup,
     dtype: torch.dtype, max_positions: int, fp8_cache: bool = False,
 ) -> Assembled:  # fmt: skip
     """``fp8_cache``: the KV cache is FP8, so each layer takes the checkpoint's KV scales (else 1.0)."""
-    spec = describe(skeleton)
-    problem = config_problem(skeleton.config, group.size)
+    spec = structure.spec
+    problem = config_problem(structure.config, group.size)
     if problem is not None:
         raise ValueError(problem)
     heads = head_shard(spec.q_heads, spec.kv_heads, group.rank, group.size)
     vocab = vocab_span(spec.vocab, group.rank, group.size)
     load = Loader(source, fmt, group, dtype)
-    layers = [
-        _layer(load, spec, skeleton.model.layers[i], i, heads, fp8_cache) for i in range(spec.num_layers)
-    ]
+    layers = [_layer(load, spec, module, i, heads, fp8_cache) for i, module in enumerate(structure.layers)]
     embed = load.dense("model.embed_tokens.weight", load.span(vocab))
     head_name = "model.embed_tokens.weight" if spec.tied_embeddings else "lm_head.weight"
     head = embed if spec.tied_embeddings else load.dense(head_name, load.span(vocab))
@@ -88,13 +86,15 @@ def assemble(
 
 
 def _layer(
-    load: Loader, spec: ModelSpec, module: torch.nn.Module, i: int, heads: HeadShard, fp8_cache: bool
+    load: Loader, spec: ModelSpec, module: torch.nn.Module | None, i: int, heads: HeadShard, fp8_cache: bool
 ) -> Layer:
     prefix = f"model.layers.{i}."
     attn = _attention(load, spec, prefix + "self_attn.", heads, spec.sliding_windows[i])
     if fp8_cache:
         attn = attn._replace(kv_scales=kv_scales(load.source, prefix))
-    if is_moe(module):  # dense layers between MoE ones (mlp_only_layers, decoder_sparse_step) stay dense
+    if module is not None and is_moe(
+        module
+    ):  # dense layers between MoE ones (mlp_only_layers, decoder_sparse_step) stay dense
         mlp, mlp_quant = moe_mlp(load, spec.model_type, module, prefix), None
     else:
         mlp = _dense_mlp(load, spec, prefix + "mlp.")

@@ -1,8 +1,9 @@
 """Engine options + a model (a checkpoint directory or a module in memory) -> what a runner executes.
 
 batchgen's fused forward when the architecture allows it (``--model-impl auto``), built straight from
-the checkpoint's safetensors on the target device, each rank reading only its shard; else transformers'
-modelling code on a model it loads itself.
+the checkpoint's safetensors on the target device, each rank reading only its shard; its structure comes
+from the config read off the files (``model/files/config.py``: no transformers import) or from a meta
+skeleton of transformers' modules. Else transformers' modelling code on a model it loads itself.
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from batchgen.engine import kv_cache
 from batchgen.engine.sampler import sample
 from batchgen.model import attention
 from batchgen.model.assemble import assemble
+from batchgen.model.files.config import FileConfig, model_spec
 from batchgen.model.forward import ModelForward, TransformersForward
 from batchgen.model.loader import has_safetensors, resolve_device
-from batchgen.model.spec import unsupported_reason
+from batchgen.model.spec import ModelStructure, skeleton_structure, unsupported_reason
 from batchgen.model.weights.formats import weight_format
 from batchgen.model.weights.sources import ModuleSource, RandomSource, SafetensorsSource, WeightSource
 from batchgen.parallel.group import ParallelGroup
@@ -78,38 +80,53 @@ def transformers_reason(options: EngineConfig, skeleton: torch.nn.Module) -> str
     return reason
 
 
+class ForwardChoice(NamedTuple):
+    """Which forward runs a model: batchgen's fused one (``structure``) or, for ``reason``,
+    transformers'. ``skeleton``: the model's modules on the meta device (None when its config was read
+    from the files alone, ``model/files/config.py``)."""
+
+    structure: ModelStructure | None
+    reason: str | None
+    skeleton: torch.nn.Module | None
+
+
+def choose_forward(options: EngineConfig, files: ModelFiles) -> ForwardChoice:
+    config = files.hf_config
+    if isinstance(config, FileConfig):  # read only for architectures the fused forward runs
+        spec = model_spec(config)
+        return ForwardChoice(ModelStructure(spec, config, [None] * spec.num_layers), None, None)
+    skeleton = files.module if files.module is not None else meta_skeleton(config, options.trust_remote_code)
+    reason = transformers_reason(options, skeleton)
+    return ForwardChoice(None if reason else skeleton_structure(skeleton), reason, skeleton)
+
+
 def tensor_parallel_problem(options: EngineConfig, files: ModelFiles) -> str | None:
     """Why ``options.tensor_parallel`` ranks cannot split this model with the forward ``build_model``
-    will pick (None when they can); read off the config and a meta skeleton, before any process starts."""
+    will pick (None when they can); read off the config (and a meta skeleton), before any process starts."""
     from batchgen.parallel import hf_plan
     from batchgen.parallel.shard import config_problem
 
-    skeleton = meta_skeleton(files.hf_config, options.trust_remote_code)
-    reason = transformers_reason(options, skeleton)
+    choice = choose_forward(options, files)
     size = options.tensor_parallel
-    if reason is None:
+    if choice.reason is None:
         return config_problem(files.hf_config, size)
     if options.quantization is not None or options.kv_cache_dtype != "auto":
         return _FUSED_ONLY
-    return hf_plan.plan_problem(skeleton, size, resolve_device(options.device), reason)
+    return hf_plan.plan_problem(choice.skeleton, size, resolve_device(options.device), choice.reason)
 
 
 def build_model(
     options: EngineConfig, files: ModelFiles, group: ParallelGroup, device: torch.device, dtype: torch.dtype,
     max_positions: int,
 ) -> ModelBundle:  # fmt: skip
-    skeleton = (
-        files.module
-        if files.module is not None
-        else meta_skeleton(files.hf_config, options.trust_remote_code)
-    )
-    reason = transformers_reason(options, skeleton)
-    if reason is not None:
-        log.info("running transformers' forward, not batchgen's fused one: %s", reason)
+    choice = choose_forward(options, files)
+    if choice.reason is not None:
+        log.info("running transformers' forward, not batchgen's fused one: %s", choice.reason)
         return _transformers_bundle(options, files, group, device, dtype)
-    source = _source(options, files, skeleton, group, device, dtype)
+    source = _source(options, files, choice.skeleton, group, device, dtype)
     fmt = weight_format(files.hf_config, dtype, options.quantization)
-    built = assemble(skeleton, source, fmt, group, dtype, max_positions, options.kv_cache_dtype == "fp8")
+    fp8_cache = options.kv_cache_dtype == "fp8"
+    built = assemble(choice.structure, source, fmt, group, dtype, max_positions, fp8_cache)
     if fmt.name != "dense" and device.type == "cuda":
         # Quantizing at load left 16-bit parts in the allocator's cache: give them back before the KV
         # pool is sized from the device's free memory.
@@ -141,7 +158,7 @@ def _transformers_bundle(options, files: ModelFiles, group, device, dtype) -> Mo
 def _source(options, files: ModelFiles, skeleton, group, device, dtype) -> WeightSource:
     if files.module is not None:
         return ModuleSource(files.module)
-    if options.load_format == "random":
+    if options.load_format == "random":  # the loader reads such a model's config through transformers
         return RandomSource.for_model(skeleton, device, dtype)
     if has_safetensors(files.path):
         return SafetensorsSource(files.path, device)

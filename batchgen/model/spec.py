@@ -7,7 +7,9 @@ run a model; the engine then runs transformers' modelling code.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import torch
 
@@ -37,6 +39,21 @@ class ModelSpec:
     qk_norm_full: bool  # RMSNorm over the whole q and k projections (OLMoE)
     inv_freq: torch.Tensor  # [head_dim / 2] float32, on the CPU
     rope_scaling: float  # transformers' attention_scaling of cos / sin
+
+
+class ModelStructure(NamedTuple):
+    """What ``assemble`` builds from: the spec, the config, and each decoder layer's module on the meta
+    device where one exists (MoE layers read their routing and sizes off it); a model read from its
+    files alone (``model/files/config.py``: dense architectures) has None for every layer."""
+
+    spec: ModelSpec
+    config: Any  # a transformers config, or a FileConfig
+    layers: Sequence[torch.nn.Module | None]
+
+
+def skeleton_structure(model: torch.nn.Module) -> ModelStructure:
+    spec = describe(model)
+    return ModelStructure(spec, model.config, list(model.model.layers[: spec.num_layers]))
 
 
 def unsupported_reason(model: torch.nn.Module) -> str | None:

@@ -1,0 +1,357 @@
+"""A checkpoint's tokenizer read with ``tokenizers`` and ``jinja2`` alone (importing transformers for
+``AutoTokenizer.from_pretrained`` costs a CPU process ~2 s). ``FileTokenizer.load`` returns one only where
+transformers (releases 5.23.0 to 5.24.0: ``verified_transformers``) builds a ``TokenizersBackend`` over
+``tokenizer.json`` as is, with the same special tokens and chat template; wherever ids, decoding or
+rendering could differ it returns None, and the caller loads the tokenizer through transformers.
+``FileTokenizer.open`` raises ``Refused`` with the reason instead."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from tokenizers import AddedToken, Tokenizer
+from tokenizers.processors import TemplateProcessing
+
+from batchgen.model.files.chat_template import render_chat, template_variables
+
+_NAMED = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+# tokenizer_class values for which AutoTokenizer builds TokenizersBackend straight from tokenizer.json.
+_VERBATIM_CLASSES = frozenset({"TokenizersBackend", "PreTrainedTokenizerFast"})
+# The transformers releases whose loading and rendering this file and chat_template.py reproduce, both
+# bounds included. The rules were derived from 5.24.0; each other release was verified by diffing its
+# tokenizer code (tokenization_utils_tokenizers.py, tokenization_utils_base.py,
+# models/auto/tokenization_auto.py, utils/chat_template_utils.py) against 5.24.0's and by running
+# tests/model/test_file_tokenizer.py under it. Older releases render or load differently: before 5.23.0
+# messages keep None-valued keys and fewer model types are remapped, before 5.22.2 a template's `namespace`
+# takes underscore names (5.22.2 raises) and `dict` is the class itself, before 5.21.0 reasoning is not
+# aliased. Newer ones are unverified, patch releases too (5.22.2 changed rendering), so they are refused, as
+# are dev and pre-releases.
+_OLDEST_TRANSFORMERS = (5, 23, 0)
+_NEWEST_TRANSFORMERS = (5, 24, 0)
+# tokenizer_config.json keys that make transformers pick another class or build or patch the backend.
+_REFUSED_KEYS = (
+    "auto_map", "fast_tokenizer_files", "tokenizer_object", "gguf_file", "post_processor",
+    "tokenizer_padding", "tokenizer_truncation", "_json_truncation", "_json_padding", "fix_mistral_regex",
+)  # fmt: skip
+# MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS (models/auto/tokenization_auto.py, 5.23 and 5.24): AutoTokenizer
+# builds these model types' own tokenizer class, whatever tokenizer_class says.
+_REMAPPED_MODEL_TYPES = frozenset((
+    "arctic", "chatlm", "ernie4_5", "ernie4_5_moe", "fuyu", "h2ovl_chat", "hyperclovax", "hyperclovax_vlm",
+    "hyperclovax_vision_v2", "internlm2", "internlm3", "iquestcoder", "jamba", "llava", "llava_next",
+    "minicpm3", "minicpmv", "minimax_m2", "modernbert", "modernbert-decoder", "molmo", "molmo2", "nemotron",
+    "nvfp4", "opencua", "openvla", "paddleocr_vl", "phi3", "phi3_v", "phimoe", "qwen2", "qwen3_5",
+    "qwen3_5_moe", "qwen3_5_moe_text", "qwen4_exp", "step3_vl", "vipllava", "cohere_asr", "camembertv2-base",
+    "siglip2", "smolvlm",
+))  # fmt: skip
+
+
+class Refused(Exception):
+    """Why a directory's tokenizer cannot be reproduced without transformers."""
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise Refused(f"cannot read {path.name}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise Refused(f"{path.name} is not a JSON object")
+    return data
+
+
+def _transformers_version() -> str | None:
+    """The installed transformers' version, read from its ``__init__.py`` (importing it is what this module
+    avoids; importlib.metadata costs ~40 ms); None when it is not found."""
+    try:
+        spec = importlib.util.find_spec("transformers")
+    except (ImportError, ValueError):  # ValueError: hidden as sys.modules["transformers"] = None
+        return None
+    try:
+        text = Path(spec.origin).read_text(encoding="utf-8") if spec and spec.origin else ""
+    except (OSError, UnicodeError):
+        return None
+    found = re.search(r'^__version__ = "([^"]+)"', text, re.MULTILINE)
+    return found.group(1) if found else None
+
+
+def _release(version: str | None) -> tuple[int, int, int] | None:
+    """(major, minor, patch) of a final release; None for a dev, pre- or post-release, or anything else."""
+    found = re.fullmatch(r"(\d+)\.(\d+)\.(\d+)", version or "")
+    return (int(found[1]), int(found[2]), int(found[3])) if found else None
+
+
+def verified_transformers() -> bool:
+    """Whether the installed transformers is a release whose rules this module reproduces (with any other,
+    ``FileTokenizer.load`` returns None)."""
+    release = _release(_transformers_version())
+    return release is not None and _OLDEST_TRANSFORMERS <= release <= _NEWEST_TRANSFORMERS
+
+
+def _check_transformers() -> None:
+    """The rules below are those of the verified releases: another one may load or render differently."""
+    if not verified_transformers():
+        oldest, newest = (".".join(map(str, bound)) for bound in (_OLDEST_TRANSFORMERS, _NEWEST_TRANSFORMERS))
+        installed = _transformers_version()
+        raise Refused(f"checked against transformers {oldest} to {newest} only (installed: {installed})")
+
+
+def _check_class(directory: Path, config: dict[str, Any]) -> None:
+    """AutoTokenizer must pick TokenizersBackend: other classes rebuild the backend from vocab and merges,
+    remote code may do anything, and tekken.json may select MistralCommonBackend."""
+    for key in _REFUSED_KEYS:
+        if key in config:
+            raise Refused(f"tokenizer_config.json sets {key}")
+    if config.get("tokenizer_class") not in _VERBATIM_CLASSES:
+        raise Refused(f"tokenizer_class {config.get('tokenizer_class')!r} does not use tokenizer.json as is")
+    if (directory / "tekken.json").exists():
+        raise Refused("tekken.json: transformers may load MistralCommonBackend")
+    model = _read_json(directory / "config.json") if (directory / "config.json").exists() else {}
+    for key in ("model_type", "model_name"):
+        if isinstance(model.get(key), str) and model[key] in _REMAPPED_MODEL_TYPES:
+            raise Refused(f"transformers overrides tokenizer_class for {key} {model[key]!r}")
+
+
+def _check_options(config: dict[str, Any]) -> list[str]:
+    """Options that change transformers' encode or decode, or make its constructor fail; returns the
+    ``model_input_names`` (what ``apply_chat_template(tokenize=True)`` returns)."""
+    for key in ("split_special_tokens", "clean_up_tokenization_spaces"):
+        if config.get(key):
+            raise Refused(f"tokenizer_config.json sets {key}")
+    for key in ("padding_side", "truncation_side"):
+        if config.get(key, "right") not in ("right", "left"):
+            raise Refused(f"tokenizer_config.json's {key} is neither right nor left")
+    control = config.get("chat_control_tokens")  # a list only matters to sanitize_control_tokens
+    if control is not None and not isinstance(control, list):
+        raise Refused("tokenizer_config.json's chat_control_tokens is not a list (transformers fails)")
+    names = config.get("model_input_names", ["input_ids", "attention_mask"])
+    if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
+        raise Refused("model_input_names is not a list of names")
+    return names
+
+
+def _chat_template(directory: Path, config: dict[str, Any]) -> str | None:
+    """chat_template.jinja wins over tokenizer_config.json's ``chat_template``; named templates (a list, or
+    files in additional_chat_templates/) make transformers' attribute a dict, which is not supported."""
+    named = directory / "additional_chat_templates"
+    if named.is_dir() and any(named.glob("*.jinja")):
+        raise Refused("named chat templates (additional_chat_templates/)")
+    if (directory / "chat_template.jinja").is_file():
+        with open(directory / "chat_template.jinja", encoding="utf-8") as file:  # text mode, as transformers
+            return file.read()
+    template = config.get("chat_template")
+    if template is not None and not isinstance(template, str):
+        raise Refused("named chat templates (tokenizer_config.json's chat_template is not a string)")
+    return template
+
+
+def _backend(directory: Path) -> Tokenizer:
+    """tokenizer.json as TokenizersBackend leaves it: a missing post-processor becomes the one
+    ``update_post_processor`` builds (add_bos/add_eos_token are dropped when tokenizer.json exists)."""
+    try:
+        backend = Tokenizer.from_file(str(directory / "tokenizer.json"))
+    except Exception as exc:  # tokenizers raises plain Exception on a bad file
+        raise Refused(f"cannot read tokenizer.json: {exc}") from exc
+    if backend.truncation is not None or backend.padding is not None:
+        raise Refused("tokenizer.json enables truncation or padding (transformers toggles them per call)")
+    if backend.post_processor is None:
+        backend.post_processor = TemplateProcessing(single="$A:0", pair="$A:0 $B:1", special_tokens=[])
+    backend.encode_special_tokens = False
+    return backend
+
+
+def _added_token(fields: dict[str, Any], where: str) -> AddedToken:
+    try:
+        return AddedToken(**fields)
+    except (TypeError, ValueError) as exc:
+        raise Refused(f"{where}: {exc}") from exc
+
+
+def _content(value: Any, key: str) -> str | None:
+    """A special token's text: transformers takes a string or a serialized AddedToken, and fails on else."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, dict) and value.get("__type") == "AddedToken":
+        return _added_token({k: v for k, v in value.items() if k != "__type"}, key).content
+    raise Refused(f"{key} is neither a string nor an AddedToken")
+
+
+def _legacy_special_map(directory: Path) -> dict[str, Any]:
+    """special_tokens_map.json, which transformers reads only when tokenizer_config.json has no
+    ``added_tokens_decoder``; its entries override the config's."""
+    path = directory / "special_tokens_map.json"
+    found = _read_json(path) if path.exists() else {}
+    for key, value in found.items():
+        if key not in _NAMED:
+            raise Refused(f"special_tokens_map.json sets {key}")
+        if isinstance(value, dict):
+            fields = {k: v for k, v in value.items() if k != "special"}
+            found[key] = _added_token({**fields, "special": True}, key).content
+    return found
+
+
+def _declared_tokens(directory: Path, config: dict[str, Any], backend: Tokenizer) -> dict[int, AddedToken]:
+    """The added tokens TokenizersBackend.__init__ re-adds: tokenizer_config.json's, or tokenizer.json's own.
+    Re-adding is a no-op only when they equal tokenizer.json's exactly (id and every flag)."""
+    existing = backend.get_added_tokens_decoder()
+    if "added_tokens_decoder" not in config:
+        if (directory / "added_tokens.json").exists():
+            raise Refused("added_tokens.json (transformers adds its tokens)")
+        return existing
+    declared = config["added_tokens_decoder"]
+    if not isinstance(declared, dict) or not all(isinstance(v, dict) for v in declared.values()):
+        raise Refused("added_tokens_decoder is not a map of token dicts")
+    tokens = {}
+    for index, fields in declared.items():
+        token = _added_token(fields, "added_tokens_decoder")
+        number = int(index) if index.isdigit() else -1
+        if number not in existing or existing[number].__getstate__() != token.__getstate__():
+            raise Refused(f"added_tokens_decoder's {index}: {fields} differs from tokenizer.json")
+        tokens[number] = token
+    return tokens
+
+
+def _special_tokens(config: dict[str, Any]) -> tuple[dict[str, str], list[str]]:
+    """(name -> text of the named and model-specific special tokens, the extra special tokens), as
+    ``PreTrainedTokenizerBase.__init__`` sorts them; model-specific ones are template variables too."""
+    named = {key: _content(config.get(key), key) for key in _NAMED}
+    specials = {key: text for key, text in named.items() if text is not None}
+    for key, value in config.items():
+        is_token = isinstance(value, str) or (isinstance(value, dict) and value.get("__type") == "AddedToken")
+        if key.endswith("_token") and key not in _NAMED and is_token:
+            specials[key] = _content(value, key)
+    extra = config.get("extra_special_tokens") or config.get("additional_special_tokens")
+    if isinstance(extra, dict):
+        specials.update({key: _content(value, key) or "" for key, value in extra.items()})
+        extra = None
+    if extra is not None and not isinstance(extra, (list, tuple)):
+        raise Refused("extra_special_tokens is neither a list nor a dict")
+    return specials, [_content(value, "extra_special_tokens") or "" for value in extra or ()]
+
+
+def _check_special_tokens(directory: Path, config: dict[str, Any], backend: Tokenizer) -> dict[str, str]:
+    """transformers adds every special token that is not an added token yet (new ids, new splits) and marks
+    a declared token special when it names one: both change the backend, so both are refused."""
+    declared = _declared_tokens(directory, config, backend)
+    if "added_tokens_decoder" not in config:
+        config = {**config, **_legacy_special_map(directory)}
+    specials, extra = _special_tokens(config)
+    added = {token.content for token in backend.get_added_tokens_decoder().values()}
+    for text in [*specials.values(), *extra]:
+        if text not in added:
+            raise Refused(f"special token {text!r} is not an added token of tokenizer.json")
+    named = set(specials.values())
+    if any(token.content in named and not token.special for token in declared.values()):
+        raise Refused("a named special token is not marked special (transformers would change it)")
+    return specials
+
+
+class FileTokenizer:
+    """What batchgen uses of a transformers tokenizer, with transformers' semantics. ``bos_token``,
+    ``eos_token_id`` and the other special tokens (and their ids) are looked up like transformers'."""
+
+    split_special_tokens = False  # both refused when set: transformers' encode/decode differ then
+    clean_up_tokenization_spaces = False
+
+    def __init__(
+        self, backend: Tokenizer, name_or_path: str, specials: dict[str, str], chat_template: str | None,
+        model_input_names: list[str],
+    ) -> None:  # fmt: skip
+        self.backend_tokenizer = backend
+        self.name_or_path = name_or_path
+        self.chat_template = chat_template
+        self.model_input_names = model_input_names
+        self._specials = specials
+        self._transformers: Any = None
+
+    @classmethod
+    def load(cls, path: str) -> FileTokenizer | None:
+        """The tokenizer of checkpoint directory ``path``, or None where transformers may differ."""
+        try:
+            return cls.open(path)
+        except (Refused, OSError, UnicodeError):  # an unreadable file: transformers says what is wrong
+            return None
+
+    @classmethod
+    def open(cls, path: str) -> FileTokenizer:
+        """``load``, raising ``Refused`` with the reason instead of returning None."""
+        directory = Path(path)
+        _check_transformers()
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            if not (directory / name).is_file():
+                raise Refused(f"no {name}")
+        config = _read_json(directory / "tokenizer_config.json")
+        _check_class(directory, config)
+        names, template = _check_options(config), _chat_template(directory, config)
+        backend = _backend(directory)
+        return cls(backend, str(path), _check_special_tokens(directory, config, backend), template, names)
+
+    def __getattr__(self, name: str) -> Any:
+        """``eos_token`` -> its text, ``eos_token_id`` -> its id (None when unset), as transformers."""
+        specials = self.__dict__.get("_specials", {})
+        token_name = name.removesuffix("_id")
+        if token_name not in _NAMED and token_name not in specials:
+            raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+        text = specials.get(token_name)
+        return text if text is None or token_name == name else self.backend_tokenizer.token_to_id(text)
+
+    @property
+    def special_tokens_map(self) -> dict[str, str]:
+        return dict(self._specials)
+
+    def __len__(self) -> int:
+        return self.backend_tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def __repr__(self) -> str:
+        return f"FileTokenizer({self.name_or_path!r}, vocab={len(self)}, special_tokens={self._specials})"
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        if not isinstance(text, str):
+            raise TypeError("FileTokenizer.encode takes one string")
+        return self.backend_tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, token_ids: Any, skip_special_tokens: bool = False) -> str | list[str]:
+        """One sequence's text, or a list of texts for a list of sequences (as transformers)."""
+        ids = token_ids.tolist() if hasattr(token_ids, "tolist") else token_ids
+        ids = [ids] if isinstance(ids, int) else ids
+        if ids and isinstance(ids[0], (list, tuple)):
+            return [self.backend_tokenizer.decode(list(seq), skip_special_tokens) for seq in ids]
+        return self.backend_tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(
+        self,
+        conversation: list[dict[str, Any]],
+        tools: list[dict] | None = None,
+        documents: list[dict] | None = None,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = False,
+        tokenize: bool = True,
+        return_dict: bool = True,
+        **kwargs: Any,
+    ) -> str | list[int] | dict[str, list[int]]:
+        """The rendered text (``tokenize=False``), else its ids encoded without special tokens: a dict of
+        ``model_input_names`` (transformers' BatchEncoding, as a plain dict) or, with ``return_dict=False``,
+        the list of ids. Other keyword arguments are template variables, as in transformers."""
+        template = chat_template if chat_template is not None else self.chat_template
+        if template is None:
+            raise ValueError("Cannot use chat template functions because tokenizer.chat_template is not set")
+        variables = template_variables(self._specials, kwargs)
+        text = render_chat(template, conversation, add_generation_prompt, tools, documents, variables)
+        if not tokenize:
+            return text
+        encoding = self.backend_tokenizer.encode(text, add_special_tokens=False)
+        if not return_dict:
+            return encoding.ids
+        fields = {"token_type_ids": encoding.type_ids, "attention_mask": encoding.attention_mask}
+        return {"input_ids": encoding.ids} | {k: v for k, v in fields.items() if k in self.model_input_names}
+
+    def transformers_tokenizer(self) -> Any:
+        """transformers' own tokenizer for this directory (xgrammar reads it), loaded on first use."""
+        if self._transformers is None:
+            from transformers import AutoTokenizer
+
+            self._transformers = AutoTokenizer.from_pretrained(self.name_or_path)
+        return self._transformers

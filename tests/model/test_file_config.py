@@ -1,0 +1,402 @@
+"""``model/files/config.py`` against transformers: ``AutoConfig.from_pretrained`` + ``describe`` of a meta
+skeleton is the oracle, field by field (``inv_freq`` bit for bit). Configs are written as config.json files;
+no weights are needed."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoConfig
+
+from batchgen.model.build import meta_skeleton
+from batchgen.model.files.config import FileConfig, UnsupportedConfig, model_spec, parse_config, read_config
+from batchgen.model.spec import ModelSpec, describe
+from batchgen.testing.models import TINY_CONFIGS
+
+DENSE = ("llama", "mistral", "qwen2", "qwen3")
+# Read as transformers' config has them (head_dim: as the attention module derives it, below).
+_SHARED_FIELDS = (
+    "model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "intermediate_size", "rms_norm_eps", "max_position_embeddings",
+    "tie_word_embeddings", "hidden_act", "bos_token_id", "eos_token_id", "pad_token_id", "rope_parameters",
+)  # fmt: skip
+# Only the sizes a model needs: every other default of its config class applies.
+_MINIMAL = dict(
+    hidden_size=256, num_attention_heads=32, num_hidden_layers=2, intermediate_size=128, vocab_size=999
+)
+_SMALL = dict(
+    hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=3, intermediate_size=96
+)
+_LLAMA31 = {  # meta-llama/Llama-3.1-8B's rope_scaling
+    "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192,
+    "rope_type": "llama3",
+}  # fmt: skip
+_LLAMA31_SIZES = dict(hidden_size=256, num_attention_heads=2, head_dim=128, max_position_embeddings=131072)
+
+_FULL = {
+    "llama": dict(
+        vocab_size=1000,
+        hidden_size=96,
+        intermediate_size=200,
+        num_hidden_layers=3,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        head_dim=32,
+        hidden_act="silu",
+        max_position_embeddings=4096,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        bos_token_id=0,
+        eos_token_id=[0, 5],
+        pad_token_id=3,
+        attention_bias=True,
+        mlp_bias=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 250000.0},
+        torch_dtype="bfloat16",
+        architectures=["LlamaForCausalLM"],
+        initializer_range=0.01,
+        use_cache=False,
+        pretraining_tp=1,
+    ),
+    "mistral": dict(
+        vocab_size=1000,
+        hidden_size=128,
+        intermediate_size=200,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=64,
+        hidden_act="swish",
+        max_position_embeddings=8192,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=None,
+        rope_theta=1000000.0,
+        sliding_window=512,
+        dtype="float16",
+    ),
+    "qwen2": dict(
+        vocab_size=1000,
+        hidden_size=96,
+        intermediate_size=200,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=4096,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        bos_token_id=7,
+        eos_token_id=8,
+        use_sliding_window=False,
+        sliding_window=4096,
+        max_window_layers=1,
+        rope_theta=1000000.0,
+        rope_scaling=None,
+        attention_dropout=0.0,
+    ),
+    "qwen3": dict(
+        vocab_size=1000,
+        hidden_size=64,
+        intermediate_size=200,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        head_dim=16,
+        max_position_embeddings=40960,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        bos_token_id=7,
+        eos_token_id=[8, 9],
+        attention_bias=True,
+        use_sliding_window=True,
+        sliding_window=128,
+        max_window_layers=1,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+    ),
+}
+
+
+def _write(directory: Path, config: dict) -> str:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(config))
+    return str(directory)
+
+
+def _assert_same_spec(got: ModelSpec, want: ModelSpec) -> None:
+    for field in dataclasses.fields(ModelSpec):
+        a, b = getattr(got, field.name), getattr(want, field.name)
+        if isinstance(b, torch.Tensor):
+            assert (a.dtype, a.device, a.shape) == (b.dtype, b.device, b.shape), field.name
+            assert torch.equal(a, b), field.name
+        else:
+            assert type(a) is type(b) and a == b, (field.name, a, b)
+
+
+def _assert_matches(path: str) -> FileConfig:
+    """read_config + model_spec == transformers' config + describe(meta skeleton), field by field."""
+    hf = AutoConfig.from_pretrained(path)
+    cfg = read_config(path)
+    assert cfg is not None
+    for name in _SHARED_FIELDS:
+        assert getattr(cfg, name) == getattr(hf, name), (name, getattr(cfg, name), getattr(hf, name))
+    assert cfg.head_dim == (getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads)
+    assert cfg.quantization_config == getattr(hf, "quantization_config", None)
+    _assert_same_spec(model_spec(cfg), describe(meta_skeleton(hf)))
+    return cfg
+
+
+@pytest.mark.parametrize("model_type", DENSE)
+def test_every_default_applies(tmp_path, model_type):
+    """No sizes at all (a 32-layer skeleton on the meta device costs nothing), then only the sizes."""
+    bare = _assert_matches(_write(tmp_path / "bare", {"model_type": model_type}))
+    minimal = _assert_matches(_write(tmp_path / "minimal", {"model_type": model_type, **_MINIMAL}))
+    assert (bare.head_dim, minimal.head_dim) == ((128, 128) if model_type == "qwen3" else (128, 8))
+    assert minimal.num_key_value_heads == {"llama": 32, "mistral": 8}.get(model_type, 32)
+    assert minimal.sliding_windows == ((4096, 4096) if model_type == "mistral" else (None, None))
+
+
+@pytest.mark.parametrize("model_type", DENSE)
+def test_every_field_given(tmp_path, model_type):
+    _assert_matches(_write(tmp_path, {"model_type": model_type, **_FULL[model_type]}))
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        dict(model_type="llama", **_SMALL, head_dim=32),  # head_dim != hidden / heads
+        dict(model_type="qwen2", **_SMALL, head_dim=8),  # Qwen2Config has no head_dim field
+        dict(model_type="mistral", **_SMALL, head_dim=None),
+        dict(model_type="llama", **{**_SMALL, "num_key_value_heads": 1}),  # MQA
+        dict(model_type="qwen3", **{**_SMALL, "num_key_value_heads": None}),
+        dict(model_type="qwen2", **{**_MINIMAL, "num_attention_heads": 64}),  # Qwen's default: 32 KV heads
+        dict(model_type="llama", **_SMALL, tie_word_embeddings=True, pad_token_id=-1),
+        dict(
+            model_type="qwen3",
+            **_SMALL,
+            quantization_config={"quant_method": "fp8", "weight_block_size": [128, 128]},
+        ),
+    ],
+    ids=[
+        "head-dim",
+        "qwen2-head-dim",
+        "null-head-dim",
+        "mqa",
+        "null-kv",
+        "default-kv",
+        "tied-pad-minus-one",
+        "quantized",
+    ],
+)
+def test_shapes(tmp_path, config):
+    _assert_matches(_write(tmp_path, config))
+
+
+@pytest.mark.parametrize("model_type", ["qwen2", "qwen3"])
+@pytest.mark.parametrize(
+    "window",
+    [
+        dict(use_sliding_window=True, sliding_window=64, max_window_layers=1),
+        dict(use_sliding_window=True, max_window_layers=2),  # the default window
+        dict(use_sliding_window=True, sliding_window=None, max_window_layers=0),
+        dict(use_sliding_window=False, sliding_window=64, max_window_layers=0),
+        dict(
+            use_sliding_window=True,
+            sliding_window=32,
+            layer_types=["sliding_attention", "full_attention"] * 2,
+        ),
+        dict(use_sliding_window=True, sliding_window=32, layer_types=["full_attention"] * 4),
+        dict(use_sliding_window=False, layer_types=["full_attention"] * 4),
+    ],
+    ids=[
+        "max-window-layers",
+        "default-window",
+        "null-window",
+        "unused",
+        "layer-types",
+        "all-full",
+        "no-window",
+    ],
+)
+def test_qwen_sliding_windows(tmp_path, model_type, window):
+    config = {"model_type": model_type, **_SMALL, "num_hidden_layers": 4, **window}
+    cfg = _assert_matches(_write(tmp_path, config))
+    assert len(cfg.sliding_windows) == 4
+
+
+@pytest.mark.parametrize(
+    "window", [{"sliding_window": None}, {"sliding_window": 100}, {}], ids=["null", "100", "absent"]
+)
+def test_mistral_sliding_window(tmp_path, window):
+    cfg = _assert_matches(_write(tmp_path, {"model_type": "mistral", **_SMALL, **window}))
+    assert cfg.sliding_windows == (window.get("sliding_window", 4096),) * 3
+
+
+_ROPE_CASES = {
+    "default-old": dict(rope_theta=500000.0),
+    "default-old-int-theta": dict(rope_theta=500000),
+    "default-new": dict(rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
+    "default-new-no-theta": dict(rope_parameters={"rope_type": "default"}, rope_theta=20000.0),
+    "default-old-type-key": dict(rope_scaling={"type": "default"}, rope_theta=30000.0),
+    "full-partial-rotary": dict(rope_theta=20000.0, partial_rotary_factor=1.0),
+    "linear-old": dict(rope_theta=20000.0, rope_scaling={"type": "linear", "factor": 4.0}),
+    "linear-old-int-factor": dict(rope_scaling={"rope_type": "linear", "factor": 2}),
+    "linear-new": dict(rope_parameters={"rope_type": "linear", "factor": 2.5, "rope_theta": 20000.0}),
+    "llama3-old": dict(**_LLAMA31_SIZES, rope_theta=500000.0, rope_scaling=_LLAMA31),
+    "llama3-new": dict(**_LLAMA31_SIZES, rope_parameters={**_LLAMA31, "rope_theta": 500000.0}),
+    "llama3-default-original-length": dict(
+        **_LLAMA31_SIZES, rope_theta=500000.0,
+        rope_scaling={k: v for k, v in _LLAMA31.items() if k != "original_max_position_embeddings"},
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen3"])
+@pytest.mark.parametrize("rope", list(_ROPE_CASES.values()), ids=list(_ROPE_CASES))
+def test_rope(tmp_path, model_type, rope):
+    config = {"model_type": model_type, **{**_SMALL, "num_hidden_layers": 1}, **rope}
+    if model_type == "qwen3" and "head_dim" not in rope:
+        config["head_dim"] = 16  # else Qwen3's default 128
+    _assert_matches(_write(tmp_path, config))
+
+
+@pytest.mark.parametrize("arch", DENSE)
+def test_configs_saved_by_transformers(tmp_path, arch):
+    """The layout batchgen's tiny test models (and the embedded model, converted from GGUF) have."""
+    AutoConfig.for_model(**TINY_CONFIGS[arch]).save_pretrained(tmp_path)
+    _assert_matches(str(tmp_path))
+
+
+def test_llama3_rope_saved_by_transformers(tmp_path):
+    config = AutoConfig.for_model(
+        "llama", **_LLAMA31_SIZES, num_hidden_layers=1, rope_parameters=dict(_LLAMA31)
+    )
+    config.save_pretrained(tmp_path)
+    _assert_matches(str(tmp_path))
+
+
+def test_the_embedded_model(default_model_path):
+    _assert_matches(default_model_path)
+
+
+def test_a_file_config_reads_like_a_transformers_config(tmp_path):
+    cfg = read_config(_write(tmp_path, {"model_type": "qwen3", **_SMALL}))
+    assert cfg.get_text_config() is cfg and cfg.get_text_config(decoder=True) is cfg
+    assert getattr(cfg, "moe_intermediate_size", 0) is None
+    assert getattr(cfg, "shared_expert_intermediate_size", 0) is None
+    assert getattr(cfg, "num_experts", None) is None
+    assert pickle.loads(pickle.dumps(cfg)) == cfg
+    assert cfg.raw == {"model_type": "qwen3", **_SMALL}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.vocab_size = 1
+
+
+_LLAMA = {"model_type": "llama", **_SMALL}
+_QWEN2 = {"model_type": "qwen2", **{**_SMALL, "num_hidden_layers": 2}}
+_REFUSED = {
+    "remote-code": ({**_LLAMA, "auto_map": {"AutoConfig": "x.Config"}}, "auto_map"),
+    "text-config": ({**_LLAMA, "text_config": {"hidden_size": 8}}, "text_config"),
+    "decoder": ({**_LLAMA, "decoder": {"hidden_size": 8}}, "decoder"),
+    "per-layer": ({**_LLAMA, "per_layer_config": {"0": {"intermediate_size": 8}}}, "per_layer_config"),
+    "clip-qkv": ({**_LLAMA, "clip_qkv": 8.0}, "clip_qkv"),
+    "bidirectional": ({**_LLAMA, "is_causal": False}, "is_causal"),
+    "chunked": ({**_LLAMA, "attention_chunk_size": 64}, "attention_chunk_size"),
+    "gelu": ({**_LLAMA, "hidden_act": "gelu"}, "activation"),
+    "partial-rotary": ({**_LLAMA, "partial_rotary_factor": 0.5}, "partial_rotary_factor"),
+    "partial-rotary-new": (
+        {
+            **_LLAMA,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5},
+        },
+        "partial_rotary_factor",
+    ),
+    "yarn": (
+        {
+            **_LLAMA,
+            "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 512},
+        },
+        "rope",
+    ),
+    "dynamic": ({**_LLAMA, "rope_scaling": {"type": "dynamic", "factor": 2.0}}, "rope type"),
+    "longrope": ({**_LLAMA, "rope_scaling": {"type": "longrope", "short_factor": [1.0] * 8}}, "rope"),
+    "linear-no-factor": ({**_LLAMA, "rope_scaling": {"type": "linear"}}, "factor"),
+    "null-theta": ({**_LLAMA, "rope_theta": None}, "rope_theta"),
+    "both-rope-layouts": (
+        {**_LLAMA, "rope_scaling": {"type": "linear", "factor": 2.0}, "rope_parameters": {"rope_theta": 5e5}},
+        "both",
+    ),
+    "rope-per-layer-type": (
+        {**_QWEN2, "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 5.0}}},
+        "rope parameters",
+    ),
+    "llama3-outer-original-length": (
+        {**_LLAMA, "rope_theta": 5e5, "rope_scaling": _LLAMA31, "original_max_position_embeddings": 4096},
+        "original_max_position_embeddings",
+    ),
+    "llama-window": ({**_LLAMA, "sliding_window": 4096}, "sliding_window"),
+    "llama-layer-types": ({**_LLAMA, "layer_types": ["full_attention"] * 3}, "layer_types"),
+    "mistral-layer-types": (
+        {**_LLAMA, "model_type": "mistral", "layer_types": ["full_attention"] * 3},
+        "layer_types",
+    ),
+    "layer-types-length": ({**_QWEN2, "layer_types": ["full_attention"]}, "layer_types"),
+    "layer-types-legacy": ({**_QWEN2, "layer_types": ["attention"] * 2}, "layer_types"),
+    "layer-types-chunked": ({**_QWEN2, "layer_types": ["chunked_attention"] * 2}, "layer_types"),
+    "sliding-layer-no-window": (
+        {**_QWEN2, "layer_types": ["sliding_attention"] * 2},
+        "without a sliding window",
+    ),
+    "zero-window": ({**_LLAMA, "model_type": "mistral", "sliding_window": 0}, "sliding_window"),
+    "kv-heads-not-dividing": ({**_LLAMA, "num_key_value_heads": 3}, "key/value heads"),
+    "qwen-default-kv-heads": (
+        {"model_type": "qwen2", **_MINIMAL, "num_attention_heads": 8},
+        "key/value heads",
+    ),
+    "llama-hidden-not-multiple": (
+        {**_LLAMA, "num_attention_heads": 3, "num_key_value_heads": 1, "head_dim": 16},
+        "multiple",
+    ),
+    "zero-size": ({**_LLAMA, "intermediate_size": 0}, "size below 1"),
+    "int-eps": ({**_LLAMA, "rms_norm_eps": 1}, "rms_norm_eps"),
+    "int-tie": ({**_LLAMA, "tie_word_embeddings": 1}, "tie_word_embeddings"),
+    "float-vocab": ({**_LLAMA, "vocab_size": 1000.0}, "vocab_size"),
+    "str-eos": ({**_LLAMA, "eos_token_id": "2"}, "eos_token_id"),
+    "null-bias": ({**_LLAMA, "attention_bias": None}, "attention_bias"),
+    "qwen3-null-head-dim": ({**_LLAMA, "model_type": "qwen3", "head_dim": None}, "head_dim"),
+    "qwen2-null-head-dim": ({**_QWEN2, "head_dim": None}, "head_dim"),
+    "mistral-null-kv": (
+        {**_LLAMA, "model_type": "mistral", "num_key_value_heads": None},
+        "num_key_value_heads",
+    ),
+    "pad-outside-vocab": ({**_LLAMA, "vocab_size": 100, "pad_token_id": 100}, "pad_token_id"),
+    "bad-dtype": ({**_LLAMA, "torch_dtype": "bogus"}, "torch_dtype"),
+    "bad-quantization": ({**_LLAMA, "quantization_config": "fp8"}, "quantization_config"),
+    "other-model": ({**_LLAMA, "model_type": "gemma"}, "model type"),
+    "moe-model": ({**_LLAMA, "model_type": "qwen3_moe"}, "model type"),
+    "no-model-type": ({k: v for k, v in _LLAMA.items() if k != "model_type"}, "model type"),
+}
+
+
+@pytest.mark.parametrize("config,why", list(_REFUSED.values()), ids=list(_REFUSED))
+def test_refused(tmp_path, config, why):
+    original = copy.deepcopy(config)
+    with pytest.raises(UnsupportedConfig, match=why):
+        parse_config(config)
+    assert config == original  # the parsed dict is not modified
+    assert read_config(_write(tmp_path, config)) is None
+
+
+def test_unreadable_files_are_refused(tmp_path):
+    assert read_config(str(tmp_path)) is None  # no config.json
+    (tmp_path / "config.json").write_text("{not json")
+    assert read_config(str(tmp_path)) is None
+    (tmp_path / "config.json").write_text("[1, 2]")
+    assert read_config(str(tmp_path)) is None
