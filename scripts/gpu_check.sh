@@ -5,7 +5,7 @@
 # machine with 2+ GPUs tensor parallelism (B5, B1s at TP=2) and --data-parallel.
 # The mixture-of-experts stage (~4 minutes) runs only when asked: STAGES="moe" (its GPU tests, the
 # B6 decode step against its roofline, B6 async beside transformers' forward); STAGES="fp8" the FP8 ones
-# (fp8-tests, fp8-bench; fp8-b1 runs B1 alone).
+# (fp8-tests, fp8-bench; fp8-b1 runs B1 alone); STAGES="startup startup-newest" the start-up A/Bs.
 #   bash scripts/gpu_check.sh OUTDIR        (or: make gpu-check OUT=OUTDIR)
 #   STAGES="tests bench" BENCH_ARGS="--workload B3" bash scripts/gpu_check.sh OUTDIR   (a subset; also
 #   STEP_ARGS, TP_ARGS, TESTS_LIMIT)
@@ -81,6 +81,14 @@ TP_ARGS="${TP_ARGS:---workload B5 --workload B1s --tensor-parallel 2 --mode asyn
 has tp && stage tp 420 "$RUN/tp.log" "$PY" -m batchgen.bench $TP_ARGS --out "$RUN/tp"
 # --data-parallel over every visible GPU vs one GPU.
 has dp && stage dp 240 "$RUN/dp.log" "$PY" scripts/dp_check.py
+# Start-up (issue 15): its phases with the checkpoint read from its files, through transformers, and with
+# every package transformers finds imported; "startup-newest" the same under the newest transformers
+# (.gpu-assets/newest, installed apart from the machine's own).
+has startup && stage startup 300 "$RUN/startup.log" "$PY" scripts/startup_ab.py --rounds "${STARTUP_ROUNDS:-2}"
+if has startup-newest && "$PY" -m pip install -q --no-index --no-deps --target /tmp/site-newest .gpu-assets/newest/*.whl; then
+    PYTHONPATH="/tmp/site-newest:$PYTHONPATH" stage startup-newest 300 "$RUN/startup-newest.log" \
+        "$PY" scripts/startup_ab.py --rounds "${STARTUP_ROUNDS:-2}"
+fi
 # STAGES="moe" = moe-tests moe-step moe-bench (each also alone: one device call holds 10 minutes).
 moe() { has moe || has "moe-$1"; }
 moe tests && stage moe-tests 180 "$RUN/moe-tests.log" "$PY" -m pytest -q -m gpu -k "$MOE_TESTS" \
