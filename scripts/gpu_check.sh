@@ -5,7 +5,7 @@
 # machine with 2+ GPUs tensor parallelism (B5, B1s at TP=2) and --data-parallel.
 # The mixture-of-experts stage (~4 minutes) runs only when asked: STAGES="moe" (its GPU tests, the
 # B6 decode step against its roofline, B6 async beside transformers' forward); STAGES="fp8" the FP8 ones
-# (fp8-tests, fp8-bench; fp8-b1 runs B1 alone); STAGES="startup startup-newest" the start-up A/Bs.
+# (fp8-tests, fp8-bench; fp8-b1 runs B1 alone); STAGES="startup startup-newest startup-8b" the start-up A/Bs.
 #   bash scripts/gpu_check.sh OUTDIR        (or: make gpu-check OUT=OUTDIR)
 #   STAGES="tests bench" BENCH_ARGS="--workload B3" bash scripts/gpu_check.sh OUTDIR   (a subset; also
 #   STEP_ARGS, TP_ARGS, TESTS_LIMIT)
@@ -85,6 +85,9 @@ has dp && stage dp 240 "$RUN/dp.log" "$PY" scripts/dp_check.py
 # every package transformers finds imported; "startup-newest" the same under the newest transformers
 # (.gpu-assets/newest, installed apart from the machine's own).
 has startup && stage startup 300 "$RUN/startup.log" "$PY" scripts/startup_ab.py --rounds "${STARTUP_ROUNDS:-2}"
+# An 8B checkpoint's start-up (random Llama-3-8B weights written to disk first; the target: <= 12 s plus
+# the time to read its weights).
+has startup-8b && stage startup-8b 420 "$RUN/startup-8b.log" "$PY" scripts/startup_ab.py --rounds 1 --arch llama3-8b
 if has startup-newest && "$PY" -m pip install -q --no-index --no-deps --target /tmp/site-newest .gpu-assets/newest/*.whl; then
     PYTHONPATH="/tmp/site-newest:$PYTHONPATH" stage startup-newest 300 "$RUN/startup-newest.log" \
         "$PY" scripts/startup_ab.py --rounds "${STARTUP_ROUNDS:-2}"

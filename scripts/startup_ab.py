@@ -63,9 +63,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--prompts", type=int, default=256)
     ap.add_argument("--model", default=None)
+    ap.add_argument("--arch", default=None, help="a random checkpoint of this shape (bench ARCHS: llama3-8b)")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="startup-ab-"))
-    model, prompts = startup_inputs(tmp, args.model, args.prompts)
+    model, prompts = startup_inputs(tmp, args.model, args.prompts, args.arch)
     _run_once(tmp, prompts, model, {}, -1)  # untimed: compiles and caches what the first run would
     for name, code in FLOORS.items():
         times = [_seconds([sys.executable, "-c", code], _env({})) for _ in range(args.rounds)]

