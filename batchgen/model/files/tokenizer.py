@@ -1,7 +1,8 @@
 """A checkpoint's tokenizer read with ``tokenizers`` and ``jinja2`` alone (importing transformers for
 ``AutoTokenizer.from_pretrained`` costs a CPU process ~2 s). ``FileTokenizer.load`` returns one only where
 transformers (releases 5.23.0 to 5.24.0: ``verified_transformers``) builds a ``TokenizersBackend`` over
-``tokenizer.json`` as is, with the same special tokens and chat template; wherever ids, decoding or
+``tokenizer.json`` as is, or a ``Qwen2Tokenizer`` that encodes and decodes as tokenizer.json does
+(tokenizer_classes.py), with the same special tokens and chat template; wherever ids, decoding or
 rendering could differ it returns None, and the caller loads the tokenizer through transformers.
 ``FileTokenizer.open`` raises ``Refused`` with the reason instead."""
 
@@ -17,40 +18,32 @@ from tokenizers import AddedToken, Tokenizer
 from tokenizers.processors import TemplateProcessing
 
 from batchgen.model.files.chat_template import render_chat, template_variables
+from batchgen.model.files.tokenizer_classes import (
+    QWEN2_SPECIAL_DEFAULTS,
+    QWEN2_TOKENIZER,
+    Refused,
+    qwen2_backend,
+    tokenizer_class,
+)
 
 _NAMED = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
-# tokenizer_class values for which AutoTokenizer builds TokenizersBackend straight from tokenizer.json.
-_VERBATIM_CLASSES = frozenset({"TokenizersBackend", "PreTrainedTokenizerFast"})
 # The transformers releases whose loading and rendering this file and chat_template.py reproduce, both
 # bounds included. The rules were derived from 5.24.0; each other release was verified by diffing its
 # tokenizer code (tokenization_utils_tokenizers.py, tokenization_utils_base.py,
-# models/auto/tokenization_auto.py, utils/chat_template_utils.py) against 5.24.0's and by running
-# tests/model/test_file_tokenizer.py under it. Older releases render or load differently: before 5.23.0
-# messages keep None-valued keys and fewer model types are remapped, before 5.22.2 a template's `namespace`
-# takes underscore names (5.22.2 raises) and `dict` is the class itself, before 5.21.0 reasoning is not
-# aliased. Newer ones are unverified, patch releases too (5.22.2 changed rendering), so they are refused, as
-# are dev and pre-releases.
+# models/auto/tokenization_auto.py, models/qwen2/tokenization_qwen2.py, utils/chat_template_utils.py)
+# against 5.24.0's and by running tests/model/test_file_tokenizer*.py under it. Older releases render or
+# load differently: before 5.23.0 messages keep None-valued keys and fewer model types are remapped, before
+# 5.22.2 a template's `namespace` takes underscore names (5.22.2 raises) and `dict` is the class itself,
+# before 5.21.0 reasoning is not aliased. Newer ones are unverified, patch releases too (5.22.2 changed
+# rendering), so they are refused, as are dev and pre-releases.
 _OLDEST_TRANSFORMERS = (5, 23, 0)
 _NEWEST_TRANSFORMERS = (5, 24, 0)
 # tokenizer_config.json keys that make transformers pick another class or build or patch the backend.
 _REFUSED_KEYS = (
     "auto_map", "fast_tokenizer_files", "tokenizer_object", "gguf_file", "post_processor",
     "tokenizer_padding", "tokenizer_truncation", "_json_truncation", "_json_padding", "fix_mistral_regex",
+    "model_specific_special_tokens",
 )  # fmt: skip
-# MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS (models/auto/tokenization_auto.py, 5.23 and 5.24): AutoTokenizer
-# builds these model types' own tokenizer class, whatever tokenizer_class says.
-_REMAPPED_MODEL_TYPES = frozenset((
-    "arctic", "chatlm", "ernie4_5", "ernie4_5_moe", "fuyu", "h2ovl_chat", "hyperclovax", "hyperclovax_vlm",
-    "hyperclovax_vision_v2", "internlm2", "internlm3", "iquestcoder", "jamba", "llava", "llava_next",
-    "minicpm3", "minicpmv", "minimax_m2", "modernbert", "modernbert-decoder", "molmo", "molmo2", "nemotron",
-    "nvfp4", "opencua", "openvla", "paddleocr_vl", "phi3", "phi3_v", "phimoe", "qwen2", "qwen3_5",
-    "qwen3_5_moe", "qwen3_5_moe_text", "qwen4_exp", "step3_vl", "vipllava", "cohere_asr", "camembertv2-base",
-    "siglip2", "smolvlm",
-))  # fmt: skip
-
-
-class Refused(Exception):
-    """Why a directory's tokenizer cannot be reproduced without transformers."""
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -99,20 +92,17 @@ def _check_transformers() -> None:
         raise Refused(f"checked against transformers {oldest} to {newest} only (installed: {installed})")
 
 
-def _check_class(directory: Path, config: dict[str, Any]) -> None:
-    """AutoTokenizer must pick TokenizersBackend: other classes rebuild the backend from vocab and merges,
-    remote code may do anything, and tekken.json may select MistralCommonBackend."""
+def _check_class(directory: Path, config: dict[str, Any]) -> tuple[str, str]:
+    """(the class AutoTokenizer picks, what selects it): TokenizersBackend or Qwen2Tokenizer
+    (``tokenizer_classes.tokenizer_class``). Other classes build their backends otherwise, remote code may do
+    anything, and tekken.json may select MistralCommonBackend."""
     for key in _REFUSED_KEYS:
         if key in config:
             raise Refused(f"tokenizer_config.json sets {key}")
-    if config.get("tokenizer_class") not in _VERBATIM_CLASSES:
-        raise Refused(f"tokenizer_class {config.get('tokenizer_class')!r} does not use tokenizer.json as is")
     if (directory / "tekken.json").exists():
         raise Refused("tekken.json: transformers may load MistralCommonBackend")
     model = _read_json(directory / "config.json") if (directory / "config.json").exists() else {}
-    for key in ("model_type", "model_name"):
-        if isinstance(model.get(key), str) and model[key] in _REMAPPED_MODEL_TYPES:
-            raise Refused(f"transformers overrides tokenizer_class for {key} {model[key]!r}")
+    return tokenizer_class(str(directory), config, model)
 
 
 def _check_options(config: dict[str, Any]) -> list[str]:
@@ -232,13 +222,17 @@ def _special_tokens(config: dict[str, Any]) -> tuple[dict[str, str], list[str]]:
     return specials, [_content(value, "extra_special_tokens") or "" for value in extra or ()]
 
 
-def _check_special_tokens(directory: Path, config: dict[str, Any], backend: Tokenizer) -> dict[str, str]:
-    """transformers adds every special token that is not an added token yet (new ids, new splits) and marks
-    a declared token special when it names one: both change the backend, so both are refused."""
+def _check_special_tokens(
+    directory: Path, config: dict[str, Any], backend: Tokenizer, defaults: dict[str, str]
+) -> tuple[dict[str, str], list[str], dict[int, AddedToken]]:
+    """(the special tokens by name, the texts of all of them, the declared added tokens), with the class's
+    ``defaults`` for tokens that no file sets. transformers adds every special token that is not an added
+    token yet (new ids, new splits) and marks a declared token special when it names one: both change the
+    backend, so both are refused."""
     declared = _declared_tokens(directory, config, backend)
     if "added_tokens_decoder" not in config:
         config = {**config, **_legacy_special_map(directory)}
-    specials, extra = _special_tokens(config)
+    specials, extra = _special_tokens({**defaults, **config})
     added = {token.content for token in backend.get_added_tokens_decoder().values()}
     for text in [*specials.values(), *extra]:
         if text not in added:
@@ -246,7 +240,7 @@ def _check_special_tokens(directory: Path, config: dict[str, Any], backend: Toke
     named = set(specials.values())
     if any(token.content in named and not token.special for token in declared.values()):
         raise Refused("a named special token is not marked special (transformers would change it)")
-    return specials
+    return specials, [*specials.values(), *extra], declared
 
 
 class FileTokenizer:
@@ -284,10 +278,15 @@ class FileTokenizer:
             if not (directory / name).is_file():
                 raise Refused(f"no {name}")
         config = _read_json(directory / "tokenizer_config.json")
-        _check_class(directory, config)
+        name, why = _check_class(directory, config)
         names, template = _check_options(config), _chat_template(directory, config)
         backend = _backend(directory)
-        return cls(backend, str(path), _check_special_tokens(directory, config, backend), template, names)
+        qwen2 = name == QWEN2_TOKENIZER
+        defaults = QWEN2_SPECIAL_DEFAULTS if qwen2 else {}
+        specials, texts, declared = _check_special_tokens(directory, config, backend, defaults)
+        if qwen2:  # the backend as Qwen2Tokenizer builds it, where it encodes as tokenizer.json's
+            backend = qwen2_backend(backend, directory, config, why, declared, texts)
+        return cls(backend, str(path), specials, template, names)
 
     def __getattr__(self, name: str) -> Any:
         """``eos_token`` -> its text, ``eos_token_id`` -> its id (None when unset), as transformers."""
