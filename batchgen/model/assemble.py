@@ -12,7 +12,7 @@ from typing import NamedTuple
 import torch
 
 from batchgen.model.fused import Attention, DenseMLP, FusedForward, Layer, ProjectionNorm
-from batchgen.model.moe import is_moe, moe_mlp
+from batchgen.model.moe import MoELayout, moe_mlp
 from batchgen.model.spec import ModelSpec, ModelStructure, rope_tables
 from batchgen.model.weights.formats import Linear, WeightFormat
 from batchgen.model.weights.fp8 import kv_scales
@@ -71,7 +71,7 @@ def assemble(
     heads = head_shard(spec.q_heads, spec.kv_heads, group.rank, group.size)
     vocab = vocab_span(spec.vocab, group.rank, group.size)
     load = Loader(source, fmt, group, dtype)
-    layers = [_layer(load, spec, module, i, heads, fp8_cache) for i, module in enumerate(structure.layers)]
+    layers = [_layer(load, spec, moe, i, heads, fp8_cache) for i, moe in enumerate(structure.layers)]
     embed = load.dense("model.embed_tokens.weight", load.span(vocab))
     head_name = "model.embed_tokens.weight" if spec.tied_embeddings else "lm_head.weight"
     head = embed if spec.tied_embeddings else load.dense(head_name, load.span(vocab))
@@ -86,16 +86,16 @@ def assemble(
 
 
 def _layer(
-    load: Loader, spec: ModelSpec, module: torch.nn.Module | None, i: int, heads: HeadShard, fp8_cache: bool
+    load: Loader, spec: ModelSpec, moe: MoELayout | None, i: int, heads: HeadShard, fp8_cache: bool
 ) -> Layer:
+    """Decoder layer ``i``; ``moe``: its sparse MLP, None for a dense one (all layers of a dense model, and
+    the layers between MoE ones that ``mlp_only_layers`` or ``decoder_sparse_step`` leave dense)."""
     prefix = f"model.layers.{i}."
     attn = _attention(load, spec, prefix + "self_attn.", heads, spec.sliding_windows[i])
     if fp8_cache:
         attn = attn._replace(kv_scales=kv_scales(load.source, prefix))
-    if module is not None and is_moe(
-        module
-    ):  # dense layers between MoE ones (mlp_only_layers, decoder_sparse_step) stay dense
-        mlp, mlp_quant = moe_mlp(load, spec.model_type, module, prefix), None
+    if moe is not None:
+        mlp, mlp_quant = moe_mlp(load, moe, prefix), None
     else:
         mlp = _dense_mlp(load, spec, prefix + "mlp.")
         mlp_quant = mlp.gate_up.act_quant  # the post-attention norm writes the MLP's input as it wants it

@@ -93,8 +93,7 @@ class ForwardChoice(NamedTuple):
 def choose_forward(options: EngineConfig, files: ModelFiles) -> ForwardChoice:
     config = files.hf_config
     if isinstance(config, FileConfig):  # read only for architectures the fused forward runs
-        spec = model_spec(config)
-        return ForwardChoice(ModelStructure(spec, config, [None] * spec.num_layers), None, None)
+        return ForwardChoice(ModelStructure(model_spec(config), config, config.moe_layouts), None, None)
     skeleton = files.module if files.module is not None else meta_skeleton(config, options.trust_remote_code)
     reason = transformers_reason(options, skeleton)
     return ForwardChoice(None if reason else skeleton_structure(skeleton), reason, skeleton)

@@ -6,7 +6,8 @@ CPU, Triton kernels on CUDA, ``kernels/moe.py``), and for Qwen2-MoE a shared exp
 gate. Under tensor parallelism each rank holds the intermediate rows ``I / K`` of every expert (gate and
 up rows, down columns) and of the shared expert, so its output is a partial sum: one all-reduce of the
 layer's output combines them. Dense layers between MoE ones (``mlp_only_layers``,
-``decoder_sparse_step``) stay ``DenseMLP``: ``assemble.py`` asks ``is_moe`` of each layer's module.
+``decoder_sparse_step``) stay ``DenseMLP``: each decoder layer's ``MoELayout`` (None for a dense MLP) comes
+from its module on a meta skeleton (``layout_of``) or from the config file (``files/moe_config.py``).
 
 Routing stays in torch ops on both backends: bf16 router logits often tie (8 mantissa bits, 128
 experts), and only ``torch.topk`` itself breaks ties the way transformers' ``torch.topk`` does.
@@ -33,19 +34,31 @@ if TYPE_CHECKING:
 class Routing(NamedTuple):
     num_experts: int
     top_k: int
-    renormalize: (
-        bool  # top-k probabilities divided by their sum (config's norm_topk_prob; always for Mixtral)
-    )
+    renormalize: bool  # top-k probabilities divided by their sum (norm_topk_prob; always for Mixtral)
     fp32_weights: bool  # Mixtral keeps the routing weights in fp32; the others round them to the model dtype
 
 
-def is_moe(layer: torch.nn.Module) -> bool:
-    """Whether a decoder layer's MLP is a sparse MoE block (meta skeleton or real module)."""
-    return hasattr(layer.mlp, "experts")
+class MoELayout(NamedTuple):
+    """One decoder layer's sparse MLP, all ``moe_mlp`` needs besides the weights: whether it was read off
+    transformers' modules or off config.json, the build is the same."""
+
+    routing: Routing
+    intermediate: int  # each routed expert's intermediate size
+    shared_intermediate: int | None  # Qwen2-MoE's shared expert (None: the layer has none)
 
 
-def routing_of(model_type: str, mlp: torch.nn.Module) -> Routing:
-    gate = mlp.gate  # transformers' TopKRouter
+def layout_of(model_type: str, layer: torch.nn.Module) -> MoELayout | None:
+    """A decoder layer's MoE MLP as transformers built it (meta skeleton or real module); None for a
+    dense MLP."""
+    mlp = layer.mlp
+    if not hasattr(mlp, "experts"):
+        return None
+    shared = mlp.shared_expert.intermediate_size if hasattr(mlp, "shared_expert") else None
+    return MoELayout(_routing_of(model_type, mlp.gate), mlp.experts.intermediate_dim, shared)
+
+
+def _routing_of(model_type: str, gate: torch.nn.Module) -> Routing:
+    """The routing of transformers' TopKRouter module."""
     renormalize = bool(getattr(gate, "norm_topk_prob", True))  # Mixtral's router always renormalises
     return Routing(gate.num_experts, gate.top_k, renormalize, fp32_weights=model_type == "mixtral")
 
@@ -95,27 +108,26 @@ class MoEMLP:
         return self.group.all_reduce(out)
 
 
-def moe_mlp(load: Loader, model_type: str, layer: torch.nn.Module, layer_prefix: str) -> MoEMLP:
-    """The MoE MLP of one decoder layer (``layer``: its skeleton module, for the sizes).
+def moe_mlp(load: Loader, layout: MoELayout, layer_prefix: str) -> MoEMLP:
+    """The MoE MLP of one decoder layer (``layout``: its routing and sizes).
 
     The routed experts are 16-bit grouped GEMMs whatever the weight format: an FP8 checkpoint's experts
     are dequantized as they are read (twice their checkpoint bytes), and ``--quantization fp8`` leaves
     them as stored; the shared expert and attention take the format's projections."""
-    mlp, group = layer.mlp, load.group
-    routing = routing_of(model_type, mlp)
-    inter = mlp.experts.intermediate_dim
+    routing, inter, group = layout.routing, layout.intermediate, load.group
     rows = load.span(even_span(inter, group.rank, group.size))
     gate_up, down = expert_stacks(
         load.source, layer_prefix, routing.num_experts, inter, rows, load.dtype, load.tensor
     )
     router = load.dense(router_name(load.source, layer_prefix))
-    shared = _shared_expert(load, mlp, layer_prefix + "mlp.") if hasattr(mlp, "shared_expert") else None
+    shared = layout.shared_intermediate
+    shared = None if shared is None else _shared_expert(load, shared, layer_prefix + "mlp.")
     return MoEMLP(router, routing, gate_up, down, shared, group)
 
 
-def _shared_expert(load: Loader, mlp: torch.nn.Module, prefix: str) -> SharedExpert:
+def _shared_expert(load: Loader, intermediate: int, prefix: str) -> SharedExpert:
     group = load.group
-    rows = even_span(mlp.shared_expert.intermediate_size, group.rank, group.size)
+    rows = even_span(intermediate, group.rank, group.size)
     base = prefix + "shared_expert."
     parts = [Part(base + "gate_proj.weight", load.span(rows)), Part(base + "up_proj.weight", load.span(rows))]
     gate_up = load.fmt.linear(load.source, parts, bias=True)

@@ -13,6 +13,8 @@ from typing import Any, NamedTuple
 
 import torch
 
+from batchgen.model.moe import MoELayout, layout_of
+
 DENSE_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 MOE_MODEL_TYPES = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe")  # the MoE layer: model/moe.py
 # Attention windows read off the config, not the attention module.
@@ -42,18 +44,20 @@ class ModelSpec:
 
 
 class ModelStructure(NamedTuple):
-    """What ``assemble`` builds from: the spec, the config, and each decoder layer's module on the meta
-    device where one exists (MoE layers read their routing and sizes off it); a model read from its
-    files alone (``model/files/config.py``: dense architectures) has None for every layer."""
+    """What ``assemble`` builds from: the spec, the config, and each decoder layer's MLP: its
+    ``MoELayout``, None for a dense one. Read off transformers' modules (``skeleton_structure``) or
+    off the config file alone (``model/files/config.py``)."""
 
     spec: ModelSpec
     config: Any  # a transformers config, or a FileConfig
-    layers: Sequence[torch.nn.Module | None]
+    layers: Sequence[MoELayout | None]
 
 
 def skeleton_structure(model: torch.nn.Module) -> ModelStructure:
+    """The structure of a model whose config only transformers reads: read off its modules."""
     spec = describe(model)
-    return ModelStructure(spec, model.config, list(model.model.layers[: spec.num_layers]))
+    layers = [layout_of(spec.model_type, layer) for layer in model.model.layers[: spec.num_layers]]
+    return ModelStructure(spec, model.config, layers)
 
 
 def unsupported_reason(model: torch.nn.Module) -> str | None:

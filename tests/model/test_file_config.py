@@ -380,7 +380,7 @@ _REFUSED = {
     "bad-dtype": ({**_LLAMA, "torch_dtype": "bogus"}, "torch_dtype"),
     "bad-quantization": ({**_LLAMA, "quantization_config": "fp8"}, "quantization_config"),
     "other-model": ({**_LLAMA, "model_type": "gemma"}, "model type"),
-    "moe-model": ({**_LLAMA, "model_type": "qwen3_moe"}, "model type"),
+    "other-moe-model": ({**_LLAMA, "model_type": "phimoe"}, "model type"),
     "no-model-type": ({k: v for k, v in _LLAMA.items() if k != "model_type"}, "model type"),
 }
 

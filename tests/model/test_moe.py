@@ -11,6 +11,7 @@ from batchgen.kernels import cpu_linear
 from batchgen.model import attention
 from batchgen.model.backends import TorchBackend
 from batchgen.model.build import ModelFiles, build_model
+from batchgen.model.files.config import FileConfig, read_config
 from batchgen.model.forward import TransformersForward
 from batchgen.model.moe import MoEMLP
 from batchgen.model.spec import unsupported_reason
@@ -110,14 +111,18 @@ def test_checkpoint_layouts_load_like_the_model(arch, tmp_path):
             gate_up_r, torch.cat([gate_up[:, rows.start : rows.stop], gate_up[:, inter + rows.start :]], 1)
         )
         assert torch.equal(down_r, down[:, :, rows.start : rows.stop])
-    files = ModelFiles(str(path), model.config)
     options = EngineConfig(model_impl="batchgen")
-    loaded = build_model(options, files, ParallelGroup.single(), torch.device("cpu"), torch.float32, 64)
     ids = torch.randint(0, 100, (9,), generator=torch.Generator().manual_seed(4))
     with torch.inference_mode():
         expected = _fused_logits(build_forward(model, "batchgen", 64), model, ids, [9], torch.float32)
-        got = _fused_logits(loaded.forward, model, ids, [9], torch.float32)
-    assert torch.equal(got, expected)
+    file_config = read_config(str(path))
+    assert isinstance(file_config, FileConfig)
+    for config in (model.config, file_config):  # the structure read off the skeleton, then off config.json
+        files = ModelFiles(str(path), config)
+        loaded = build_model(options, files, ParallelGroup.single(), torch.device("cpu"), torch.float32, 64)
+        with torch.inference_mode():
+            got = _fused_logits(loaded.forward, model, ids, [9], torch.float32)
+        assert torch.equal(got, expected)
 
 
 def test_expert_parts_of_a_fused_tensor(tmp_path):

@@ -1,23 +1,28 @@
-"""A dense checkpoint's ``config.json`` read without transformers, as transformers 5.24 reads it: the config
+"""A checkpoint's ``config.json`` read without transformers, as transformers 5.24 reads it: the config
 classes' defaults and derivations (``models/*/configuration_*.py``), RoPE standardization
 (``modeling_rope_utils.py``), and what the attention and rotary modules derive (``model_spec``: the
-``ModelSpec`` that ``describe`` reads off a meta skeleton). Wherever transformers could read a config
-differently it refuses (``read_config`` returns None) and the caller loads it through transformers."""
+``ModelSpec`` that ``describe`` reads off a meta skeleton). Dense architectures here, the
+mixture-of-experts ones in ``moe_config.py`` (with each layer's ``MoELayout``). Wherever transformers
+could read a config differently it refuses (``read_config`` returns None) and the caller loads it through
+transformers."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from batchgen.model.files import moe_config as moe
+from batchgen.model.files.checks import BOOL, INT, NUMBER, OPT_INT, UnsupportedConfig, check_layer_types, of
+from batchgen.model.moe import MoELayout
 from batchgen.model.spec import ModelSpec
 
 DENSE_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+TYPES = DENSE_TYPES + moe.MOE_TYPES
 DEFAULT_THETA = 10_000.0  # RotaryEmbeddingConfigMixin.default_theta
 # The RoPE kinds read here, with what each needs besides rope_theta (transformers' _validate_*_parameters).
 _ROPE_NEEDS: dict[str, tuple[str, ...]] = {
@@ -27,7 +32,6 @@ _ROPE_NEEDS: dict[str, tuple[str, ...]] = {
 }
 ROPE_TYPES = tuple(_ROPE_NEEDS)
 _ACTIVATIONS = ("silu", "swish")
-_LAYER_TYPES = ("full_attention", "sliding_attention")
 _ROPE_KEYS = frozenset(
     ("rope_type", "type", "rope_theta", "factor", "low_freq_factor", "high_freq_factor")
     + ("original_max_position_embeddings", "partial_rotary_factor")
@@ -40,8 +44,13 @@ _REFUSED_KEYS = (
     "attention_chunk_size", "fusion_config", "transformers_weights",
 )  # fmt: skip
 # Per type: keys the modelling code would read although batchgen's spec ignores them (Llama's cache and
-# generation masks follow ``sliding_window``; Mistral only warns about ``layer_types``).
-_REFUSED_PER_TYPE = {"llama": ("sliding_window", "layer_types"), "mistral": ("layer_types",)}
+# generation masks follow ``sliding_window``; Mistral only warns about ``layer_types``), and expert sizes,
+# which a dense model's transformers config would hand config_problem.
+_EXPERT_SIZES = ("moe_intermediate_size", "shared_expert_intermediate_size")
+_REFUSED_PER_TYPE = {
+    "llama": ("sliding_window", "layer_types", *_EXPERT_SIZES), "mistral": ("layer_types", *_EXPERT_SIZES),
+    "qwen2": _EXPERT_SIZES, "qwen3": _EXPERT_SIZES, **moe.MOE_REFUSED,
+}  # fmt: skip
 
 _COMMON_DEFAULTS: dict[str, Any] = {
     "hidden_act": "silu", "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "pad_token_id": None,
@@ -67,34 +76,25 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     },
     "qwen2": {**_COMMON_DEFAULTS, **_QWEN_DEFAULTS},  # no head_dim field: hidden / heads unless given
     "qwen3": {**_COMMON_DEFAULTS, **_QWEN_DEFAULTS, "head_dim": 128},
+    **moe.MOE_DEFAULTS,
 }  # fmt: skip
-
-
-def _of(*types: type) -> Callable[[Any], bool]:
-    """A check of a value's exact type, as huggingface_hub's @strict makes it (1 is no float, True no int)."""
-    return lambda v: type(v) in types
-
-
-_INT, _OPT_INT, _BOOL, _NUMBER = _of(int), _of(int, type(None)), _of(bool), _of(int, float)
-_KINDS: dict[str, Callable[[Any], bool]] = {
-    **dict.fromkeys(("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers"), _INT),
-    **dict.fromkeys(("num_attention_heads", "max_position_embeddings", "max_window_layers"), _INT),
-    **dict.fromkeys(("num_key_value_heads", "head_dim", "pad_token_id", "bos_token_id"), _OPT_INT),
-    **dict.fromkeys(("tie_word_embeddings", "use_sliding_window", "attention_bias", "mlp_bias"), _BOOL),
-    "sliding_window": _OPT_INT, "rms_norm_eps": _of(float), "hidden_act": _of(str),
-    "eos_token_id": lambda v: _OPT_INT(v) or (type(v) is list and all(map(_INT, v))),
+_KINDS = {
+    **dict.fromkeys(("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers"), INT),
+    **dict.fromkeys(("num_attention_heads", "max_position_embeddings", "max_window_layers"), INT),
+    **dict.fromkeys(("num_key_value_heads", "head_dim", "pad_token_id", "bos_token_id"), OPT_INT),
+    **dict.fromkeys(("tie_word_embeddings", "use_sliding_window", "attention_bias", "mlp_bias"), BOOL),
+    "sliding_window": OPT_INT, "rms_norm_eps": of(float), "hidden_act": of(str),
+    "eos_token_id": lambda v: OPT_INT(v) or (type(v) is list and all(map(INT, v))), **moe.MOE_KINDS,
 }  # fmt: skip
 # Fields whose None the config class rejects (or, for Qwen2's head_dim, the attention module trips on).
 _SIZES = (
     "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
     "max_position_embeddings",
 )  # fmt: skip
-_NOT_NONE = {"mistral": ("num_key_value_heads",), "qwen2": ("head_dim",), "qwen3": ("head_dim",)}
-_TYPE_FIELDS = {"llama": ("attention_bias", "mlp_bias"), "qwen3": ("attention_bias",)}
-
-
-class UnsupportedConfig(Exception):
-    """A config this reader cannot reproduce exactly: transformers must read it."""
+_NOT_NONE = {
+    "mistral": ("num_key_value_heads",), "qwen2": ("head_dim",), "qwen3": ("head_dim",), **moe.MOE_NOT_NONE,
+}  # fmt: skip
+_TYPE_FIELDS = {"llama": ("attention_bias", "mlp_bias"), "qwen3": ("attention_bias",), **moe.MOE_TYPE_FIELDS}
 
 
 @dataclass(frozen=True)
@@ -119,11 +119,11 @@ class FileConfig:
     quantization_config: dict | None
     sliding_windows: tuple[int | None, ...]  # per layer, as the attention modules have them
     rope_parameters: dict[str, Any]  # standardized as transformers' config.rope_parameters
+    moe_layouts: tuple[MoELayout | None, ...]  # per layer: its sparse MLP, None for a dense one
     raw: dict[str, Any]  # the parsed config.json
-
-    # Dense models have no experts (callers read these with getattr, as on MoE configs).
-    moe_intermediate_size = None
-    shared_expert_intermediate_size = None
+    # The configs that have them (Qwen's MoE types): config_problem reads them as on transformers' configs.
+    moe_intermediate_size: int | None = None
+    shared_expert_intermediate_size: int | None = None
 
     def get_text_config(self, decoder: bool | None = None, encoder: bool | None = None) -> FileConfig:
         return self  # a flat config is its own text config, as in transformers
@@ -153,7 +153,8 @@ def parse_config(raw: Any) -> FileConfig:
         bos_token_id=values["bos_token_id"], eos_token_id=values["eos_token_id"],
         pad_token_id=_pad_id(values["pad_token_id"], sizes["vocab_size"]),
         quantization_config=_quantization(raw), sliding_windows=_sliding_windows(model_type, values, raw),
-        rope_parameters=_rope_parameters(raw, sizes["max_position_embeddings"]), raw=raw,
+        rope_parameters=_rope_parameters(raw, sizes["max_position_embeddings"], model_type), raw=raw,
+        **_mlps(model_type, values, raw),
     )  # fmt: skip
 
 
@@ -177,7 +178,7 @@ def _typed_values(raw: Any) -> dict[str, Any]:
 def _model_type(raw: Any) -> str:
     """The model type, once nothing in the config makes transformers build or run another model."""
     model_type = raw.get("model_type") if isinstance(raw, dict) else None
-    if model_type not in DENSE_TYPES:
+    if model_type not in TYPES:
         raise UnsupportedConfig(f"model type {model_type!r}")
     for key in _REFUSED_KEYS + _REFUSED_PER_TYPE.get(model_type, ()):
         if raw.get(key) is not None:
@@ -211,7 +212,16 @@ def _sizes(model_type: str, values: dict[str, Any]) -> dict[str, int]:
         raise UnsupportedConfig(f"{heads} heads, {kv} key/value heads, head_dim {sizes['head_dim']}")
     if model_type == "llama" and hidden % heads:  # LlamaConfig.validate_architecture raises
         raise UnsupportedConfig(f"hidden size {hidden} not a multiple of {heads} heads")
+    if model_type == "olmoe":
+        moe.check_olmoe_heads(hidden, heads, sizes["head_dim"])
     return sizes
+
+
+def _mlps(model_type: str, values: dict[str, Any], raw: dict[str, Any]) -> dict[str, Any]:
+    """Each layer's MLP (a MoELayout, None for a dense one) and the expert sizes a MoE config has."""
+    if model_type not in moe.MOE_TYPES:
+        return {"moe_layouts": (None,) * values["num_hidden_layers"]}
+    return {"moe_layouts": moe.moe_layouts(model_type, values, raw), **moe.expert_sizes(values)}
 
 
 def _pad_id(pad: int | None, vocab: int) -> int | None:
@@ -229,8 +239,10 @@ def _quantization(raw: dict[str, Any]) -> dict | None:
 
 def _sliding_windows(model_type: str, values: dict[str, Any], raw: dict[str, Any]) -> tuple[int | None, ...]:
     """Per layer: Llama none; Mistral the config's window on every layer; Qwen2/Qwen3 the window (if
-    use_sliding_window) on the layers ``layer_types`` marks sliding."""
+    use_sliding_window) on the layers ``layer_types`` marks sliding; the MoE types per ``moe_config``."""
     layers = values["num_hidden_layers"]
+    if model_type in moe.MOE_TYPES:
+        return moe.moe_sliding_windows(model_type, values, raw)
     if model_type == "llama":
         return (None,) * layers
     window = values["sliding_window"]
@@ -250,14 +262,10 @@ def _layer_types(types: Any, window: int | None, max_window_layers: int, layers:
             "sliding_attention" if sliding and i >= max_window_layers else "full_attention"
             for i in range(layers)
         ]
-    if type(types) is not list or len(types) != layers or any(t not in _LAYER_TYPES for t in types):
-        raise UnsupportedConfig(f"layer_types {types!r}")
-    if window is None and "sliding_attention" in types:  # the sliding mask would raise
-        raise UnsupportedConfig("sliding layers without a sliding window")
-    return types
+    return check_layer_types(types, window, layers)
 
 
-def _rope_parameters(raw: dict[str, Any], max_positions: int) -> dict[str, Any]:
+def _rope_parameters(raw: dict[str, Any], max_positions: int, model_type: str) -> dict[str, Any]:
     """``convert_rope_params_to_dict`` + ``standardize_rope_params``: either layout -> one flat dict."""
     scaling, params = raw.get("rope_scaling"), raw.get("rope_parameters")
     if scaling and params:  # transformers keeps rope_scaling and drops rope_parameters, theta included
@@ -266,7 +274,9 @@ def _rope_parameters(raw: dict[str, Any], max_positions: int) -> dict[str, Any]:
     if not isinstance(rope, dict) or not set(rope) <= _ROPE_KEYS:  # per-layer-type dicts, yarn's keys...
         raise UnsupportedConfig(f"rope parameters {rope!r}")
     rope = dict(rope)
-    rope.setdefault("rope_theta", raw.get("rope_theta", DEFAULT_THETA))
+    rope.setdefault(
+        "rope_theta", raw.get("rope_theta", moe.MOE_DEFAULT_THETAS.get(model_type, DEFAULT_THETA))
+    )
     if raw.get("partial_rotary_factor") is not None:
         rope.setdefault("partial_rotary_factor", raw["partial_rotary_factor"])
     rope.setdefault("rope_type", rope.get("type", "default"))
@@ -282,10 +292,10 @@ def _check_rope(rope: dict[str, Any]) -> None:
     if rope["rope_type"] not in ROPE_TYPES:
         raise UnsupportedConfig(f"rope type {rope['rope_type']!r}")
     partial = rope.get("partial_rotary_factor", 1.0)
-    if not _NUMBER(partial) or partial != 1:
+    if not NUMBER(partial) or partial != 1:
         raise UnsupportedConfig(f"partial_rotary_factor {partial!r}")
     for key in ("rope_theta", *_ROPE_NEEDS[rope["rope_type"]]):
-        if not _NUMBER(rope.get(key)):
+        if not NUMBER(rope.get(key)):
             raise UnsupportedConfig(f"rope {key} = {rope.get(key)!r}")
 
 
@@ -325,6 +335,15 @@ def model_spec(cfg: FileConfig) -> ModelSpec:
         q_heads=cfg.num_attention_heads, kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
         vocab=cfg.vocab_size, intermediate=cfg.intermediate_size, eps=cfg.rms_norm_eps,
         scale=cfg.head_dim**-0.5, sliding_windows=cfg.sliding_windows,
-        tied_embeddings=cfg.tie_word_embeddings, qk_norm=cfg.model_type == "qwen3", qk_norm_full=False,
-        inv_freq=inv_freq(cfg), rope_scaling=1.0,  # attention_scaling of default, linear and llama3 RoPE
+        tied_embeddings=cfg.tie_word_embeddings, **_qk_norms(cfg), inv_freq=inv_freq(cfg),
+        rope_scaling=1.0,  # attention_scaling of default, linear and llama3 RoPE
     )  # fmt: skip
+
+
+def _qk_norms(cfg: FileConfig) -> dict[str, bool]:
+    """Qwen3 and Qwen3-MoE norm q and k per head; OLMoE over the whole projections, which ``describe``
+    (comparing the q norm's width with head_dim) reads as per head when there is one head."""
+    if cfg.model_type == "olmoe":
+        full = cfg.hidden_size != cfg.head_dim
+        return {"qk_norm": not full, "qk_norm_full": full}
+    return {"qk_norm": cfg.model_type in ("qwen3", "qwen3_moe"), "qk_norm_full": False}
