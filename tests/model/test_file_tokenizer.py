@@ -21,10 +21,12 @@ from typing import Any
 
 import jinja2
 import pytest
+import transformers
 from tokenizers import Tokenizer
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from batchgen.model.files import tokenizer as file_tokenizer
+from batchgen.model.files.chat_template import TemplateRules, template_rules
 from batchgen.model.files.tokenizer import FileTokenizer, verified_transformers
 
 # fmt: off
@@ -174,23 +176,59 @@ def test_template_features_render_as_transformers(ft, hf, prompt):
     theirs = hf.apply_chat_template(copy.deepcopy(RICH_MESSAGES), chat_template=RICH_TEMPLATE, **kwargs)
     assert mine == theirs
     assert "<assistant>ok<|im_end|>" in mine and "count=3 last=user" in mine  # generation, continue, break
-    assert '"thinking": "because"' in mine and "x<y>&" in mine  # reasoning aliased, no HTML escaping
+    assert "x<y>&" in mine  # no HTML escaping
+    # the installed release's rules: reasoning aliased (5.21.0+), None-valued keys dropped (5.23.0+)
+    assert ('"thinking": "because"' in mine) == ft.template_rules.alias_reasoning
+    assert ('"name": null' in mine) == (not ft.template_rules.drop_none_keys)
     assert mine.endswith("<assistant>") == prompt
 
 
-@pytest.mark.parametrize(
-    "template",
-    [
-        "{{ raise_exception('no ' + messages[0].role) }}",
-        "{% set ns = namespace(_hidden=1) %}",
-        "{% set ns = namespace() %}{% set ns._hidden = 1 %}",
-    ],
-)
-def test_template_errors_raise_as_in_transformers(ft, hf, template):
-    messages = CONVERSATIONS[0]
+def test_template_errors_raise_as_in_transformers(ft, hf):
+    template = "{{ raise_exception('no ' + messages[0].role) }}"
     for tokenizer in (ft, hf):
         with pytest.raises(jinja2.TemplateError):
-            tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False)
+            tokenizer.apply_chat_template(CONVERSATIONS[0], chat_template=template, tokenize=False)
+
+
+# Templates the strict sandbox (5.22.2+) refuses, and older releases render (to the text given: the
+# sandbox hides underscore attributes).
+SANDBOXED = {
+    "{% set ns = namespace(_hidden=1) %}{{ ns._hidden }}": "",
+    "{% set ns = namespace() %}{% set ns._hidden = 2 %}{{ ns._hidden }}": "",
+    "{{ dict is mapping }}{{ dict.__name__ is defined }}": "FalseTrue",
+}
+
+
+@pytest.mark.parametrize("template", SANDBOXED)
+def test_the_sandbox_rule_of_the_installed_release_is_followed(ft, hf, template):
+    rendered = []
+    for tokenizer in (ft, hf):
+        try:
+            rendered.append(
+                tokenizer.apply_chat_template(CONVERSATIONS[0], chat_template=template, tokenize=False)
+            )
+        except jinja2.TemplateError as exc:
+            rendered.append(type(exc))
+    assert rendered[0] == rendered[1]
+    if "namespace" in template:
+        assert rendered[0] == (
+            jinja2.exceptions.SecurityError if ft.template_rules.strict_sandbox else SANDBOXED[template]
+        )
+
+
+@pytest.mark.parametrize(
+    "version, rules",
+    [
+        ("5.17.0", (False, False, False)), ("5.20.2", (False, False, False)),
+        ("5.21.0", (False, True, False)), ("5.22.1", (False, True, False)), ("5.22.2", (False, True, True)),
+        ("5.23.0", (True, True, True)), ("5.24.0", (True, True, True)),
+    ],
+)  # fmt: skip
+def test_template_rules_follow_the_release(default_model_path, monkeypatch, version, rules):
+    release = tuple(int(part) for part in version.split("."))
+    assert template_rules(release) == TemplateRules(*rules)
+    monkeypatch.setattr(file_tokenizer, "_transformers_version", lambda: version)
+    assert FileTokenizer.open(default_model_path).template_rules == TemplateRules(*rules)
 
 
 def test_unsupported_inputs_raise_instead_of_rendering_differently(ft):
@@ -307,7 +345,10 @@ REFUSALS: dict[str, tuple[str, dict[str, Any]]] = {
     "pad a plain dict": ("pad_token is neither", _config(pad_token={"content": "<|im_end|>"})),
     "model token not added": ("'<image>' is not an added token", _config(image_token="<image>")),
     "extra token not added": ("'<tool>' is not an added token", _config(extra_special_tokens=["<tool>"])),
+    "empty extra tokens": (
+        "releases differ", _config(extra_special_tokens=[], additional_special_tokens=["<gh_stars>"])),
     "remapped model type": ("model_type 'qwen2'", {"model": {"model_type": "qwen2"}}),
+    "remapped before 5.22": ("model_type 'deepseek_v3'", {"model": {"model_type": "deepseek_v3"}}),
     "tekken.json": ("tekken.json", {"files": {"tekken.json": "{}"}}),
     "fix_mistral_regex": ("fix_mistral_regex", _config(fix_mistral_regex=True)),
     "fast_tokenizer_files": ("fast_tokenizer_files", _config(fast_tokenizer_files=["tokenizer.json"])),
@@ -347,7 +388,11 @@ def test_reading_a_refused_variant_as_is_would_differ_from_transformers(default_
 
 @needs_verified
 def test_transformers_fails_on_chat_control_tokens_that_are_not_a_list(default_model_path, tmp_path):
+    """5.20.0 and newer fail, older releases ignore it: refused on every release."""
     path = _variant(default_model_path, tmp_path / "v", **REFUSALS["chat_control_tokens not a list"][1])
+    if file_tokenizer._release(transformers.__version__) < (5, 20, 0):
+        assert AutoTokenizer.from_pretrained(path) is not None  # ignored
+        return
     with pytest.raises(TypeError, match="chat_control_tokens"):
         AutoTokenizer.from_pretrained(path)
 
@@ -355,7 +400,8 @@ def test_transformers_fails_on_chat_control_tokens_that_are_not_a_list(default_m
 @pytest.mark.parametrize(
     "version, verified",
     [
-        ("5.23.0", True), ("5.24.0", True), ("5.22.2", False), ("5.17.0", False), ("4.57.6", False),
+        ("5.23.0", True), ("5.24.0", True), ("5.22.2", True), ("5.17.0", True), ("5.16.0", False),
+        ("4.57.6", False),
         ("5.24.1", False), ("5.25.0", False), ("6.0.0", False), ("5.24.0.dev0", False), ("5.24.0rc1", False),
         ("5.23.0.post1", False), ("", False), (None, False),
     ],

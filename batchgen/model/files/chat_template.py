@@ -1,13 +1,16 @@
 """Chat templates rendered as transformers renders them (``utils/chat_template_utils.py`` and
-``PreTrainedTokenizerBase.apply_chat_template``), without importing transformers: as releases 5.23.0 to
-5.24.0 do (``tokenizer.verified_transformers``); older ones differ (see ``tokenizer._OLDEST_TRANSFORMERS``).
+``PreTrainedTokenizerBase.apply_chat_template``), without importing transformers, as the verified releases
+(``tokenizer.verified_transformers``) do. Where those releases differ, ``TemplateRules`` says which way the
+installed one renders (``template_rules``).
 
 The environment matches transformers' own: a sandboxed immutable jinja2 environment with
 ``trim_blocks``/``lstrip_blocks``, loop controls, a ``{% generation %}`` tag that renders its body,
 ``tojson`` without HTML escaping, and the globals ``raise_exception``, ``strftime_now``, ``dict`` and
-``namespace``. The template sees the same variables: ``messages`` (None-valued keys dropped, reasoning
-fields aliased), ``tools``, ``documents``, ``add_generation_prompt``, the special tokens and any extra
-keyword arguments. Inputs other than plain JSON-like data raise instead of rendering differently.
+``namespace`` (restricted from 5.22.2). The template sees the same variables: ``messages`` (None-valued keys
+dropped from 5.23.0, reasoning fields aliased from 5.21.0), ``tools``, ``documents``,
+``add_generation_prompt``, the special tokens and any extra keyword arguments. Inputs other than plain
+JSON-like data raise on every release instead of rendering differently (5.22.2 converts them, older releases
+pass them as they are).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import re
 from collections.abc import Sequence
 from datetime import datetime
 from functools import lru_cache
-from typing import Any
+from typing import Any, NamedTuple
 
 import jinja2
 from jinja2 import nodes
@@ -37,6 +40,25 @@ UNSUPPORTED_OPTIONS = (
     "continue_final_message", "sanitize_control_tokens", "padding", "truncation", "max_length",
     "return_tensors", "return_assistant_tokens_mask", "tokenizer_kwargs",
 )  # fmt: skip
+
+
+class TemplateRules(NamedTuple):
+    """How a transformers release renders chat templates, where the verified releases differ."""
+
+    drop_none_keys: bool  # 5.23.0: None-valued message keys are dropped (before: passed as None)
+    alias_reasoning: bool  # 5.21.0: reasoning is also passed as `thinking` and `reasoning_content`
+    # 5.22.2: `namespace` refuses underscore-prefixed names and `dict` is a factory (call and fromkeys), not
+    # the dict class; before, both are jinja2's/Python's own
+    strict_sandbox: bool
+
+
+def template_rules(release: tuple[int, int, int]) -> TemplateRules:
+    """The rules of transformers release ``release`` (major, minor, patch), one of the verified ones."""
+    return TemplateRules(
+        drop_none_keys=release >= (5, 23, 0),
+        alias_reasoning=release >= (5, 21, 0),
+        strict_sandbox=release >= (5, 22, 2),
+    )
 
 
 class _GenerationTag(Extension):
@@ -110,9 +132,9 @@ def _version(text: str) -> tuple[int, ...]:
     return tuple(int(part) for part in re.findall(r"\d+", text)[:3])
 
 
-@lru_cache(maxsize=1)
-def _environment() -> ImmutableSandboxedEnvironment:
-    """One environment for every template: it holds no per-template state."""
+@lru_cache(maxsize=2)
+def _environment(strict_sandbox: bool) -> ImmutableSandboxedEnvironment:
+    """One environment for every template (it holds no per-template state), per sandbox rule."""
     if _version(jinja2.__version__) < _MIN_JINJA:
         raise ImportError(f"chat templates need jinja2>=3.1.6 (installed: {jinja2.__version__})")
     env = ImmutableSandboxedEnvironment(
@@ -122,16 +144,16 @@ def _environment() -> ImmutableSandboxedEnvironment:
     env.globals.update(
         raise_exception=_raise_exception,
         strftime_now=_strftime_now,
-        dict=_DictFactory(),
-        namespace=_Namespace,
+        dict=_DictFactory() if strict_sandbox else dict,
+        namespace=_Namespace if strict_sandbox else Namespace,
     )
     return env
 
 
 @lru_cache(maxsize=32)
-def compile_template(text: str) -> jinja2.Template:
+def compile_template(text: str, strict_sandbox: bool = True) -> jinja2.Template:
     """The compiled template, cached by its text (a run renders one template for every prompt)."""
-    return _environment().from_string(text)
+    return _environment(strict_sandbox).from_string(text)
 
 
 def _plain(value: Any) -> Any:
@@ -157,8 +179,9 @@ def _with_reasoning_aliases(message: dict[str, Any]) -> dict[str, Any]:
     return {"thinking": reasoning, **message, "reasoning_content": reasoning}
 
 
-def prepare_messages(conversation: Sequence[Any]) -> Messages:
-    """The messages the template sees: None-valued keys dropped, copied, reasoning aliased."""
+def prepare_messages(conversation: Sequence[Any], rules: TemplateRules) -> Messages:
+    """The messages the template sees: copied, None-valued keys dropped and reasoning aliased as ``rules``
+    say."""
     if not isinstance(conversation, (list, tuple)):
         raise TypeError("a conversation must be a list of message dicts")
     if not conversation:
@@ -169,8 +192,10 @@ def prepare_messages(conversation: Sequence[Any]) -> Messages:
     for message in conversation:
         if type(message) is not dict:
             raise TypeError(f"chat messages must be dicts, got {message!r}")
-        kept = {key: value for key, value in message.items() if value is not None}
-        messages.append(_with_reasoning_aliases(_plain(kept)))
+        if rules.drop_none_keys:
+            message = {key: value for key, value in message.items() if value is not None}
+        message = _plain(message)
+        messages.append(_with_reasoning_aliases(message) if rules.alias_reasoning else message)
     return messages
 
 
@@ -200,12 +225,15 @@ def render_chat(
     tools: list[dict] | None = None,
     documents: list[dict] | None = None,
     variables: dict[str, Any] | None = None,
+    *,
+    rules: TemplateRules,
 ) -> str:
-    """One conversation rendered to text; ``variables`` come from ``template_variables``."""
-    messages = prepare_messages(conversation)
+    """One conversation rendered to text as a release with ``rules`` renders it; ``variables`` come from
+    ``template_variables``."""
+    messages = prepare_messages(conversation, rules)
     tools, documents = _checked_tools(tools, documents)
     extra = _plain(dict(variables or {}))
-    return compile_template(template).render(
+    return compile_template(template, rules.strict_sandbox).render(
         messages=messages,
         tools=tools,
         documents=documents,

@@ -1,6 +1,6 @@
 """A checkpoint's tokenizer read with ``tokenizers`` and ``jinja2`` alone (importing transformers for
 ``AutoTokenizer.from_pretrained`` costs a CPU process ~2 s). ``FileTokenizer.load`` returns one only where
-transformers (releases 5.23.0 to 5.24.0: ``verified_transformers``) builds a ``TokenizersBackend`` over
+transformers (releases 5.17.0 to 5.24.0: ``verified_transformers``) builds a ``TokenizersBackend`` over
 ``tokenizer.json`` as is, or a ``Qwen2Tokenizer`` that encodes and decodes as tokenizer.json does
 (tokenizer_classes.py), with the same special tokens and chat template; wherever ids, decoding or
 rendering could differ it returns None, and the caller loads the tokenizer through transformers.
@@ -17,7 +17,7 @@ from typing import Any
 from tokenizers import AddedToken, Tokenizer
 from tokenizers.processors import TemplateProcessing
 
-from batchgen.model.files.chat_template import render_chat, template_variables
+from batchgen.model.files.chat_template import TemplateRules, render_chat, template_rules, template_variables
 from batchgen.model.files.tokenizer_classes import (
     QWEN2_SPECIAL_DEFAULTS,
     QWEN2_TOKENIZER,
@@ -31,12 +31,14 @@ _NAMED = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_
 # bounds included. The rules were derived from 5.24.0; each other release was verified by diffing its
 # tokenizer code (tokenization_utils_tokenizers.py, tokenization_utils_base.py,
 # models/auto/tokenization_auto.py, models/qwen2/tokenization_qwen2.py, utils/chat_template_utils.py)
-# against 5.24.0's and by running tests/model/test_file_tokenizer*.py under it. Older releases render or
-# load differently: before 5.23.0 messages keep None-valued keys and fewer model types are remapped, before
-# 5.22.2 a template's `namespace` takes underscore names (5.22.2 raises) and `dict` is the class itself,
-# before 5.21.0 reasoning is not aliased. Newer ones are unverified, patch releases too (5.22.2 changed
-# rendering), so they are refused, as are dev and pre-releases.
-_OLDEST_TRANSFORMERS = (5, 23, 0)
+# against 5.24.0's and by running tests/model/test_file_tokenizer*.py under it. They load and encode alike;
+# rendering differs by release (chat_template.TemplateRules, chosen by ``rules``). Loading details that
+# differ are refused on every release instead of mirrored: a model type remapped by any of them
+# (tokenizer_classes), an empty extra_special_tokens beside a non-empty additional_special_tokens (before
+# 5.18.0 the empty one wins) and a chat_control_tokens that is not a list (5.20.0 fails,
+# older releases ignore it). Newer releases are unverified, patch releases too (5.22.2 changed rendering),
+# so they are refused, as are dev and pre-releases and releases before 5.17.0 (not checked).
+_OLDEST_TRANSFORMERS = (5, 17, 0)
 _NEWEST_TRANSFORMERS = (5, 24, 0)
 # tokenizer_config.json keys that make transformers pick another class or build or patch the backend.
 _REFUSED_KEYS = (
@@ -84,12 +86,15 @@ def verified_transformers() -> bool:
     return release is not None and _OLDEST_TRANSFORMERS <= release <= _NEWEST_TRANSFORMERS
 
 
-def _check_transformers() -> None:
-    """The rules below are those of the verified releases: another one may load or render differently."""
-    if not verified_transformers():
+def rules() -> TemplateRules:
+    """How the installed transformers renders chat templates; Refused unless it is a verified release (the
+    rules here are those of the verified releases: another one may load or render differently)."""
+    release = _release(_transformers_version())
+    if not verified_transformers() or release is None:
         oldest, newest = (".".join(map(str, bound)) for bound in (_OLDEST_TRANSFORMERS, _NEWEST_TRANSFORMERS))
         installed = _transformers_version()
         raise Refused(f"checked against transformers {oldest} to {newest} only (installed: {installed})")
+    return template_rules(release)
 
 
 def _check_class(directory: Path, config: dict[str, Any]) -> tuple[str, str]:
@@ -115,8 +120,8 @@ def _check_options(config: dict[str, Any]) -> list[str]:
         if config.get(key, "right") not in ("right", "left"):
             raise Refused(f"tokenizer_config.json's {key} is neither right nor left")
     control = config.get("chat_control_tokens")  # a list only matters to sanitize_control_tokens
-    if control is not None and not isinstance(control, list):
-        raise Refused("tokenizer_config.json's chat_control_tokens is not a list (transformers fails)")
+    if control is not None and not isinstance(control, list):  # 5.20.0+ fails, older releases ignore it
+        raise Refused("tokenizer_config.json's chat_control_tokens is not a list (transformers 5.20+ fails)")
     names = config.get("model_input_names", ["input_ids", "attention_mask"])
     if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
         raise Refused("model_input_names is not a list of names")
@@ -213,6 +218,11 @@ def _special_tokens(config: dict[str, Any]) -> tuple[dict[str, str], list[str]]:
         is_token = isinstance(value, str) or (isinstance(value, dict) and value.get("__type") == "AddedToken")
         if key.endswith("_token") and key not in _NAMED and is_token:
             specials[key] = _content(value, key)
+    # additional_special_tokens is the older name: used where extra_special_tokens is unset, and from 5.18.0
+    # also where it is empty (before, an empty one wins)
+    empty_extra = "extra_special_tokens" in config and not config["extra_special_tokens"]
+    if empty_extra and config.get("additional_special_tokens"):
+        raise Refused("extra_special_tokens is empty and additional_special_tokens is not (releases differ)")
     extra = config.get("extra_special_tokens") or config.get("additional_special_tokens")
     if isinstance(extra, dict):
         specials.update({key: _content(value, key) or "" for key, value in extra.items()})
@@ -252,13 +262,14 @@ class FileTokenizer:
 
     def __init__(
         self, backend: Tokenizer, name_or_path: str, specials: dict[str, str], chat_template: str | None,
-        model_input_names: list[str],
+        model_input_names: list[str], template_rules: TemplateRules,
     ) -> None:  # fmt: skip
         self.backend_tokenizer = backend
         self.name_or_path = name_or_path
         self.chat_template = chat_template
         self.model_input_names = model_input_names
         self._specials = specials
+        self.template_rules = template_rules  # how the installed transformers renders chat templates
         self._transformers: Any = None
 
     @classmethod
@@ -273,7 +284,7 @@ class FileTokenizer:
     def open(cls, path: str) -> FileTokenizer:
         """``load``, raising ``Refused`` with the reason instead of returning None."""
         directory = Path(path)
-        _check_transformers()
+        release_rules = rules()
         for name in ("tokenizer.json", "tokenizer_config.json"):
             if not (directory / name).is_file():
                 raise Refused(f"no {name}")
@@ -286,7 +297,7 @@ class FileTokenizer:
         specials, texts, declared = _check_special_tokens(directory, config, backend, defaults)
         if qwen2:  # the backend as Qwen2Tokenizer builds it, where it encodes as tokenizer.json's
             backend = qwen2_backend(backend, directory, config, why, declared, texts)
-        return cls(backend, str(path), specials, template, names)
+        return cls(backend, str(path), specials, template, names, release_rules)
 
     def __getattr__(self, name: str) -> Any:
         """``eos_token`` -> its text, ``eos_token_id`` -> its id (None when unset), as transformers."""
@@ -338,7 +349,15 @@ class FileTokenizer:
         if template is None:
             raise ValueError("Cannot use chat template functions because tokenizer.chat_template is not set")
         variables = template_variables(self._specials, kwargs)
-        text = render_chat(template, conversation, add_generation_prompt, tools, documents, variables)
+        text = render_chat(
+            template,
+            conversation,
+            add_generation_prompt,
+            tools,
+            documents,
+            variables,
+            rules=self.template_rules,
+        )
         if not tokenize:
             return text
         encoding = self.backend_tokenizer.encode(text, add_special_tokens=False)

@@ -1,5 +1,5 @@
 """Which tokenizer class ``AutoTokenizer.from_pretrained`` builds for a checkpoint, and Qwen2Tokenizer's
-backend built as transformers builds it, for ``tokenizer.FileTokenizer`` (transformers 5.23.0 to 5.24.0,
+backend built as transformers builds it, for ``tokenizer.FileTokenizer`` (transformers 5.17.0 to 5.24.0,
 ``tokenizer.verified_transformers``).
 
 TokenizersBackend (alias PreTrainedTokenizerFast) uses tokenizer.json as is. Qwen2Tokenizer defines its own
@@ -31,17 +31,23 @@ _VERBATIM_CLASSES = frozenset({"TokenizersBackend", "PreTrainedTokenizerFast"})
 _QWEN2_CLASSES = frozenset({"Qwen2Tokenizer", "Qwen2TokenizerFast"})  # "Fast" is dropped (tokenization_auto)
 # Model types whose TOKENIZER_MAPPING_NAMES entry is Qwen2Tokenizer (the text models of the family).
 _QWEN2_MODEL_TYPES = frozenset({"qwen2", "qwen2_moe", "qwen3", "qwen3_moe"})
-# MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS (models/auto/tokenization_auto.py, 5.23 and 5.24): AutoTokenizer
-# builds these model types' own tokenizer class, whatever tokenizer_class says (qwen2's is Qwen2Tokenizer).
+# MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS (models/auto/tokenization_auto.py): AutoTokenizer builds these
+# model types' own tokenizer class, whatever tokenizer_class says (qwen2's: Qwen2Tokenizer, on every verified
+# release). The list differs by release: this is the union over 5.17.0-5.24.0, so that a model type that any
+# of them remaps is refused on all (5.17-5.21 add chameleon, deepseek_*, janus, step3p5; 5.20-5.21
+# unlimited_ocr; 5.17 vision-encoder-decoder; internlm3 and iquestcoder come in 5.23, qwen3_5* in 5.18).
 _REMAPPED_MODEL_TYPES = frozenset((
     "arctic", "chatlm", "ernie4_5", "ernie4_5_moe", "fuyu", "h2ovl_chat", "hyperclovax", "hyperclovax_vlm",
     "hyperclovax_vision_v2", "internlm2", "internlm3", "iquestcoder", "jamba", "llava", "llava_next",
     "minicpm3", "minicpmv", "minimax_m2", "modernbert", "modernbert-decoder", "molmo", "molmo2", "nemotron",
     "nvfp4", "opencua", "openvla", "paddleocr_vl", "phi3", "phi3_v", "phimoe", "qwen2", "qwen3_5",
     "qwen3_5_moe", "qwen3_5_moe_text", "qwen4_exp", "step3_vl", "vipllava", "cohere_asr", "camembertv2-base",
-    "siglip2", "smolvlm",
+    "siglip2", "smolvlm", "chameleon", "deepseek_v2", "deepseek_v3", "deepseek_v32", "deepseek_v4",
+    "deepseek_vl", "deepseek_vl_hybrid", "deepseek_vl_v2", "deepseek_ocr", "deepseek_ocr2", "janus",
+    "step3p5", "unlimited_ocr", "vision-encoder-decoder",
 ))  # fmt: skip
-# MODEL_IDS_TO_TOKENIZERS_BACKEND: a config named so (a local dir's name is its path) gets TokenizersBackend.
+# MODEL_IDS_TO_TOKENIZERS_BACKEND (5.17 lacks donut): a config named so (a local dir's name is its path)
+# gets TokenizersBackend.
 _TOKENIZERS_BACKEND_NAMES = (
     "deepseek-ai/deepseek-r1-distill-llama-*", "deepseek-ai/deepseek-coder-*", "allenai/dolma2-tokenizer",
     "google/umt5-small", "naver-clova-ix/donut-*", "salesforce/blip2-opt-*", "salesforce/blip2-flan-t5-*",
