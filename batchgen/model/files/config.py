@@ -19,10 +19,9 @@ import torch
 from batchgen.model.files import moe_config as moe
 from batchgen.model.files.checks import BOOL, INT, NUMBER, OPT_INT, UnsupportedConfig, check_layer_types, of
 from batchgen.model.moe import MoELayout
-from batchgen.model.spec import ModelSpec
+from batchgen.model.spec import DENSE_MODEL_TYPES, MOE_MODEL_TYPES, ModelSpec
 
-DENSE_TYPES = ("llama", "mistral", "qwen2", "qwen3")
-TYPES = DENSE_TYPES + moe.MOE_TYPES
+TYPES = DENSE_MODEL_TYPES + MOE_MODEL_TYPES
 DEFAULT_THETA = 10_000.0  # RotaryEmbeddingConfigMixin.default_theta
 # The RoPE kinds read here, with what each needs besides rope_theta (transformers' _validate_*_parameters).
 _ROPE_NEEDS: dict[str, tuple[str, ...]] = {
@@ -46,7 +45,7 @@ _REFUSED_KEYS = (
 # Per type: keys the modelling code would read although batchgen's spec ignores them (Llama's cache and
 # generation masks follow ``sliding_window``; Mistral only warns about ``layer_types``), and expert sizes,
 # which a dense model's transformers config would hand config_problem.
-_EXPERT_SIZES = ("moe_intermediate_size", "shared_expert_intermediate_size")
+_EXPERT_SIZES = moe.EXPERT_SIZES
 _REFUSED_PER_TYPE = {
     "llama": ("sliding_window", "layer_types", *_EXPERT_SIZES), "mistral": ("layer_types", *_EXPERT_SIZES),
     "qwen2": _EXPERT_SIZES, "qwen3": _EXPERT_SIZES, **moe.MOE_REFUSED,
@@ -219,7 +218,7 @@ def _sizes(model_type: str, values: dict[str, Any]) -> dict[str, int]:
 
 def _mlps(model_type: str, values: dict[str, Any], raw: dict[str, Any]) -> dict[str, Any]:
     """Each layer's MLP (a MoELayout, None for a dense one) and the expert sizes a MoE config has."""
-    if model_type not in moe.MOE_TYPES:
+    if model_type not in MOE_MODEL_TYPES:
         return {"moe_layouts": (None,) * values["num_hidden_layers"]}
     return {"moe_layouts": moe.moe_layouts(model_type, values, raw), **moe.expert_sizes(values)}
 
@@ -241,7 +240,7 @@ def _sliding_windows(model_type: str, values: dict[str, Any], raw: dict[str, Any
     """Per layer: Llama none; Mistral the config's window on every layer; Qwen2/Qwen3 the window (if
     use_sliding_window) on the layers ``layer_types`` marks sliding; the MoE types per ``moe_config``."""
     layers = values["num_hidden_layers"]
-    if model_type in moe.MOE_TYPES:
+    if model_type in MOE_MODEL_TYPES:
         return moe.moe_sliding_windows(model_type, values, raw)
     if model_type == "llama":
         return (None,) * layers

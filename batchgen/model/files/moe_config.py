@@ -12,7 +12,6 @@ from typing import Any
 from batchgen.model.files.checks import BOOL, INT, UnsupportedConfig, check_layer_types, int_list
 from batchgen.model.moe import MoELayout, Routing
 
-MOE_TYPES = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe")
 Values = dict[str, Any]  # a config's fields, its config.json's over the class defaults
 
 _QWEN_MOE: dict[str, Any] = {  # what Qwen3MoeConfig and Qwen2MoeConfig share
@@ -80,7 +79,7 @@ MOE_REFUSED = {
     "mixtral": ("layer_types", "moe_intermediate_size", "shared_expert_intermediate_size"),
     "olmoe": ("layer_types", "sliding_window", "moe_intermediate_size", "shared_expert_intermediate_size"),
 }
-_MOE_SIZES = ("moe_intermediate_size", "shared_expert_intermediate_size")
+EXPERT_SIZES = ("moe_intermediate_size", "shared_expert_intermediate_size")
 
 
 def moe_sliding_windows(model_type: str, values: Values, raw: Values) -> tuple[int | None, ...]:
@@ -119,7 +118,7 @@ def check_olmoe_heads(hidden: int, heads: int, head_dim: int) -> None:
 
 def expert_sizes(values: Values) -> dict[str, int | None]:
     """The experts' and the shared expert's intermediate sizes, for the types whose config has them."""
-    sizes = {name: values.get(name) for name in _MOE_SIZES}
+    sizes = {name: values.get(name) for name in EXPERT_SIZES}
     if any(size is not None and size < 1 for size in sizes.values()):
         raise UnsupportedConfig(f"expert sizes {sizes}")
     return sizes
