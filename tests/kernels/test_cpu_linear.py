@@ -19,13 +19,48 @@ def _operands(rows: int, with_bias: bool) -> tuple[torch.Tensor, torch.Tensor, t
     return torch.randn(rows, 96), torch.randn(200, 96), torch.randn(200) if with_bias else None
 
 
-@pytest.mark.parametrize("rows", [1, 4, 8, 78, 300])
+@pytest.mark.parametrize("rows", [1, 4, 8, 17, 63, 65, 78, 300, 3299])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_packed_and_plain_weights_match_f_linear(rows, with_bias):
     x, weight, bias = _operands(rows, with_bias)
     want = F.linear(x, weight, bias)
     torch.testing.assert_close(cpu_linear.PackedLinear(weight, bias)(x), want, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(cpu_linear.linear(x, weight, bias), want, rtol=1e-5, atol=1e-5)
+
+
+def test_row_pieces_cover_every_row_once_with_few_row_counts():
+    """oneDNN compiles and keeps a primitive per row count: every batch size from 1 to 20 000 rows
+    resolves into the same 35 row counts, each call's rows lie inside the batch (or, for a small batch,
+    start at 0) and together they cover it in order."""
+    seen = set()
+    for rows in range(1, 20_001):
+        pieces = cpu_linear.row_pieces(rows)
+        seen |= {length for _, length in pieces}
+        end = 0
+        for start, length in pieces:
+            assert 0 <= start <= end < start + length, (rows, pieces)  # no gap; overlaps only backwards
+            end = start + length
+        assert end == rows or (len(pieces) == 1 and end > rows), (rows, pieces)
+        assert len(pieces) <= 6
+    assert seen == cpu_linear.ROW_COUNTS and len(seen) == 35
+
+
+def test_a_long_job_compiles_few_onednn_primitives(monkeypatch):
+    """Every row count from 1 to 700 through one projection reaches oneDNN with the fixed row counts only,
+    and each row of the result is that row's product (the overlapping and padded rows are dropped)."""
+    shapes, real = set(), torch.ops.mkldnn._linear_pointwise
+
+    class Spy:
+        def _linear_pointwise(self, *args):
+            shapes.add(args[0].shape[0])
+            return real(*args)
+
+    x, weight, bias = _operands(700, True)
+    packed, want = cpu_linear.PackedLinear(weight, bias), F.linear(x, weight, bias)
+    monkeypatch.setattr(cpu_linear.torch.ops, "mkldnn", Spy())
+    for rows in range(1, 701):
+        torch.testing.assert_close(packed(x[:rows]), want[:rows], rtol=1e-5, atol=1e-5)
+    assert shapes <= cpu_linear.ROW_COUNTS and len(shapes) <= 30
 
 
 def test_packed_weight_takes_any_leading_shape():
