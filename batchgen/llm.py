@@ -165,11 +165,12 @@ class LLM:
         return self.config.extra.get("progress", True)
 
     def prepare(self, sampling: SamplingParams) -> None:
-        """Ready what rows sampled like ``sampling`` need before the first step: on CUDA, the decode
-        graphs of their sampling variant (otherwise captured on first use, mid-run), and for a
-        constrained one the two-part graphs of masked steps (docs/structured-output.md)."""
+        """Ready what rows sampled like ``sampling`` need before the first step. On CUDA with graphs
+        captured up front (tensor parallelism), the decode graphs of their sampling variant, and for a
+        constrained one the two-part graphs of masked steps (docs/structured-output.md); a single GPU
+        captures each on demand (cuda_runner.py), so there is nothing to do."""
         runner = self._engine.runner
-        if getattr(runner, "buckets", None):  # a CUDA runner with graphs
+        if getattr(runner, "buckets", None) and not getattr(runner, "capture_after", 0):
             started = time.perf_counter()
             width = self.grammars.mask_width if sampling.constrained else None
             runner.capture_all(

@@ -23,6 +23,10 @@ from batchgen.parallel.group import ParallelGroup
 from batchgen.threads import ThreadGovernor, set_cpu_threads
 
 ACTIVATION_RESERVE = 2 << 30  # CUDA: room for activations and logits beside the KV pool
+# A decode graph is captured on its key's 5th use (cuda_runner.py): keys a run meets a few times only (a
+# short job) stay eager. Rent or buy: a capture costs ~65 ms (two warm-up runs, the capture, a device
+# sync); on B7 (H200, a small model) 32 eager uses first made the whole command 0.6-6.8 s slower than 4.
+CAPTURE_AFTER = 4
 DEFAULT_MAX_MODEL_LEN = 4096
 
 
@@ -76,7 +80,7 @@ def build_rank(
     graphs = options.cuda_graphs is not False and not (
         group.is_parallel and isinstance(bundle.forward, TransformersForward)
     )
-    runner = _runner(options, bundle, caches, device, limit, async_mode, progress, governor, graphs)
+    runner = _runner(options, bundle, caches, device, limit, async_mode, progress, governor, graphs, group)
     clock.mark("graphs_s" if device.type == "cuda" else "runner_s")
     return RankEngine(bundle, runner, num_blocks, device, dtype, limit, async_mode, clock.phases)
 
@@ -109,7 +113,7 @@ def _num_blocks(options: EngineConfig, shape: kv_cache.KVShape, device, dtype, l
 
 def _runner(
     options: EngineConfig, bundle: ModelBundle, caches, device, limit: int, async_mode: bool, progress,
-    governor: ThreadGovernor | None, graphs: bool,
+    governor: ThreadGovernor | None, graphs: bool, group: ParallelGroup,
 ):  # fmt: skip
     from batchgen.engine.runner import EagerRunner
 
@@ -124,6 +128,10 @@ def _runner(
         max_model_len=limit, block_size=options.block_size, num_slots=2 if async_mode else 1,
         cuda_graphs=graphs and triton,  # the torch reference syncs: not capturable
         sampler=bundle.sampler,
+        # Tensor parallelism captures every graph up front: each rank's capture runs collectives that
+        # must pair up across ranks, and up-front capture is what the two-GPU tests verified.
+        capture_after=0 if group.is_parallel else CAPTURE_AFTER,
     )  # fmt: skip
-    runner.capture_all(progress=progress)
+    if group.is_parallel:
+        runner.capture_all(progress=progress)
     return runner

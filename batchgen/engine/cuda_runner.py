@@ -8,11 +8,14 @@ tokens. Events order the streams and guard slot reuse:
 - the compute stream overwrites a slot's device outputs only after the D2H copy that read them finished;
 - the host blocks only in ``fetch``, on the D2H event of the step whose tokens it needs.
 Carry-over: a decode's input token produced by step N-1 is gathered on the device from the other slot's
-output buffer, inside the graph. Graphs of the greedy variant are captured at start-up, those of the
-sampling / log-probability variants when the caller says it will need them (``LLM.prepare``), else
-lazily on first use (a device sync each). Decode-only steps replay a graph captured per (slot, batch bucket,
+output buffer, inside the graph. Decode-only steps replay a graph captured per (slot, batch bucket,
 sampling variant); steps with prefill chunks run eagerly on the compute stream (they are GPU-bound, so
-launch overhead does not matter there, and the host still runs ahead).
+launch overhead does not matter there, and the host still runs ahead). Graphs are captured on demand
+(``capture_after``): a decode key's first uses run eagerly at the bucket's shape and bounds, the very
+computation the graph replays, and the next use captures it (~65 ms and a device sync). A run then pays
+only for the buckets it uses often, and its first token waits for no capture (capturing all 30 greedy
+graphs of a small model up front took ~2 s of its ~7 s start-up on the H200). ``capture_after=0``
+captures on first use, and ``capture_all`` up front (tensor parallelism: every rank captures together).
 A masked step (structured output) runs as two parts on the compute stream, each a graph for decode
 steps: ``launch`` enqueues its forward into a logits buffer; ``sample`` copies the token masks the engine
 filled meanwhile (H2D stream) and enqueues the sampling behind that copy. The engine calls ``sample``
@@ -71,6 +74,7 @@ class CudaRunner:
         num_slots: int = 2,
         cuda_graphs: bool = True,
         sampler: Sampler = sample,
+        capture_after: int = 0,
     ) -> None:
         self.forward, self.kv_caches, self.backend, self.device = forward, kv_caches, backend, device
         self.sampler = sampler
@@ -83,6 +87,8 @@ class CudaRunner:
         # (slot, bucket, part, any_sampling, want_logprobs) -> graph; part: "step" (forward + sampling),
         # or a masked step's "logits" and "sample" (see _run)
         self.graphs: dict[tuple[int, int, str, bool, bool], torch.cuda.CUDAGraph] = {}
+        self.capture_after = capture_after  # eager uses of a decode key before its graph is captured
+        self._eager_uses: dict[tuple[int, int, str, bool, bool], int] = {}
         self._logits: torch.Tensor | None = None  # [max_seqs, V / K] float32: a masked step's logits
         self.pool = torch.cuda.graph_pool_handle() if cuda_graphs else None
         self.gpu_busy_s = 0.0
@@ -123,8 +129,9 @@ class CudaRunner:
                 t1 = time.perf_counter()
                 graph.replay()
                 self.replay_s += time.perf_counter() - t1
-            else:
-                self._run(part, slot_id, shape, flags, (inputs.max_q_len, inputs.max_seq_len))
+            else:  # a decode bucket not captured yet runs as its graph would (same bounds)
+                bounds = self._graph_bounds if bucket else (inputs.max_q_len, inputs.max_seq_len)
+                self._run(part, slot_id, shape, flags, bounds)
             (slot.logits_done if inputs.masked else slot.compute_done).record(self.compute)
             self.idle.end(inputs.step_id, self.compute)
         if not inputs.masked:
@@ -250,13 +257,22 @@ class CudaRunner:
         ids = apply_carry_over(dev["input_ids"], dev["carry_rows"], other.out_tokens)
         return self.forward(ids, dev["positions"], dev["logits_indices"], ctx)
 
+    @property
+    def _graph_bounds(self) -> tuple[int, int]:
+        """(max query length, max sequence length) a decode graph is captured with."""
+        return 1, self.max_model_len
+
     def _graph(
         self, slot_id: int, bucket: int, part: str, any_sampling: bool, want_logprobs: bool
-    ) -> torch.cuda.CUDAGraph:
+    ) -> torch.cuda.CUDAGraph | None:
+        """This decode key's graph, captured on its first use after ``capture_after`` eager ones
+        (None until then: the caller runs the part eagerly)."""
         key = _key(slot_id, bucket, part, any_sampling, want_logprobs)
         graph = self.graphs.get(key)
         if graph is None:
-            graph = self.graphs[key] = self._capture(slot_id, bucket, part, key[3:])
+            uses = self._eager_uses[key] = self._eager_uses.get(key, 0) + 1
+            if uses > self.capture_after:
+                graph = self.graphs[key] = self._capture(slot_id, bucket, part, key[3:])
         return graph
 
     def _capture(
@@ -264,8 +280,7 @@ class CudaRunner:
     ) -> torch.cuda.CUDAGraph:
         """Capture one part of a decode step of ``bucket`` sequences; replays read whatever the slot
         buffers hold."""
-        shape = Shape(bucket, bucket, bucket)
-        bounds = (1, self.max_model_len)
+        shape, bounds = Shape(bucket, bucket, bucket), self._graph_bounds
         with torch.cuda.stream(self.compute):
             # Warm-up runs (JIT compiles, allocator settles) happen eagerly, outside the capture, on
             # all-padding inputs: stale inputs of an earlier step would rewrite its KV slots. A sampling
@@ -307,7 +322,8 @@ class CudaRunner:
         for slot_id, bucket, part in tqdm(
             keys, desc="capturing CUDA graphs", disable=not progress, leave=False
         ):
-            self._graph(slot_id, bucket, part, any_sampling, want_logprobs)
+            key = _key(slot_id, bucket, part, any_sampling, want_logprobs)
+            self.graphs[key] = self._capture(slot_id, bucket, part, key[3:])
             if first and slot_id == 0 and bucket == self.buckets[0]:
                 self.graph_memory["one_slot"] = torch.cuda.memory_reserved(self.device) - base
         if first:

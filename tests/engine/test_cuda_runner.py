@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from batchgen import LLM, GenerationRequest, SamplingParams
+from batchgen.engine.build import CAPTURE_AFTER
 from batchgen.engine.kv_cache import kv_shape
 from batchgen.testing.models import MOE_ARCHS
 from tests.engine.oracle import generate_greedy, make_prompts, reference_greedy
@@ -27,10 +28,18 @@ def _outputs(llm: LLM, prompts, params) -> dict:
     return {(o.index, o.sample): o.token_ids for o in outs}
 
 
+def _capture_soon(llm: LLM, after: int = 1) -> None:
+    """Short test runs meet a decode key a few times: capture on its 2nd use (the 1st runs eagerly),
+    so both the eager bucket-shaped steps and the graph replays are compared."""
+    runner = llm._engine.runner
+    runner.capture_after = min(runner.capture_after, after)
+
+
 def _modes_agree(make_llm, prompts, expected_greedy=None) -> dict:
     results = {}
     for name, mode in MODES.items():
         llm = make_llm(**mode)
+        _capture_soon(llm)
         results[name] = (_outputs(llm, prompts, GREEDY), _outputs(llm, prompts, SAMPLED), llm.stats)
         del llm
         torch.cuda.empty_cache()
@@ -108,7 +117,8 @@ def test_1b_random_model_all_modes_agree_with_transformers():
     def make(**mode):
         llm = LLM.from_model(model, tokenizer, max_num_seqs=32, max_batch_tokens=512, kv_cache_bytes=kv_bytes,
                              **mode)  # fmt: skip
-        if mode == MODES["async_graphs"]:
+        if mode == MODES["async_graphs"]:  # every graph up front (as tensor parallelism does); the
+            llm._engine.runner.capture_all(progress=False)  # other graph mode captures on demand
             graph_memory.update(llm._engine.runner.graph_memory)
         return llm
 
@@ -127,19 +137,25 @@ def test_1b_random_model_all_modes_agree_with_transformers():
     )
 
 
-def test_prepare_captures_the_sampling_graphs_before_the_first_step(tiny_models):
-    """``LLM.prepare`` (what ``batchgen run`` calls) captures the sampling / log-probability variants
-    up front, so a sampled run never stops mid-stream to capture a graph."""
-    llm = LLM(tiny_models["llama"], dtype="float32", max_num_seqs=8)
-    runner = llm._engine.runner
-    greedy = len(runner.graphs)
-    assert greedy == 2 * len(runner.buckets)  # both slots, every bucket, greedy only
-    params = SamplingParams(max_new_tokens=8, temperature=0.8, seed=1, logprobs=True, ignore_eos=True)
-    llm.prepare(params)
-    assert len(runner.graphs) == 2 * greedy
-    prompts = [[1, 2, 3, 4 + i] for i in range(5)]
-    outs = _outputs(llm, prompts, params)
-    assert len(outs) == 5 and len(runner.graphs) == 2 * greedy  # nothing captured mid-run
+def test_decode_graphs_are_captured_on_demand(tiny_models):
+    """A single GPU starts with no graph (its first token waits for no capture; ``prepare`` adds none):
+    a decode key's first ``capture_after`` uses run eagerly at the bucket's shape, the next one captures
+    it, and tokens equal the eager engine's, greedy and sampled with log-probabilities."""
+    path, prompts = tiny_models["llama"], [[1, 2, 3, 4 + i] for i in range(5)]
+    params = SamplingParams(max_new_tokens=16, temperature=0.8, seed=1, logprobs=True, ignore_eos=True)
+    want = {}
+    for graphs in (False, True):
+        llm = LLM(path, dtype="float32", max_num_seqs=8, cuda_graphs=graphs)
+        runner = llm._engine.runner
+        llm.prepare(params)
+        assert not runner.graphs and runner.capture_after == CAPTURE_AFTER > 3
+        runner.capture_after = 3  # this short run meets each key 7-12 times
+        want[graphs] = (_outputs(llm, prompts, GREEDY), _outputs(llm, prompts, params))
+    assert want[True] == want[False]
+    assert runner.graphs, runner._eager_uses
+    for key, uses in runner._eager_uses.items():  # the uses that ran eagerly, then the capture
+        assert (key in runner.graphs) == (uses > 3), (key, uses)
+    assert {k[3:] for k in runner.graphs} == {(False, False), (True, True)}  # greedy; sampled + logprobs
 
 
 SCHEMA = {
@@ -170,14 +186,15 @@ def test_structured_output_agrees_across_modes(tiny_models):
     results = {}
     for name, mode in MODES.items():
         llm = LLM(path, dtype="float32", max_num_seqs=8, max_batch_tokens=128, **mode)
+        _capture_soon(llm)
         outs = llm.generate(prompts, params)
         results[name] = [o.token_ids for o in outs]
         for out, p in zip(outs, params, strict=True):
             if p.constrained:
                 assert out.finish_reason == "stop", (name, out.text)
                 jsonschema.validate(json.loads(out.text), SCHEMA)
-        if mode["cuda_graphs"]:
-            assert {k[2] for k in llm._engine.runner.graphs} == {"step", "logits", "sample"}
+        if mode["cuda_graphs"]:  # the masked steps' two parts, captured on demand
+            assert {"logits", "sample"} <= {k[2] for k in llm._engine.runner.graphs}
         assert llm.stats.gpu_busy_s > 0 and llm.stats.mask_s > 0
         del llm
         torch.cuda.empty_cache()
@@ -185,12 +202,12 @@ def test_structured_output_agrees_across_modes(tiny_models):
         assert tokens == results["async_graphs"], f"{name} differs from async_graphs"
 
 
-def test_prepare_captures_both_parts_of_masked_steps(tiny_models):
+def test_masked_steps_capture_both_parts_on_demand(tiny_models):
     llm = LLM(tiny_models["llama"], dtype="float32", max_num_seqs=8)
     runner = llm._engine.runner
     params = SamplingParams(max_new_tokens=24, temperature=0.8, seed=1, json_schema=SCHEMA)
     llm.prepare(params)
-    captured = len(runner.graphs)
-    assert captured == 3 * 2 * len(runner.buckets)  # greedy steps, then the two parts of masked ones
+    assert not runner.graphs
+    runner.capture_after = 2  # this short run meets each key ~10 times
     outs = _outputs(llm, [[1, 2, 3, 4 + i] for i in range(8)], params)
-    assert len(outs) == 8 and len(runner.graphs) == captured  # nothing captured mid-run
+    assert len(outs) == 8 and {k[2] for k in runner.graphs} == {"logits", "sample"}
