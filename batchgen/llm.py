@@ -164,13 +164,16 @@ class LLM:
     def _progress(self) -> bool:
         return self.config.extra.get("progress", True)
 
-    def prepare(self, sampling: SamplingParams) -> None:
-        """Ready what rows sampled like ``sampling`` need before the first step. On CUDA with graphs
-        captured up front (tensor parallelism), the decode graphs of their sampling variant, and for a
-        constrained one the two-part graphs of masked steps (docs/structured-output.md); a single GPU
-        captures each on demand (cuda_runner.py), so there is nothing to do."""
+    def prepare(self, sampling: SamplingParams, capture_graphs: bool | None = None) -> None:
+        """Ready what rows sampled like ``sampling`` need before the first step: on CUDA, the decode
+        graphs of their sampling variant, and for a constrained one the two-part graphs of masked steps
+        (docs/structured-output.md). ``capture_graphs`` None: as the runner captures (tensor parallelism
+        up front, here; one GPU on demand, mid-run: cuda_runner.py); True: now (the benchmark keeps
+        captures out of its timed runs)."""
         runner = self._engine.runner
-        if getattr(runner, "buckets", None) and not getattr(runner, "capture_after", 0):
+        if capture_graphs is None:
+            capture_graphs = not getattr(runner, "capture_after", 0)
+        if getattr(runner, "buckets", None) and capture_graphs:  # a CUDA runner with graphs
             started = time.perf_counter()
             width = self.grammars.mask_width if sampling.constrained else None
             runner.capture_all(

@@ -65,10 +65,13 @@ samples = []
 
 def sample():
     while True:
-        rss = int(open("/proc/self/statm").read().split()[1]) * page_kib
-        kept = mallinfo2().fordblks // 1024 if mallinfo2 is not None else 0
-        records = open(out, "rb").read().count(b"\\n") if os.path.exists(out) else 0
-        samples.append((records, rss, kept))
+        try:
+            rss = int(open("/proc/self/statm").read().split()[1]) * page_kib
+            kept = mallinfo2().fordblks // 1024 if mallinfo2 is not None else 0
+            records = open(out, "rb").read().count(b"\\n") if os.path.exists(out) else 0
+            samples.append((records, rss, kept))
+        except OSError:
+            pass  # the output replaced between the check and the read: the next sample counts it
         time.sleep(0.1)
 
 threading.Thread(target=sample, daemon=True).start()

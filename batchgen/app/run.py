@@ -273,7 +273,7 @@ class _Job:
         )
         queue_size = max(64, 2 * opts.engine.get("max_num_seqs", 256))
         settings = self._prompt_settings(llm)
-        llm.prepare(settings.base)  # CUDA graphs of the run's sampling variant, before the first step
+        llm.prepare(settings.base)  # tensor parallelism: the CUDA graphs of the run's sampling variant
         self.ready = time.time()
         log.info(startup_text(startup_summary(self.started, self.engine_called, self.ready, llm)))
         preparer = Preparer(rows, settings, copy.deepcopy(llm.tokenizer), done, sink.put,

@@ -23,7 +23,8 @@ def process_started() -> float:
 
 
 def startup_summary(started: float, engine_called: float, ready: float, llm: Any) -> dict[str, float]:
-    """Seconds from the process's start: ``ready_s`` (engine built, graphs captured) and
+    """Seconds from the process's start: ``ready_s`` (engine built; CUDA graphs captured up front under
+    tensor parallelism, on demand on one GPU) and
     ``first_token_s``; then the phases: ``before_engine_s`` (interpreter, imports, the input's head,
     resume checks), then the engine's own."""
     out = {"ready_s": round(ready - started, 3)}

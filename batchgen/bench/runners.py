@@ -84,12 +84,12 @@ def run_batchgen(
     json_schema: dict | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """One timed ``stream`` over ``prompts``. ``warmup`` prompts run first, untimed: kernel compiles,
-    CUDA-graph captures and allocator growth are one-time costs, not throughput. ``json_schema``:
-    every request is constrained by it (structured output)."""
+    CUDA-graph captures (all of them, up front: one GPU otherwise captures on demand, mid-run) and
+    allocator growth are one-time costs, not throughput. ``json_schema``: every request is constrained
+    by it (structured output). B7 runs the whole ``batchgen run`` command instead, captures included."""
     record = base_record(mode, "batchgen", len(prompts), new_tokens)
     params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True, json_schema=json_schema)
-    if json_schema is not None:
-        llm.prepare(params)  # the masked steps' graphs, as batchgen run does
+    llm.prepare(params, capture_graphs=True)
     if warmup:
         _consume(llm, warmup, params.with_overrides(max_new_tokens=min(4, new_tokens)))
     before = metrics.snapshot(llm.stats)

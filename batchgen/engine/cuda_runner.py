@@ -48,6 +48,8 @@ from batchgen.model.attention import PagedContext
 from batchgen.model.backends import KernelBackend
 from batchgen.model.forward import ModelForward
 
+CAPTURE_ROOM = 1 << 30  # device bytes free below which a mid-run capture first empties the cache
+
 
 class CudaHandle(NamedTuple):
     step_id: int
@@ -272,8 +274,17 @@ class CudaRunner:
         if graph is None:
             uses = self._eager_uses[key] = self._eager_uses.get(key, 0) + 1
             if uses > self.capture_after:
+                self._room_for_capture()
                 graph = self.graphs[key] = self._capture(slot_id, bucket, part, key[3:])
         return graph
+
+    def _room_for_capture(self) -> None:
+        """A capture cannot hand the allocator's cached blocks back to the driver (no cudaFree while
+        capturing): mid-run, after prefills filled that cache, release it first when the device is
+        nearly full, or the graph's pool could fail where an up-front capture fits."""
+        free, _ = torch.cuda.mem_get_info(self.device)
+        if free < CAPTURE_ROOM:
+            torch.cuda.empty_cache()
 
     def _capture(
         self, slot_id: int, bucket: int, part: str, flags: tuple[bool, bool]

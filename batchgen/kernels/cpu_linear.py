@@ -115,6 +115,8 @@ class PackedLinear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)
+        if flat.shape[0] == 0:
+            return x.new_empty((*x.shape[:-1], self.out_features))
         return _in_pieces(flat, self.weight, self.bias).view(*x.shape[:-1], self.out_features)
 
 

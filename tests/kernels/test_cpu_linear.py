@@ -68,6 +68,7 @@ def test_packed_weight_takes_any_leading_shape():
     packed = cpu_linear.PackedLinear(weight, bias)
     got = packed(x.view(3, 4, 96))
     assert got.shape == (3, 4, 200) and packed.out_features == 200
+    assert packed(x[:0].view(0, 2, 96)).shape == (0, 2, 200)  # no rows: no oneDNN call
     torch.testing.assert_close(got, F.linear(x, weight, bias).view(3, 4, 200), rtol=1e-5, atol=1e-5)
 
 
