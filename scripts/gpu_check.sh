@@ -8,7 +8,7 @@
 # (fp8-tests, fp8-bench; fp8-b1 runs B1 alone); STAGES="startup startup-newest startup-8b" the start-up A/Bs.
 #   bash scripts/gpu_check.sh OUTDIR        (or: make gpu-check OUT=OUTDIR)
 #   STAGES="tests bench" BENCH_ARGS="--workload B3" bash scripts/gpu_check.sh OUTDIR   (a subset; also
-#   STEP_ARGS, TP_ARGS, TESTS_LIMIT)
+#   STEP_ARGS, TP_ARGS, DP_ARGS, TESTS_LIMIT)
 # Runs from the repository root without installing it (PYTHONPATH=.). Every stage runs even when an
 # earlier one failed; the exit status is non-zero when any failed. OUTDIR gets summary.txt and
 # logs.tgz (every stage's log, bench.json/bench.md per bench stage): a device tool returns few files.
@@ -79,8 +79,11 @@ has b7 && stage b7 300 "$RUN/b7.log" "$PY" -m batchgen.bench --workload B7 --wor
 TP_ARGS="${TP_ARGS:---workload B5 --workload B1s --tensor-parallel 2 --mode async}"
 # shellcheck disable=SC2086
 has tp && stage tp 420 "$RUN/tp.log" "$PY" -m batchgen.bench $TP_ARGS --out "$RUN/tp"
-# --data-parallel over every visible GPU vs one GPU.
-has dp && stage dp 240 "$RUN/dp.log" "$PY" scripts/dp_check.py
+# --data-parallel over every visible GPU vs one GPU, on a job of about a minute on one GPU (issue 15:
+# >= 1.6x at two GPUs; 10 240 rows x 256 tokens of a Qwen3-0.6B shape, ~45 s of generation).
+DP_ARGS="${DP_ARGS:---rows 10240}"
+# shellcheck disable=SC2086
+has dp && stage dp 300 "$RUN/dp.log" "$PY" scripts/dp_check.py $DP_ARGS
 # Start-up (issue 15): its phases with the checkpoint read from its files, through transformers, and with
 # every package transformers finds imported; "startup-newest" the same under the newest transformers
 # (.gpu-assets/newest, installed apart from the machine's own).
