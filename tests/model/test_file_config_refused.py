@@ -97,13 +97,18 @@ _REFUSED = {
 }
 
 
-@pytest.mark.parametrize("config,why", list(_REFUSED.values()), ids=list(_REFUSED))
-def test_refused(tmp_path, config, why):
+def assert_refused(tmp_path, config: dict, why: str) -> None:
+    """``parse_config`` raises naming ``why`` and leaves the dict as it was; ``read_config`` of it is None."""
     original = copy.deepcopy(config)
     with pytest.raises(UnsupportedConfig, match=why):
         parse_config(config)
-    assert config == original  # the parsed dict is not modified
+    assert config == original
     assert read_config(_write(tmp_path, config)) is None
+
+
+@pytest.mark.parametrize("config,why", list(_REFUSED.values()), ids=list(_REFUSED))
+def test_refused(tmp_path, config, why):
+    assert_refused(tmp_path, config, why)
 
 
 def test_unreadable_files_are_refused(tmp_path):

@@ -14,8 +14,6 @@ import pickle
 import random
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +24,14 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from batchgen.model.files import tokenizer as file_tokenizer
 from batchgen.model.files.tokenizer import FileTokenizer, verified_transformers
-from tests.model.tokenizer_cases import CONVERSATIONS, CORPUS, RICH_KWARGS, RICH_MESSAGES, RICH_TEMPLATE
+from tests.model.tokenizer_cases import (
+    CONVERSATIONS,
+    CORPUS,
+    RICH_KWARGS,
+    RICH_MESSAGES,
+    RICH_TEMPLATE,
+    heavy_modules_after,
+)
 
 _DROP = object()  # a tokenizer_config.json key to remove
 VERIFIED = verified_transformers()
@@ -301,10 +306,4 @@ def test_transformers_tokenizer_is_loaded_once(default_model_path):
 
 @needs_verified
 def test_loading_does_not_import_transformers(default_model_path):
-    probe = (
-        "import sys; from batchgen.model.files.tokenizer import FileTokenizer; "
-        f"assert FileTokenizer.load({default_model_path!r}) is not None; "
-        "print(sorted(m for m in ('transformers', 'torch') if m in sys.modules))"
-    )
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
-    assert done.stdout.strip() == "[]"
+    assert heavy_modules_after(f"FileTokenizer.load({default_model_path!r}) is not None") == []

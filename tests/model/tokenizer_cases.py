@@ -1,9 +1,27 @@
 """Texts and conversations the FileTokenizer oracle tests (test_file_tokenizer.py,
-test_file_chat_template.py) compare on."""
+test_file_chat_template.py) compare on, and the probe of what loading a tokenizer imports (shared with
+test_file_tokenizer_classes.py)."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from typing import Any
+
+
+def heavy_modules_after(check: str) -> list[str]:
+    """Which of transformers and torch a fresh interpreter has imported once it imported FileTokenizer
+    and asserted ``check`` (an expression)."""
+    probe = "\n".join([
+        "import json, sys",
+        "from batchgen.model.files.tokenizer import FileTokenizer",
+        f"assert {check}",
+        "print(json.dumps([m for m in ('transformers', 'torch') if m in sys.modules]))",
+    ])  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    return json.loads(done.stdout)
+
 
 # fmt: off
 CORPUS = [
