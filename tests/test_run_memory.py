@@ -64,14 +64,17 @@ samples_path, out, page_kib = sys.argv[1], sys.argv[4], os.sysconf("SC_PAGE_SIZE
 samples = []
 
 def sample():
+    # The JSONL writer appends: read only what is new, so the sampling adds no output-sized buffers to
+    # the heap it measures.
+    records, output = 0, None
     while True:
-        try:
-            rss = int(open("/proc/self/statm").read().split()[1]) * page_kib
-            kept = mallinfo2().fordblks // 1024 if mallinfo2 is not None else 0
-            records = open(out, "rb").read().count(b"\\n") if os.path.exists(out) else 0
-            samples.append((records, rss, kept))
-        except OSError:
-            pass  # the output replaced between the check and the read: the next sample counts it
+        rss = int(open("/proc/self/statm").read().split()[1]) * page_kib
+        kept = mallinfo2().fordblks // 1024 if mallinfo2 is not None else 0
+        if output is None and os.path.exists(out):
+            output = open(out, "rb")
+        if output is not None:
+            records += output.read().count(b"\\n")
+        samples.append((records, rss, kept))
         time.sleep(0.1)
 
 threading.Thread(target=sample, daemon=True).start()
