@@ -13,10 +13,11 @@ import torch
 from batchgen.config import EngineConfig, SamplingParams
 from batchgen.engine.block_manager import BlockManager
 from batchgen.engine.build import RankEngine, build_rank
-from batchgen.engine.engine import Engine, EngineStats
+from batchgen.engine.engine import Engine
 from batchgen.engine.grammar import GrammarCompiler
 from batchgen.engine.outputs import CompletionOutput, GenerationRequest
 from batchgen.engine.scheduler import Scheduler
+from batchgen.engine.stats import EngineStats
 from batchgen.engine.stops import StopChecker
 from batchgen.model import attention
 from batchgen.model.build import ModelFiles

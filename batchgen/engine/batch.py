@@ -48,29 +48,27 @@ class StepInputs(NamedTuple):
 
 
 def build_step(step: ScheduledStep, block_size: int, rows: RowState) -> StepInputs:
-    """Gather the step's rows of the persistent batch; only tokens and sampling indices are read off
-    the requests (one pass over the sequences)."""
-    scan = _scan(step)
-    num_seqs = step.num_seqs
-    starts, counts = np.array(scan.starts, np.int64), np.array(scan.counts, np.int64)
-    row_ids = np.array(scan.rows, np.int64)
-    seq_lens = starts + counts
+    """Gather the step's rows of the persistent batch: the decodes' inputs with array operations over
+    their rows, the prefill chunks' one by one."""
+    scan = _concat(_scan_decodes(step, rows), _scan_items(step, len(step.decodes.requests)))
+    num_seqs, counts = step.num_seqs, scan.counts
+    seq_lens = scan.starts + counts
     max_seq_len = int(seq_lens.max())
     cu = np.zeros(num_seqs + 1, np.int32)
     np.cumsum(counts, out=cu[1:])
     total = int(cu[-1])
     if total == num_seqs:  # decode only: one token per sequence
-        seq_of_row, positions = np.arange(total), starts
+        seq_of_row, positions = np.arange(total), scan.starts
     else:
         seq_of_row = np.repeat(np.arange(num_seqs), counts)  # [T]
-        positions = starts[seq_of_row] + (np.arange(total) - cu[:-1][seq_of_row])
-    tables = rows.tables[row_ids, : -(-max_seq_len // block_size)]  # [B, W] (a copy)
+        positions = scan.starts[seq_of_row] + (np.arange(total) - cu[:-1][seq_of_row])
+    tables = rows.tables[scan.rows, : -(-max_seq_len // block_size)]  # [B, W] (a copy)
     blocks = tables[seq_of_row, positions // block_size]
-    *sampling, masked = _sampling_rows(rows, row_ids[scan.sampled], cu, scan)
+    *sampling, masked = _sampling_rows(rows, scan.rows[scan.sampled], cu, scan)
     return StepInputs(
         step.step_id,
-        np.array(scan.ids, np.int64),
-        _carry_rows(scan, total),
+        scan.ids,
+        scan.carry_rows,
         positions,
         blocks.astype(np.int64) * block_size + positions % block_size,
         cu,
@@ -84,43 +82,44 @@ def build_step(step: ScheduledStep, block_size: int, rows: RowState) -> StepInpu
 
 
 class _Scan(NamedTuple):
-    starts: list[int]  # [B] first position each item computes
-    counts: list[int]  # [B] tokens each item computes
-    rows: list[int]  # [B] each item's row of the persistent batch
-    ids: list[int]  # [T] input tokens, 0 where carried over
-    carry_at: list[int]  # packed rows whose token is carried over ...
-    carry_from: list[int]  # ... from these rows of the previous step's sampled tokens
-    sampled: list[int]  # [S] items that sample
-    rng_steps: list[int]  # [S] index of the output token each sampled row draws
+    """The step's sequences as arrays (int64 each)."""
+
+    starts: np.ndarray  # [B] first position each computes
+    counts: np.ndarray  # [B] tokens each computes
+    rows: np.ndarray  # [B] each one's row of the persistent batch
+    ids: np.ndarray  # [T] input tokens, 0 where carried over
+    carry_rows: np.ndarray  # [T] row of the previous step's sampled tokens holding the input, else -1
+    sampled: np.ndarray  # [S] sequences that sample
+    rng_steps: np.ndarray  # [S] index of the output token each sampled row draws
 
 
-def _scan(step: ScheduledStep) -> _Scan:
-    """One pass over the sequences: their positions, rows, input tokens, and which of them sample (each
-    such request remembers its output row, for the next step's carry-over)."""
-    scan = _Scan([], [], [], [], [], [], [], [])
-    starts, counts, rows, ids, carry_at, carry_from, sampled, rng_steps = scan
+def _scan_decodes(step: ScheduledStep, rs: RowState) -> _Scan:
+    """The decodes: one token each, sampled. Each input token is known on the host (the synchronous
+    loop) or is being sampled by the step before (carried over on the device). Each decode's output
+    row is remembered for the next step's carry-over."""
+    decodes, step_id = step.decodes, step.step_id
+    rows, starts, n = decodes.rows, decodes.starts, len(decodes.rows)
+    known = rs.known[rows] > starts  # [D]
+    ids = np.zeros(n, np.int64)
+    if known.any():
+        at = np.flatnonzero(known).tolist()
+        ids[at] = [decodes.requests[i].tokens[int(starts[i])] for i in at]
+    carry_rows = np.where(known, -1, rs.carry_row[rows])
+    stale = ~known & (rs.carry_step[rows] != step_id - 1)
+    if stale.any():
+        req = decodes.requests[int(np.argmax(stale))]
+        raise RuntimeError(f"request {req.request_id}: input token not produced by the last step")
+    rs.carry_step[rows] = step_id
+    rs.carry_row[rows] = np.arange(n)
+    rng_steps = rs.known[rows] + rs.num_pending[rows] - rs.prompt[rows] - 1  # outputs incl. this one
+    return _Scan(starts, np.ones(n, np.int64), rows, ids, carry_rows, np.arange(n), rng_steps)
+
+
+def _scan_items(step: ScheduledStep, first: int) -> _Scan:
+    """The prefill chunks (a few a step), one by one; sequence numbers start at ``first``."""
+    starts, counts, rows, ids, carry, sampled, rng_steps = [], [], [], [], [], [], []
     step_id = step.step_id
-    # The decodes: one token each, sampled. Bound methods: this loop runs once per row and step.
-    add_id, add_rng, add_row = ids.append, rng_steps.append, rows.append
-    add_carry_at, add_carry_from = carry_at.append, carry_from.append
-    for i, (req, start) in enumerate(zip(step.decodes, step.decode_starts, strict=True)):
-        tokens = req.tokens
-        if len(tokens) > start:
-            add_id(tokens[start])
-        elif req.carry_step == step_id - 1:  # being sampled by the step before: carried on the device
-            add_carry_at(i)
-            add_carry_from(req.carry_row)
-            add_id(0)
-        else:
-            raise RuntimeError(f"request {req.request_id}: input token not produced by the last step")
-        req.carry_step, req.carry_row = step_id, i
-        add_rng(len(tokens) - req.num_prompt + req.num_pending - 1)  # outputs incl. this one
-        add_row(req.row)
-    num_decodes = len(step.decodes)
-    starts.extend(step.decode_starts)
-    counts.extend([1] * num_decodes)
-    sampled.extend(range(num_decodes))
-    for i, (req, start, n, samples) in enumerate(step.items, num_decodes):
+    for i, (req, start, n, samples) in enumerate(step.items, first):
         starts.append(start)
         counts.append(n)
         rows.append(req.row)
@@ -128,39 +127,40 @@ def _scan(step: ScheduledStep) -> _Scan:
         known = len(tokens) - start
         if known >= n:
             ids.extend(tokens[start : start + n])
+            carry.extend([-1] * n)
         else:  # the one token the previous step is sampling right now: carried over on the device
             if (known if known > 0 else 0) != n - 1 or req.carry_step != step_id - 1:
                 raise RuntimeError(f"request {req.request_id}: input token not produced by the last step")
             if known > 0:
                 ids.extend(tokens[start:])
-            carry_at.append(len(ids))
-            carry_from.append(req.carry_row)
+                carry.extend([-1] * known)
+            carry.append(req.carry_row)
             ids.append(0)
         if samples:
-            req.carry_step, req.carry_row = step_id, len(sampled)
+            req.carry_step, req.carry_row = step_id, first + len(sampled)
             sampled.append(i)
             rng_steps.append(len(tokens) - req.num_prompt + req.num_pending - 1)
-    return scan
+    return _Scan(*(np.array(x, np.int64) for x in (starts, counts, rows, ids, carry, sampled, rng_steps)))
 
 
-def _carry_rows(scan: _Scan, total: int) -> np.ndarray:
-    if len(scan.carry_at) == total:  # every token carried over: the async decode steady state
-        return np.array(scan.carry_from, np.int64)
-    out = np.full(total, -1, np.int64)
-    out[scan.carry_at] = scan.carry_from
-    return out
+def _concat(decodes: _Scan, items: _Scan) -> _Scan:
+    if not len(items.starts):
+        return decodes
+    if not len(decodes.starts):
+        return items
+    return _Scan(*(np.concatenate(pair) for pair in zip(decodes, items, strict=True)))
 
 
 def _sampling_rows(rows: RowState, sampled_rows: np.ndarray, cu: np.ndarray, scan: _Scan) -> tuple:
     consts = rows.sampling[sampled_rows]  # [S, 6]: see Request.sampling_row
     temperature = consts[:, 0].astype(np.float32)
     return (
-        cu[np.asarray(scan.sampled, np.int64) + 1].astype(np.int64) - 1,
+        cu[scan.sampled + 1].astype(np.int64) - 1,
         temperature,
         consts[:, 1].astype(np.float32),
         consts[:, 2].astype(np.int64),
         consts[:, 3].astype(np.int64),
-        np.array(scan.rng_steps, np.int64),
+        scan.rng_steps,
         bool((temperature > 0).any()),
         bool(consts[:, 4].any()),
         bool(consts[:, 5].any()),

@@ -48,6 +48,10 @@ class BlockManager:
         for _ in range(self.blocks_for(num_tokens) - len(req.block_table)):
             req.block_table.append(self._pop_free())
 
+    def take(self, count: int) -> list[int]:
+        """``count`` free blocks, as ``grow`` would hand them out one at a time (caller checked room)."""
+        return [self._pop_free() for _ in range(count)]
+
     def release(self, req: Request) -> None:
         """Drop ``req``'s references; blocks reaching zero return to the free list (content kept)."""
         for block in reversed(req.block_table):  # tail first: prefix blocks are evicted last
@@ -101,17 +105,21 @@ class BlockManager:
 
     def register_full_blocks(self, req: Request, upto: int) -> None:
         """Make ``req``'s full blocks below position ``upto`` findable (their tokens must be known)."""
+        cached = req.num_cached_blocks
         full = min(upto, len(req.tokens)) // self.block_size
-        parent = self._hash_of[req.block_table[req.num_cached_blocks - 1]] if req.num_cached_blocks else None
-        if parent is None:
-            parent = self._root(req)
-        for i in range(req.num_cached_blocks, full):
-            block = req.block_table[i]
-            tokens = tuple(req.tokens[i * self.block_size : (i + 1) * self.block_size])
-            key = (parent, tokens)
-            parent = hash(key)
-            self._hash_of[block] = parent
+        if full > cached:
+            self.register_blocks(req, cached, full)
+            req.num_cached_blocks = full
+
+    def register_blocks(self, req: Request, first: int, end: int) -> None:
+        """Make ``req``'s blocks ``first`` to ``end`` - 1 findable, those before them already being so
+        (the caller advances ``num_cached_blocks``: the scheduler does it for many rows at once)."""
+        size, table, tokens = self.block_size, req.block_table, req.tokens
+        parent = self._hash_of[table[first - 1]] if first else self._root(req)
+        for i in range(first, end):
+            block = table[i]
+            key = (parent, tuple(tokens[i * size : (i + 1) * size]))
+            parent = self._hash_of[block] = hash(key)
             if key not in self._cached:
                 self._cached[key] = block
                 self._key_of[block] = key
-        req.num_cached_blocks = max(req.num_cached_blocks, full)

@@ -20,8 +20,9 @@ import itertools
 import time
 from collections import defaultdict, deque
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from batchgen.engine.batch import build_step
 from batchgen.engine.block_manager import BlockManager
@@ -30,34 +31,9 @@ from batchgen.engine.outputs import CompletionOutput, GenerationRequest
 from batchgen.engine.request import Request, Status
 from batchgen.engine.runner import StepResult
 from batchgen.engine.sampler import rng_key
-from batchgen.engine.scheduler import ScheduledStep, Scheduler
+from batchgen.engine.scheduler import Decodes, ScheduledStep, Scheduler
+from batchgen.engine.stats import EngineStats
 from batchgen.engine.stops import StopChecker
-
-
-@dataclass
-class EngineStats:
-    steps: int = 0
-    prompt_tokens: int = 0
-    output_tokens: int = 0
-    finished: int = 0
-    errors: int = 0
-    preemptions: int = 0
-    partial_prefills: int = 0  # prefill chunks cut short by the token budget: a prompt spread over steps
-    max_step_tokens: int = 0  # the most tokens one step computed (bounded by max_batch_tokens)
-    overlapped_steps: int = 0  # steps launched before the previous step was postprocessed (async)
-    discarded_tokens: int = 0  # tokens sampled for a request that had finished a step earlier (async)
-    dropped: int = 0  # (row, sample) requests a drain dropped before they started: not yielded
-    prefix_hit_rate: float = 0.0
-    schedule_s: float = 0.0  # host time: scheduling + batch building
-    prep_s: float = 0.0  # host time: filling step buffers and launching (CUDA runner)
-    replay_s: float = 0.0  # of prep_s: launching decode graphs (graph.replay)
-    postprocess_s: float = 0.0
-    mask_s: float = 0.0  # host time advancing grammars and filling token masks (structured output)
-    gpu_busy_s: float = 0.0  # compute-stream busy time, from CUDA events (0 on the CPU)
-    gpu_idle: dict[str, Any] = field(default_factory=dict)  # the gaps between steps (CUDA: idle_gaps.py)
-    wall_s: float = 0.0  # time inside stream() with work in the engine
-    first_token_time: float = 0.0  # time.time() when the first step's tokens reached the host (start-up)
-    finish_reasons: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
 
 class Engine:
@@ -75,6 +51,7 @@ class Engine:
         self.blocks = blocks
         self.scheduler = scheduler
         self.stops = stops
+        self._eos_ids = sorted(stops.eos_ids)
         self.max_model_len = max_model_len
         self.grammars = grammars
         self.lag = 1 if async_mode else 0
@@ -315,27 +292,62 @@ class Engine:
             self.stats.mask_s += time.perf_counter() - t0
         self._sample_pending()  # the next step waited for these tokens: start its sampling first
         t0 = time.perf_counter()
-        sampled = step.sampled()
-        check, finished = self.stops.check, Status.FINISHED
-        for row, (req, token) in enumerate(zip(sampled, result.tokens, strict=True)):
-            req.num_pending -= 1
-            if req.status is finished:
-                self.stats.discarded_tokens += 1  # finished one step earlier: this token is past its end
-                continue
-            req.tokens.append(token)
-            if req.logprobs is not None:
-                req.logprobs.append(result.logprobs[row])
-            reason = "error" if req.error else check(req)
-            if not reason and req.guide is not None and req.guide.done:
-                reason = "stop"  # the grammar ended (on a stop token, which --ignore-eos cannot skip)
-            if reason:
-                self._finish(req, reason, step.step_id)
+        sampled, tokens, logprobs = step.sampled(), result.tokens, result.logprobs
+        held, ends = self._advance_decodes(step.decodes, result)
+        for row in self._rows_to_check(held, ends, len(sampled)):
+            req = sampled[row]
+            if row >= len(held) or not held[row]:  # not advanced with the held rows
+                req.num_pending -= 1
+                if req.status is Status.FINISHED:
+                    self.stats.discarded_tokens += 1  # finished a step earlier: past its end
+                    continue
+                req.add_token(tokens[row])
+                if req.logprobs is not None:
+                    req.logprobs.append(logprobs[row])
+            self._check(req, step.step_id)
         for req in self._deferred.pop(step.step_id, ()):
             self.blocks.release(req)
         self.stats.preemptions = self.scheduler.num_preemptions
         self.stats.partial_prefills = self.scheduler.num_partial_prefills
         self.stats.prefix_hit_rate = self.blocks.hit_rate
         self.stats.postprocess_s += time.perf_counter() - t0
+
+    def _advance_decodes(self, decodes: Decodes, result: StepResult) -> tuple[np.ndarray, np.ndarray]:
+        """Give the decodes that still hold their rows (not finished or preempted since they were
+        scheduled: the common case) their tokens at once. Returns that mask [D] and which of them may
+        have ended (EOS, length, a watched row: checked one by one)."""
+        rs, rows, n = self.scheduler.rows, decodes.rows, len(decodes.rows)
+        held = rs.owner[rows] == decodes.ids  # [D]
+        every = bool(held.all())
+        at = np.arange(n) if every else np.flatnonzero(held)
+        rows = rows if every else rows[at]
+        tokens = np.array(result.tokens[:n], np.int64)[at]  # [H]
+        rs.num_pending[rows] -= 1
+        rs.known[rows] += 1
+        reqs = decodes.requests if every else [decodes.requests[i] for i in at.tolist()]
+        for req, token in zip(reqs, tokens.tolist(), strict=True):
+            req.tokens.append(token)
+        if result.logprobs is not None:
+            for i in at[rs.sampling[rows, 4] > 0].tolist():
+                decodes.requests[i].logprobs.append(result.logprobs[i])
+        ends = (rs.known[rows] >= rs.limit[rows]) | rs.watched[rows]
+        for eos in self._eos_ids:  # one or a few ids: cheaper than np.isin's sort
+            ends |= rs.check_eos[rows] & (tokens == eos)
+        return held, at[ends]
+
+    @staticmethod
+    def _rows_to_check(held: np.ndarray, ends: np.ndarray, num_sampled: int) -> list[int]:
+        """Sampled rows to look at one by one, in order: decodes that may have ended or were not
+        advanced at once, then the prefill chunks'."""
+        look = np.union1d(ends, np.flatnonzero(~held))
+        return [*look.tolist(), *range(len(held), num_sampled)]
+
+    def _check(self, req: Request, step_id: int) -> None:
+        reason = "error" if req.error else self.stops.check(req)
+        if not reason and req.guide is not None and req.guide.done:
+            reason = "stop"  # the grammar ended (on a stop token, which --ignore-eos cannot skip)
+        if reason:
+            self._finish(req, reason, step_id)
 
     def _finish(self, req: Request, reason: str, step_id: int) -> None:
         was_running = req.status is Status.RUNNING

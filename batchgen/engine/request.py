@@ -15,6 +15,28 @@ class Status(enum.Enum):
     FINISHED = "finished"
 
 
+class RowCounter:
+    """A per-step counter of a request. While the request holds a row of the persistent batch it lives
+    in that batch's array of the same name (``rows.py``), where the scheduler, the batch builder and the
+    postprocessor update all rows at once; otherwise on the request itself."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name, self.own = name, "_" + name
+
+    def __get__(self, req: Request | None, owner: type | None = None) -> Any:
+        if req is None:
+            return self
+        if req.row >= 0:
+            return int(getattr(req.batch, self.name)[req.row])
+        return getattr(req, self.own)
+
+    def __set__(self, req: Request, value: int) -> None:
+        if req.row >= 0:
+            getattr(req.batch, self.name)[req.row] = value
+        else:
+            setattr(req, self.own, value)
+
+
 @dataclass(eq=False)
 class Request:
     """One (row, sample). ``tokens`` holds the prompt then every confirmed output token.
@@ -38,19 +60,23 @@ class Request:
     admitted: bool = False  # was scheduled at least once (a drain lets it finish)
     block_table: list[int] = field(default_factory=list)  # only appended to, or replaced by release
     row: int = -1  # its row of the persistent batch (engine/rows.py) while it runs
-    num_computed: int = 0
-    num_pending: int = 0
-    num_cached_blocks: int = 0  # leading blocks already registered in the prefix cache
-    last_step: int = -1  # id of the last step that reads or writes this request's KV
-    carry_step: int = -1  # the last step that samples for this request ...
-    carry_row: int = -1  # ... and the row of its sampled-token output holding that token
+    batch: Any = field(default=None, repr=False)  # the RowState holding that row
     finish_reason: str | None = None
     logprobs: list[float] | None = None
     text: str | None = None  # final text once a stop string matched
     guide: Any = None  # structured output: the row's grammar matcher (engine/grammar.py Guide)
     error: str | None = None  # why the row failed mid-generation (finish reason "error")
 
+    num_computed = RowCounter()
+    num_pending = RowCounter()
+    num_cached_blocks = RowCounter()  # leading blocks already registered in the prefix cache
+    last_step = RowCounter()  # id of the last step that reads or writes this request's KV
+    carry_step = RowCounter()  # the last step that samples for this request ...
+    carry_row = RowCounter()  # ... and the row of its sampled-token output holding that token
+
     def __post_init__(self) -> None:
+        self._num_computed = self._num_pending = self._num_cached_blocks = 0
+        self._last_step = self._carry_step = self._carry_row = -1
         p = self.params
         # The per-step sampling inputs that never change: (temperature, top_p, top_k, rng key, logprobs,
         # constrained).
@@ -62,6 +88,12 @@ class Request:
             p.logprobs,
             self.guide is not None,
         )
+
+    def add_token(self, token: int) -> None:
+        """Append a confirmed output token (the postprocessor's per-row path)."""
+        self.tokens.append(token)
+        if self.row >= 0:
+            self.batch.known[self.row] += 1
 
     @property
     def num_output(self) -> int:

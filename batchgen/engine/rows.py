@@ -1,27 +1,41 @@
 """The persistent batch: per-running-request rows of numpy state that stay in place from step to step.
 
-A request holds a row from admission until it stops running (finished or preempted). Its row keeps its
-block table and its sampling constants, written when they change (admission, a new block: once every
-``block_size`` decode steps), so building a step gathers rows with one fancy index instead of
-re-serialising Python lists for every running request every step (issue 12: host time per step).
+A request holds a row from admission until it stops running (finished or preempted). Its row keeps:
+- its block table, written when it changes (admission, a new block: once every ``block_size`` decode
+  steps), so building a step gathers rows with one fancy index;
+- its sampling constants and the constants the postprocessor checks (limit, EOS, watched rows);
+- its per-step counters (``Request``'s ``RowCounter`` fields live here while it holds the row), so the
+  scheduler, the batch builder and the postprocessor advance hundreds of decoding rows with a few array
+  operations instead of a Python loop over them (issue 12: host time per step).
 
-Pure numpy; the scheduler owns it and is the only writer.
+Pure numpy; the scheduler claims and frees rows.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from batchgen.engine.request import Request
+if TYPE_CHECKING:
+    from batchgen.engine.request import Request
 
 SAMPLING_COLUMNS = 6  # Request.sampling_row: temperature, top_p, top_k, rng key, logprobs, constrained
+COUNTERS = ("num_computed", "num_pending", "num_cached_blocks", "last_step", "carry_step", "carry_row")
+_INT_COLUMNS = COUNTERS + ("synced", "known", "prompt", "limit", "owner")
 
 
 class RowState:
     def __init__(self, rows: int = 256, blocks_per_row: int = 64) -> None:
         self.tables = np.zeros((rows, blocks_per_row), np.int32)  # [R, W] block ids, 0 past the end
         self.sampling = np.zeros((rows, SAMPLING_COLUMNS), np.float64)  # [R, 6]
-        self.synced = np.zeros(rows, np.int64)  # [R] leading table entries written
+        # [R] int64 each: the counters, then leading table entries written, len(tokens), the prompt's
+        # length, prompt + max output tokens, the request id holding the row (-1: free).
+        for name in _INT_COLUMNS:
+            setattr(self, name, np.zeros(rows, np.int64))
+        self.owner[:] = -1
+        self.check_eos = np.zeros(rows, bool)  # [R] an EOS token ends it (not --ignore-eos)
+        self.watched = np.zeros(rows, bool)  # [R] stop strings or a grammar: checked one by one
         self._free = list(range(rows - 1, -1, -1))  # lowest row first: active rows stay dense
 
     @property
@@ -29,24 +43,34 @@ class RowState:
         return len(self.tables)
 
     def claim(self, req: Request) -> None:
-        """Give ``req`` a row holding its sampling constants and its current block table."""
+        """Give ``req`` a row: its counters move into the arrays, with its constants and block table."""
         if req.row >= 0:
             raise RuntimeError(f"request {req.request_id} already holds row {req.row}")
         if not self._free:
             self._grow_rows()
-        req.row = row = self._free.pop()
+        row = self._free.pop()
+        for name in COUNTERS:
+            getattr(self, name)[row] = getattr(req, "_" + name)
+        self.known[row], self.prompt[row] = len(req.tokens), req.num_prompt
+        self.limit[row], self.owner[row] = req.num_prompt + req.max_tokens, req.request_id
+        self.check_eos[row] = not req.params.ignore_eos
+        self.watched[row] = bool(req.params.stop) or req.guide is not None
         self.sampling[row] = req.sampling_row
+        req.row, req.batch = row, self
         self.sync_table(req)
 
     def free(self, req: Request) -> None:
-        """Return ``req``'s row (its table entries zeroed: a row's padding stays 0 for its next user)."""
+        """Return ``req``'s row: its counters move back onto it; its table entries are zeroed (a row's
+        padding stays 0 for its next user)."""
         row = req.row
         if row < 0:
             return
+        for name in COUNTERS:
+            setattr(req, "_" + name, int(getattr(self, name)[row]))
         self.tables[row, : self.synced[row]] = 0
-        self.synced[row] = 0
+        self.synced[row], self.owner[row] = 0, -1
         self._free.append(row)
-        req.row = -1
+        req.row, req.batch = -1, None
 
     def sync_table(self, req: Request) -> None:
         """Write the block ids appended to ``req.block_table`` since the last sync (tables only grow
@@ -60,11 +84,21 @@ class RowState:
         self.tables[row, done:n] = table[done:]
         self.synced[row] = n
 
+    def append_blocks(self, rows: np.ndarray, blocks: list[int]) -> None:
+        """One new block at the end of each of ``rows``' tables (distinct rows; their requests' lists
+        were appended to by the caller)."""
+        at = self.synced[rows]  # [K]
+        if len(at) and int(at.max()) >= self.tables.shape[1]:
+            self._widen(int(at.max()) + 1)
+        self.tables[rows, at] = blocks
+        self.synced[rows] = at + 1
+
     def _grow_rows(self) -> None:
         old = self.num_rows
-        self.tables = np.concatenate([self.tables, np.zeros_like(self.tables)])
-        self.sampling = np.concatenate([self.sampling, np.zeros_like(self.sampling)])
-        self.synced = np.concatenate([self.synced, np.zeros_like(self.synced)])
+        for name in ("tables", "sampling", "check_eos", "watched", *_INT_COLUMNS):
+            array = getattr(self, name)
+            setattr(self, name, np.concatenate([array, np.zeros_like(array)]))
+        self.owner[old:] = -1
         self._free = list(range(2 * old - 1, old - 1, -1))  # empty before: every row was taken
 
     def _widen(self, width: int) -> None:

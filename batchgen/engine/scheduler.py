@@ -1,17 +1,21 @@
 """Continuous batching over the paged KV cache: decodes first, then prefill chunks, preempt by recompute.
 
-Pure Python: no torch. The scheduler may run one step ahead of the device (asynchronous mode): it counts
-tokens sampled by in-flight steps as ``num_pending`` and never waits for their values. It keeps each
-running request's row of the persistent batch (``rows.py``) in step with its blocks. A decode whose
-block has room costs a few attribute updates (no property calls, no allocation): with hundreds of
-decoding rows this loop is most of the host's time per step.
+No torch. The scheduler may run one step ahead of the device (asynchronous mode): it counts tokens
+sampled by in-flight steps as ``num_pending`` and never waits for their values. Running requests hold
+rows of the persistent batch (``rows.py``), where their counters live: the decodes of a step (hundreds
+of rows, most of the host's time per step when done one by one) are scheduled with a few array
+operations over the running rows; only the rows that need a new block or fill one for the prefix cache
+(one in ``block_size``) take a Python call each. When the new blocks do not all fit, someone is
+preempted and the order matters: the decodes are then scheduled one by one (``_decodes_in_order``, the
+reference the array path equals; tests/engine/test_scheduler.py).
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
 from typing import NamedTuple
+
+import numpy as np
 
 from batchgen.engine.block_manager import BlockManager
 from batchgen.engine.request import Request, Status
@@ -25,22 +29,38 @@ class ScheduledItem(NamedTuple):
     samples: bool  # the last position produces a token
 
 
+class Decodes(NamedTuple):
+    """A step's decodes: one token each, always sampled."""
+
+    requests: list[Request]
+    rows: np.ndarray  # [D] int64: their rows of the persistent batch
+    starts: np.ndarray  # [D] int64: the position each computes
+    ids: np.ndarray  # [D] int64: their request ids (a row still holding its request: ``rows.owner``)
+
+
+NO_DECODES = Decodes([], np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
+
+
 class ScheduledStep(NamedTuple):
-    """A step's sequences: the decodes first (one token each, always sampled: kept as bare requests and
-    positions, the common case at hundreds of rows a step), then the items (prefill chunks)."""
+    """A step's sequences: the decodes first, then the items (prefill chunks)."""
 
     step_id: int
     items: list[ScheduledItem]
-    decodes: Sequence[Request] = ()  # the scheduler appends to lists of its own
-    decode_starts: Sequence[int] = ()  # each decode's position
+    decodes: Decodes = NO_DECODES
 
     @property
     def num_seqs(self) -> int:
-        return len(self.decodes) + len(self.items)
+        return len(self.decodes.requests) + len(self.items)
 
     def sampled(self) -> list[Request]:
         """The requests that sample, in the order of the step's sampled-token rows."""
-        return [*self.decodes, *(item.request for item in self.items if item.samples)]
+        return [*self.decodes.requests, *(item.request for item in self.items if item.samples)]
+
+
+def decodes_of(requests: list[Request], starts: list[int], rows: RowState) -> Decodes:
+    """The arrays of decodes scheduled one by one (their requests hold rows of ``rows``)."""
+    at = np.array([req.row for req in requests], np.int64)
+    return Decodes(requests, at, np.array(starts, np.int64), rows.owner[at])
 
 
 class Scheduler:
@@ -53,6 +73,10 @@ class Scheduler:
         self.num_preemptions = 0
         self.num_partial_prefills = 0  # prefill chunks that stopped before the prompt's end
         self.rows = RowState(max_num_seqs)
+        # The reference path (tests): decodes scheduled one at a time and passed on as one-token items,
+        # which the batch builder and the postprocessor also handle one by one.
+        self.one_by_one = False
+        self._order: np.ndarray | None = None  # [N] rows of ``running``, made again when it changes
         self._next_step = 0
 
     def add(self, req: Request) -> None:
@@ -66,6 +90,7 @@ class Scheduler:
         if req.status is Status.RUNNING:
             self.running.remove(req)
             self.rows.free(req)
+            self._order = None
         elif req.status is Status.WAITING and req in self.waiting:
             self.waiting.remove(req)  # preempted, and its in-flight token ended it
         req.status = Status.FINISHED
@@ -75,31 +100,87 @@ class Scheduler:
         for req in self.running:
             self.rows.free(req)
         self.running.clear()
+        self._order = None
         self.waiting.clear()
+
+    def _running_rows(self) -> np.ndarray:
+        if self._order is None:
+            self._order = np.fromiter((req.row for req in self.running), np.int64, len(self.running))
+        return self._order
 
     # --- one step ---------------------------------------------------------------------------------
 
     def schedule(self) -> ScheduledStep:
-        step = ScheduledStep(self._next_step, [], [], [])
-        budget, prefills = self._schedule_decodes(step, self.max_batch_tokens)
+        step_id = self._next_step
+        if self.one_by_one:  # the reference: decodes as one-token items, built and postprocessed so
+            reqs, starts, budget, prefills = self._decodes_in_order(step_id, self.max_batch_tokens)
+            step = ScheduledStep(
+                step_id, [ScheduledItem(r, s, 1, True) for r, s in zip(reqs, starts, strict=True)]
+            )
+        else:
+            decodes, budget, prefills = self._decodes_at_once(step_id, self.max_batch_tokens)
+            step = ScheduledStep(step_id, [], decodes)
         for req in prefills:  # then chunks of prefills already under way
             if budget == 0 or step.num_seqs >= self.max_num_seqs:
                 break
-            if req.status is Status.RUNNING and self._reserve(req, budget, step.step_id):
+            if req.status is Status.RUNNING and self._reserve(req, budget, step_id):
                 budget -= self._append(step, req, budget)
         self._admit(step, budget)
         if step.num_seqs:  # ids of launched steps are consecutive: carry-over refers to "the step before"
             self._next_step += 1
         return step
 
-    def _schedule_decodes(self, step: ScheduledStep, budget: int) -> tuple[int, list[Request]]:
-        """One token for each decoding request (the common case, inlined), in admission order, in the
-        same pass that finds the prefills under way. Returns the budget left and those prefills."""
-        decodes, starts, step_id = step.decodes, step.decode_starts, step.step_id
+    def _decodes_at_once(self, step_id: int, budget: int) -> tuple[Decodes, int, list[Request]]:
+        """One token for each decoding request, in admission order, up to the budget and the row limit.
+        Returns the decodes, the budget left and the prefills under way."""
+        running, rs, size = self.running, self.rows, self.blocks.block_size
+        if not running:
+            return NO_DECODES, budget, []
+        order = self._running_rows()  # [N] rows, admission order
+        computed = rs.num_computed[order]
+        length = rs.known[order] + rs.num_pending[order]
+        live = length < rs.limit[order]  # else its last token is already in flight
+        decoding = live & (length - computed == 1)
+        # [D] their places in ``running``. When the decodes fill the step, no prefill chunk fits.
+        at = np.flatnonzero(decoding)[: min(budget, self.max_num_seqs)]
+        rows, starts = order[at], computed[at]
+        grows = starts >= rs.synced[rows] * size  # [D] the current block is full: a new one
+        if np.count_nonzero(grows) > self.blocks.num_free:  # someone is preempted: order matters
+            reqs, starts, budget, prefills = self._decodes_in_order(step_id, budget)
+            return decodes_of(reqs, starts, rs), budget, prefills
+        reqs = running[:] if len(at) == len(running) else [running[i] for i in at.tolist()]
+        if grows.any():
+            self._add_blocks(reqs, rows, np.flatnonzero(grows))
+        rs.num_computed[rows] = starts + 1
+        rs.num_pending[rows] += 1
+        rs.last_step[rows] = step_id
+        self._register_filled(reqs, rows, np.minimum(starts + 1, rs.known[rows]) // size)
+        prefills = [running[i] for i in np.flatnonzero(live & ~decoding).tolist()]
+        return Decodes(reqs, rows, starts, rs.owner[rows]), budget - len(at), prefills
+
+    def _register_filled(self, reqs: list[Request], rows: np.ndarray, full: np.ndarray) -> None:
+        """Make the blocks the decodes filled findable by prefix (``full`` [D]: each one's blocks whose
+        tokens are all known and computed); about one row in ``block_size`` has one."""
+        cached = self.rows.num_cached_blocks[rows]
+        at = np.flatnonzero(full > cached)
+        for i, first, end in zip(at.tolist(), cached[at].tolist(), full[at].tolist(), strict=True):
+            self.blocks.register_blocks(reqs[i], first, end)
+        self.rows.num_cached_blocks[rows[at]] = full[at]
+
+    def _add_blocks(self, reqs: list[Request], rows: np.ndarray, at: np.ndarray) -> None:
+        """One new block for each of ``reqs[at]`` (the caller checked that they fit)."""
+        new = self.blocks.take(len(at))
+        for i, block in zip(at.tolist(), new, strict=True):
+            reqs[i].block_table.append(block)
+        self.rows.append_blocks(rows[at], new)
+
+    def _decodes_in_order(self, step_id: int, budget: int) -> tuple[list[Request], list[int], int, list]:
+        """``_decodes_at_once`` one request at a time (a block reservation may preempt a later one):
+        the decodes, their positions, the budget left and the prefills under way."""
         size, max_seqs = self.blocks.block_size, self.max_num_seqs
-        prefills, running = [], Status.RUNNING
+        decodes, starts, prefills = [], [], []
         for req in self.running[:]:  # a copy: reserving a block may preempt (remove) a later request
-            length = len(req.tokens) + req.num_pending
+            length = req.length
             if length - req.num_prompt >= req.max_tokens:
                 continue  # its last token is already in flight
             pos = req.num_computed
@@ -108,7 +189,7 @@ class Scheduler:
                 continue
             if budget == 0 or len(decodes) >= max_seqs:
                 break  # nothing more fits this step, prefills included
-            if req.status is not running:  # preempted to make room for an earlier one
+            if req.status is not Status.RUNNING:  # preempted to make room for an earlier one
                 continue
             if pos >= len(req.block_table) * size and not self._reserve(req, budget, step_id):
                 continue
@@ -119,7 +200,7 @@ class Scheduler:
             budget -= 1
             if pos + 1 >= (req.num_cached_blocks + 1) * size:
                 self.blocks.register_full_blocks(req, pos + 1)
-        return budget, prefills
+        return decodes, starts, budget, prefills
 
     def _reserve(self, req: Request, budget: int, step_id: int) -> bool:
         """Make room for ``req``'s next chunk, preempting the newest requests this step has not
@@ -157,6 +238,7 @@ class Scheduler:
         """Recompute later: drop the KV, keep the tokens (in-flight ones still arrive)."""
         self.running.remove(req)
         self.rows.free(req)
+        self._order = None
         self.blocks.release(req)
         req.num_computed = 0
         req.status = Status.WAITING
@@ -197,4 +279,5 @@ class Scheduler:
         req.status = Status.RUNNING
         req.admitted = True
         self.running.append(req)
+        self._order = None
         return True

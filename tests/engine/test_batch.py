@@ -7,7 +7,7 @@ from batchgen.config import SamplingParams
 from batchgen.engine.batch import build_step
 from batchgen.engine.request import Request
 from batchgen.engine.rows import RowState
-from batchgen.engine.scheduler import ScheduledItem, ScheduledStep
+from batchgen.engine.scheduler import ScheduledItem, ScheduledStep, decodes_of
 
 
 def _req(rid: int, tokens: list[int], num_prompt: int, blocks: list[int], **kw) -> Request:
@@ -75,7 +75,7 @@ def test_carry_over_row_points_at_previous_step_output():
 
 def _two_steps(as_decodes: bool, known: bool):
     """Step 0 prefills a and b; step 1 decodes both (their input tokens known, or carried over), its
-    decodes given as items or as the scheduler gives them (bare requests and positions) beside a
+    decodes given as items or as the scheduler gives them (arrays of rows and positions) beside a
     prefill chunk of c."""
     a = _req(0, [1, 2, 3], num_prompt=3, blocks=[0])
     b = _req(1, [4, 5, 6, 7], num_prompt=4, blocks=[1, 6], temperature=0.5)
@@ -84,13 +84,13 @@ def _two_steps(as_decodes: bool, known: bool):
     rows = _rows(a, b, c)
     build_step(ScheduledStep(0, [ScheduledItem(b, 0, 4, True), ScheduledItem(a, 0, 3, True)]), 4, rows)
     if known:  # step 0's tokens arrived before step 1 was built (the synchronous loop)
-        a.tokens.append(30)
-        b.tokens.append(40)
+        a.add_token(30)
+        b.add_token(40)
     else:
         a.num_pending = b.num_pending = 2
     chunk = ScheduledItem(c, 0, 3, False)
     if as_decodes:
-        step = ScheduledStep(1, [chunk], [a, b], [3, 4])
+        step = ScheduledStep(1, [chunk], decodes_of([a, b], [3, 4], rows))
     else:
         step = ScheduledStep(1, [ScheduledItem(a, 3, 1, True), ScheduledItem(b, 4, 1, True), chunk])
     return build_step(step, 4, rows), (a.carry_step, a.carry_row, b.carry_step, b.carry_row)
