@@ -45,6 +45,17 @@ def test_garbage_made_during_the_block_is_collected():
         assert made() is None
 
 
+def test_the_young_generation_is_collected_less_often_inside_the_block_only():
+    before = gc.get_threshold()
+    with gc_policy.frozen_heap():
+        assert gc.get_threshold() == (max(gc_policy.YOUNG_OBJECTS, before[0]), *before[1:])
+        made = _garbage_cycle()
+        for _ in range(2 * gc_policy.YOUNG_OBJECTS):  # enough new objects for one young collection
+            _Cycle()
+        assert made() is None  # collected without an explicit gc.collect()
+    assert gc.get_threshold() == before
+
+
 def test_pauses_are_timed_per_generation():
     now = [0.0]
     pauses = gc_policy.GcPauses(clock=lambda: now[0])

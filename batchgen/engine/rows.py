@@ -49,8 +49,9 @@ class RowState:
         if not self._free:
             self._grow_rows()
         row = self._free.pop()
-        for name in COUNTERS:
-            getattr(self, name)[row] = getattr(req, "_" + name)
+        self.num_computed[row], self.num_pending[row] = req._num_computed, req._num_pending
+        self.num_cached_blocks[row], self.last_step[row] = req._num_cached_blocks, req._last_step
+        self.carry_step[row], self.carry_row[row] = req._carry_step, req._carry_row
         self.known[row], self.prompt[row] = len(req.tokens), req.num_prompt
         self.limit[row], self.owner[row] = req.num_prompt + req.max_tokens, req.request_id
         self.check_eos[row] = not req.params.ignore_eos
@@ -65,8 +66,9 @@ class RowState:
         row = req.row
         if row < 0:
             return
-        for name in COUNTERS:
-            setattr(req, "_" + name, int(getattr(self, name)[row]))
+        req._num_computed, req._num_pending = int(self.num_computed[row]), int(self.num_pending[row])
+        req._num_cached_blocks, req._last_step = int(self.num_cached_blocks[row]), int(self.last_step[row])
+        req._carry_step, req._carry_row = int(self.carry_step[row]), int(self.carry_row[row])
         self.tables[row, : self.synced[row]] = 0
         self.synced[row], self.owner[row] = 0, -1
         self._free.append(row)
