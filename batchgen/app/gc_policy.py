@@ -67,7 +67,8 @@ def frozen_heap(pauses: GcPauses | None = None) -> Iterator[GcPauses]:
     if freeze:
         gc.collect()
         gc.freeze()
-        gc.set_threshold(max(YOUNG_OBJECTS, thresholds[0]), *thresholds[1:])
+        if thresholds[0]:  # 0: automatic collection is off; leave it so
+            gc.set_threshold(max(YOUNG_OBJECTS, thresholds[0]), *thresholds[1:])
     pauses = pauses if pauses is not None else GcPauses()
     gc.callbacks.append(pauses)
     try:

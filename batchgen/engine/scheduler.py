@@ -149,30 +149,35 @@ class Scheduler:
             reqs, starts, budget, prefills = self._decodes_in_order(step_id, budget)
             return decodes_of(reqs, starts, rs), budget, prefills
         reqs = running[:] if len(at) == len(running) else [running[i] for i in at.tolist()]
-        if grows.any():
-            self._add_blocks(reqs, rows, np.flatnonzero(grows))
+        full = np.minimum(starts + 1, rs.known[rows]) // size  # [D] blocks whose tokens are all known
+        self._blocks_in_order(reqs, rows, grows, full)
         rs.num_computed[rows] = starts + 1
         rs.num_pending[rows] += 1
         rs.last_step[rows] = step_id
-        self._register_filled(reqs, rows, np.minimum(starts + 1, rs.known[rows]) // size)
         prefills = [running[i] for i in np.flatnonzero(live & ~decoding).tolist()]
         return Decodes(reqs, rows, starts, rs.owner[rows]), budget - len(at), prefills
 
-    def _register_filled(self, reqs: list[Request], rows: np.ndarray, full: np.ndarray) -> None:
-        """Make the blocks the decodes filled findable by prefix (``full`` [D]: each one's blocks whose
-        tokens are all known and computed); about one row in ``block_size`` has one."""
-        cached = self.rows.num_cached_blocks[rows]
-        at = np.flatnonzero(full > cached)
-        for i, first, end in zip(at.tolist(), cached[at].tolist(), full[at].tolist(), strict=True):
-            self.blocks.register_blocks(reqs[i], first, end)
-        self.rows.num_cached_blocks[rows[at]] = full[at]
-
-    def _add_blocks(self, reqs: list[Request], rows: np.ndarray, at: np.ndarray) -> None:
-        """One new block for each of ``reqs[at]`` (the caller checked that they fit)."""
-        new = self.blocks.take(len(at))
-        for i, block in zip(at.tolist(), new, strict=True):
-            reqs[i].block_table.append(block)
-        self.rows.append_blocks(rows[at], new)
+    def _blocks_in_order(self, reqs: list[Request], rows: np.ndarray, grows: np.ndarray, full: np.ndarray):
+        """A new block for each decode whose block is full (the caller checked that they fit), and the
+        blocks the decodes filled made findable by prefix: about one row in ``block_size`` each. Row by
+        row in admission order, as the one-by-one path does them: a block handed out can evict a cached
+        one a later row would otherwise register."""
+        rs = self.rows
+        cached = rs.num_cached_blocks[rows]
+        fills = full > cached
+        grown, new = [], []
+        for i in np.flatnonzero(grows | fills).tolist():
+            req = reqs[i]
+            if grows[i]:
+                block = self.blocks.take(1)[0]
+                req.block_table.append(block)
+                grown.append(i)
+                new.append(block)
+            if fills[i]:
+                self.blocks.register_blocks(req, int(cached[i]), int(full[i]))
+        if grown:
+            rs.append_blocks(rows[grown], new)
+        rs.num_cached_blocks[rows[fills]] = full[fills]
 
     def _decodes_in_order(self, step_id: int, budget: int) -> tuple[list[Request], list[int], int, list]:
         """``_decodes_at_once`` one request at a time (a block reservation may preempt a later one):

@@ -13,7 +13,7 @@ from batchgen.config import SamplingParams
 from batchgen.engine.block_manager import BlockManager
 from batchgen.engine.engine import Engine
 from batchgen.engine.outputs import GenerationRequest
-from batchgen.engine.request import Request
+from batchgen.engine.request import Request, Status
 from batchgen.engine.rows import COUNTERS, RowState
 from batchgen.engine.runner import StepResult
 from batchgen.engine.scheduler import Scheduler
@@ -31,13 +31,19 @@ class Letters:
 
 class Recorder:
     """Samples a token from the step's inputs (carry-over applied as the device does), records every
-    step's arrays."""
+    step's arrays, and checks that the persistent batch agrees with its running requests."""
 
-    def __init__(self) -> None:
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
         self.steps: list[dict[str, np.ndarray]] = []
         self._prev: np.ndarray | None = None
 
     def launch(self, inputs):
+        rows = self.scheduler.rows
+        for req in self.scheduler.running:
+            row, table = req.row, req.block_table
+            assert (rows.owner[row], rows.known[row]) == (req.request_id, len(req.tokens))
+            assert rows.synced[row] == len(table) and rows.tables[row, : len(table)].tolist() == table
         ids = inputs.input_ids.copy()
         carried = inputs.carry_rows >= 0
         if carried.any():
@@ -58,56 +64,62 @@ class Recorder:
         self._prev = None
 
 
-def _rows(count: int, seed: int) -> list[GenerationRequest]:
+def _rows(count: int, seed: int, twins: bool) -> list[GenerationRequest]:
+    """Random rows; with ``twins`` rows come in greedy pairs of one prompt, whose outputs fill blocks
+    of the same content (one registered, one found in the prefix cache)."""
     rng = np.random.default_rng(seed)
     shared = rng.integers(3, VOCAB, 20).tolist()  # a system prompt: prefix-cache hits
-    rows = []
+    rows, own = [], []
     for i in range(count):
-        own = rng.integers(3, VOCAB, int(rng.integers(1, 40))).tolist()
+        if not (twins and i % 2):
+            own = rng.integers(3, VOCAB, int(rng.integers(1, 40))).tolist()
         params = SamplingParams(
             max_new_tokens=int(rng.integers(1, 30)),
-            temperature=float(rng.choice([0.0, 0.8])),
+            temperature=0.0 if twins else float(rng.choice([0.0, 0.8])),
             ignore_eos=bool(rng.random() < 0.5),
             stop=("qk", "z") if rng.random() < 0.3 else (),
             n=int(rng.choice([1, 1, 2])),
             logprobs=bool(rng.random() < 0.3),
-            seed=i,
+            seed=i // 2 if twins else i,
         )
         rows.append(GenerationRequest(i, (shared if i % 3 else []) + own, params))
     return rows
 
 
-def _run(one_by_one: bool, async_mode: bool, num_blocks: int, max_num_seqs: int, max_batch_tokens: int):
+def _run(one_by_one: bool, async_mode: bool, case: tuple[int, int, int, bool]):
+    num_blocks, max_num_seqs, max_batch_tokens, twins = case
     blocks = BlockManager(num_blocks, block_size=4)
     scheduler = Scheduler(blocks, max_num_seqs, max_batch_tokens)
     scheduler.one_by_one = one_by_one
-    runner = Recorder()
+    runner = Recorder(scheduler)
     engine = Engine(runner, blocks, scheduler, StopChecker(Letters(), {EOS}), 128, async_mode=async_mode)
-    outs = [tuple(o) for o in engine.stream(_rows(60, seed=max_num_seqs), detokenize=True)]
+    outs = [tuple(o) for o in engine.stream(_rows(60, max_num_seqs, twins), detokenize=True)]
     assert blocks.num_free == num_blocks, "every block is released"
     return outs, runner.steps, engine.stats
 
 
+# (num_blocks, max_num_seqs, max_batch_tokens, twins): roomy; preempting; row limit and tiny budget;
+# greedy twins in a small cache: decodes fill blocks whose content the twin registered.
+CASES = [(400, 16, 64, False), (40, 12, 48, False), (400, 5, 9, False), (48, 10, 40, True)]
+
+
 @pytest.mark.parametrize("async_mode", [False, True])
-@pytest.mark.parametrize(
-    ("num_blocks", "max_num_seqs", "max_batch_tokens"),
-    [(400, 16, 64), (40, 12, 48), (400, 5, 9)],  # roomy; preempting; row limit and tiny budget
-)
-def test_array_path_builds_what_one_by_one_builds(async_mode, num_blocks, max_num_seqs, max_batch_tokens):
-    want_outs, want_steps, want_stats = _run(True, async_mode, num_blocks, max_num_seqs, max_batch_tokens)
-    outs, steps, stats = _run(False, async_mode, num_blocks, max_num_seqs, max_batch_tokens)
+@pytest.mark.parametrize("case", CASES)
+def test_array_path_builds_what_one_by_one_builds(async_mode, case):
+    num_blocks = case[0]
+    want_outs, want_steps, want_stats = _run(True, async_mode, case)
+    outs, steps, stats = _run(False, async_mode, case)
     assert len(steps) == len(want_steps)
     for i, (got, want) in enumerate(zip(steps, want_steps, strict=True)):
         for name, value in want.items():
             np.testing.assert_array_equal(got[name], value, err_msg=f"step {i}: {name}")
     assert outs == want_outs
-    assert (stats.preemptions, stats.discarded_tokens) == (
-        want_stats.preemptions,
-        want_stats.discarded_tokens,
-    )
+    assert stats.preemptions == want_stats.preemptions
+    assert stats.discarded_tokens == want_stats.discarded_tokens
+    assert stats.prefix_hit_rate == want_stats.prefix_hit_rate
     reasons = [(o[5], bool(o[3]) and o[3][-1] == EOS) for o in outs]
     assert {("stop", True), ("stop", False), ("length", False)} <= set(reasons)  # EOS, stop string, limit
-    if num_blocks == 40:
+    if num_blocks < 100:
         assert stats.preemptions > 0
     if async_mode:
         assert stats.discarded_tokens > 0  # rows ended with a token in flight
@@ -128,3 +140,29 @@ def test_counters_move_with_the_row():
     assert [getattr(req, name) for name in COUNTERS] == [3, 1, 0, 9, -1, -1]
     req.num_pending = 0  # back on the request itself
     assert rows.num_pending[0] == 1
+
+
+def _cache_after_one_decode_step(one_by_one: bool) -> tuple[set, list[int], list[int]]:
+    """Block size 4, three blocks. The only free block is cached under the content i fills this step,
+    and j, scheduled after i, needs a new block: done row by row (the reference), i finds that content
+    cached and registers nothing, then j's new block evicts it."""
+    blocks = BlockManager(3, block_size=4)
+    scheduler = Scheduler(blocks, 8, 64)
+    scheduler.one_by_one = one_by_one
+    gone = Request(0, 0, 0, None, SamplingParams(), [1, 2, 3, 4], 4, 8, 0)
+    blocks.grow(gone, 4)
+    blocks.register_full_blocks(gone, 4)
+    blocks.release(gone)  # cached and free: handed out last
+    i = Request(1, 1, 0, None, SamplingParams(), [1, 2, 3, 4], 3, 8, 0)  # decodes position 3
+    j = Request(2, 2, 0, None, SamplingParams(), [9, 9, 9, 9, 9], 4, 8, 0)  # decodes position 4
+    for req, computed in ((i, 3), (j, 4)):  # running, as admission leaves them
+        blocks.grow(req, computed)
+        scheduler.rows.claim(req)
+        req.num_computed, req.status = computed, Status.RUNNING
+        scheduler.running.append(req)
+    scheduler.schedule()
+    return set(blocks._cached), i.block_table, j.block_table
+
+
+def test_new_blocks_and_prefix_registrations_go_row_by_row():
+    assert _cache_after_one_decode_step(False) == _cache_after_one_decode_step(True)
