@@ -157,7 +157,9 @@ class Scheduler:
         prefills = [running[i] for i in np.flatnonzero(live & ~decoding).tolist()]
         return Decodes(reqs, rows, starts, rs.owner[rows]), budget - len(at), prefills
 
-    def _blocks_in_order(self, reqs: list[Request], rows: np.ndarray, grows: np.ndarray, full: np.ndarray):
+    def _blocks_in_order(
+        self, reqs: list[Request], rows: np.ndarray, grows: np.ndarray, full: np.ndarray
+    ) -> None:
         """A new block for each decode whose block is full (the caller checked that they fit), and the
         blocks the decodes filled made findable by prefix: about one row in ``block_size`` each. Row by
         row in admission order, as the one-by-one path does them: a block handed out can evict a cached
