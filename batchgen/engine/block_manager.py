@@ -48,10 +48,6 @@ class BlockManager:
         for _ in range(self.blocks_for(num_tokens) - len(req.block_table)):
             req.block_table.append(self._pop_free())
 
-    def take(self, count: int) -> list[int]:
-        """``count`` free blocks, as ``grow`` would hand them out one at a time (caller checked room)."""
-        return [self._pop_free() for _ in range(count)]
-
     def release(self, req: Request) -> None:
         """Drop ``req``'s references; blocks reaching zero return to the free list (content kept)."""
         for block in reversed(req.block_table):  # tail first: prefix blocks are evicted last

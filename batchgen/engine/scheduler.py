@@ -150,7 +150,7 @@ class Scheduler:
             return decodes_of(reqs, starts, rs), budget, prefills
         reqs = running[:] if len(at) == len(running) else [running[i] for i in at.tolist()]
         full = np.minimum(starts + 1, rs.known[rows]) // size  # [D] blocks whose tokens are all known
-        self._blocks_in_order(reqs, rows, grows, full)
+        self._blocks_in_order(reqs, rows, starts, grows, full)
         rs.num_computed[rows] = starts + 1
         rs.num_pending[rows] += 1
         rs.last_step[rows] = step_id
@@ -158,7 +158,7 @@ class Scheduler:
         return Decodes(reqs, rows, starts, rs.owner[rows]), budget - len(at), prefills
 
     def _blocks_in_order(
-        self, reqs: list[Request], rows: np.ndarray, grows: np.ndarray, full: np.ndarray
+        self, reqs: list[Request], rows: np.ndarray, starts: np.ndarray, grows: np.ndarray, full: np.ndarray
     ) -> None:
         """A new block for each decode whose block is full (the caller checked that they fit), and the
         blocks the decodes filled made findable by prefix: about one row in ``block_size`` each. Row by
@@ -171,10 +171,9 @@ class Scheduler:
         for i in np.flatnonzero(grows | fills).tolist():
             req = reqs[i]
             if grows[i]:
-                block = self.blocks.take(1)[0]
-                req.block_table.append(block)
+                self.blocks.grow(req, int(starts[i]) + 1)  # one block, as ``_reserve`` grows it
                 grown.append(i)
-                new.append(block)
+                new.append(req.block_table[-1])
             if fills[i]:
                 self.blocks.register_blocks(req, int(cached[i]), int(full[i]))
         if grown:
