@@ -24,6 +24,7 @@ from batchgen.model.build import ModelFiles
 from batchgen.model.loader import DEFAULT_MODEL_NAME, local_model_dir, open_checkpoint
 from batchgen.model.tokenize import encode_prompt
 from batchgen.parallel.group import ParallelGroup
+from batchgen.threads import HostTurns
 
 
 def _engine_config(model: str | None, options: dict[str, Any]) -> EngineConfig:
@@ -191,13 +192,20 @@ class LLM:
     def encode(self, prompt: str | list[dict], chat: bool | None = None, system_prompt: str | None = None):
         return encode_prompt(self.tokenizer, prompt, chat=chat, system_prompt=system_prompt)
 
+    def host_turns(self) -> HostTurns | None:
+        """Turns on the GIL for the caller's helper threads (``threads.HostTurns``), when the engine
+        waits on a device that tells it when a step is done (CUDA); None otherwise (the CPU computes in
+        the engine thread itself, which never waits)."""
+        return HostTurns() if hasattr(self._engine.runner, "ready") else None
+
     def stream(
-        self, requests: Iterable[GenerationRequest], detokenize: bool = True
+        self, requests: Iterable[GenerationRequest], detokenize: bool = True, turns: HostTurns | None = None
     ) -> Iterator[CompletionOutput]:
         """Each (row, sample) as soon as it finishes. Rows are pulled lazily from ``requests``."""
         # As a decorator on a generator, inference mode is on only while the engine runs a step,
         # not in the caller's loop body between outputs.
-        yield from torch.inference_mode()(self._engine.stream)(requests, detokenize=detokenize)
+        stream = torch.inference_mode()(self._engine.stream)
+        yield from stream(requests, detokenize=detokenize, turns=turns)
 
     def generate(
         self,

@@ -38,8 +38,9 @@ def _run(rows, tokenizer, chunk: int, monkeypatch) -> list:
     worker = Preparer(iter(rows), settings, tokenizer, DoneSet(1), failures.append, threading.Event(), 1000)
     worker.run()
     items = []
-    while (item := worker.queue.get_nowait()) is not END:
-        items.append(item)
+    while (chunk := worker.queue.get_nowait()) is not END:
+        assert 0 < len(chunk) <= prepare.CHUNK_ROWS  # a chunk's requests, handed over together
+        items.extend(chunk)
     assert worker.error is None and worker.reached_end
     return sorted(items + failures, key=lambda item: item.index)
 
@@ -70,3 +71,23 @@ def test_a_prompt_the_tokenizer_refuses_fails_only_its_row(tokenizer, monkeypatc
     failed = {item.index: item.error for item in got if isinstance(item, RowFailure)}
     assert set(failed) == {5, 12, 17} and failed[17] == "cannot tokenize the prompt: cannot encode row 17"
     assert len(got) == 20
+
+
+def test_the_preparer_takes_turns_only_while_half_its_queue_is_ready(tokenizer, monkeypatch):
+    """On a GPU it renders prompts in the engine's device waits (threads.HostTurns) unless the engine
+    could soon run short of rows: with a queue of 4 chunks, the first two chunks go at once."""
+    monkeypatch.setattr(prepare, "CHUNK_ROWS", 8)
+    settings = PromptSettings(RowSpec(), SamplingParams(max_new_tokens=4), None, None, 256, False)
+    waits: list[int] = []
+
+    class Turns:
+        def take(self) -> None:
+            waits.append(worker.queue.qsize())
+
+    rows = [(i, {"prompt": f"Question {i}"}) for i in range(24)]
+    worker = Preparer(
+        iter(rows), settings, tokenizer, DoneSet(1), print, threading.Event(), 32, None, Turns()
+    )
+    worker.run()
+    assert worker.queue.maxsize == 4 and worker.error is None
+    assert waits == [2] * 8  # the third chunk's rows, with two chunks queued

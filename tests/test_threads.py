@@ -1,6 +1,9 @@
-"""CPU thread policy: the starting count, --threads, and the governor's decisions on fed samples."""
+"""CPU thread policy: the starting count, --threads, and the governor's decisions on fed samples; the GIL's
+switch interval and the helper threads' turns while the engine generates."""
 
 from __future__ import annotations
+
+import threading
 
 import pytest
 import torch
@@ -151,3 +154,36 @@ def test_engine_switching_shortens_the_gil_interval_and_restores_it():
             assert sys.getswitchinterval() == pytest.approx(1e-5)
     finally:
         sys.setswitchinterval(old)
+
+
+def test_helpers_take_their_turns_while_the_engine_waits_on_the_device():
+    turns = threads.HostTurns(timeout_s=60)
+    turns.take()  # no generation: at once
+    done: list[str] = []
+
+    def helper(name: str) -> threading.Thread:
+        thread = threading.Thread(target=lambda: (turns.take(), done.append(name)))
+        thread.start()
+        return thread
+
+    with turns.generating():
+        first = helper("first")
+        first.join(0.2)
+        assert first.is_alive() and not turns.helpers_turn  # the engine is busy: the helper waits
+        with turns.device_wait():
+            assert turns.helpers_turn
+            first.join(60)
+        assert done == ["first"] and not turns.helpers_turn  # the engine's again
+        second = helper("second")
+        second.join(0.2)
+        assert second.is_alive()
+    second.join(60)  # the generation ended: open for good
+    assert done == ["first", "second"] and turns.helpers_turn
+
+
+def test_a_helper_waits_at_most_its_timeout_for_an_engine_that_never_waits():
+    turns = threads.HostTurns(timeout_s=0.01)
+    with turns.generating():
+        for _ in range(3):
+            turns.take()  # returns: a host-bound engine must not starve the writer
+        assert not turns.helpers_turn

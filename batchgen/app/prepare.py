@@ -27,8 +27,9 @@ from batchgen.io.readers import BadLine
 from batchgen.io.records import RowKey
 from batchgen.io.rows import RowError, RowSpec
 from batchgen.model.tokenize import Rendered, encode_rendered, render_prompt
+from batchgen.threads import HostTurns
 
-END = object()  # the queue's last item: the input is exhausted
+END = object()  # the queue's last item (the others are lists of requests): the input is exhausted
 CHUNK_ROWS = 32  # rows tokenized in one call
 
 
@@ -71,8 +72,9 @@ class Preparer(threading.Thread):
         done: DoneSet,
         on_failure: Callable[[RowFailure], None],
         stop: threading.Event,
-        queue_size: int,
+        queue_size: int,  # requests
         grammars: Any = None,  # a GrammarCompiler: constraints compile here, off the engine thread
+        turns: HostTurns | None = None,  # on a GPU: prepare while the engine waits for the device
     ) -> None:
         super().__init__(name="batchgen-prepare", daemon=True)
         self.rows = rows
@@ -81,8 +83,10 @@ class Preparer(threading.Thread):
         self.done = done
         self.on_failure = on_failure
         self.grammars = grammars
+        self.turns = turns
         self.stop = stop
-        self.queue: queue.Queue = queue.Queue(maxsize=queue_size)
+        # A chunk's requests travel as one list: one hand-over between the threads per chunk, not per row.
+        self.queue: queue.Queue = queue.Queue(maxsize=max(1, queue_size // CHUNK_ROWS))
         self.error: BaseException | None = None
         self.reached_end = False  # every row of the input (or of --limit) went through
 
@@ -92,13 +96,16 @@ class Preparer(threading.Thread):
             while chunk := list(itertools.islice(rows, CHUNK_ROWS)):
                 if self.stop.is_set():
                     return
+                ready = []
                 for item in self.prepare_many(chunk):
                     if isinstance(item, RowFailure):
                         if self.settings.fail_fast:
                             raise RowFailed(f"row {item.index} (id {item.key.id!r}): {item.error}")
                         self.on_failure(item)
-                    elif not self._put(item):
-                        return
+                    else:
+                        ready.append(item)
+                if ready and not self._put(ready):
+                    return
             self.reached_end = True
         except BaseException as exc:  # handed to the main thread, which stops the run with it
             self.error = exc
@@ -117,10 +124,18 @@ class Preparer(threading.Thread):
 
     def prepare_many(self, rows: list[tuple[int, Any]]) -> list[GenerationRequest | RowFailure]:
         """Rows in order: parsed and rendered one by one, encoded together, then checked."""
-        parsed = [self._render(index, raw) for index, raw in rows]
+        parsed = []
+        for index, raw in rows:
+            self._take_turn()
+            parsed.append(self._render(index, raw))
         rendered = [p for p in parsed if isinstance(p, _RenderedRow)]
         ids = iter(self._encode([p.text for p in rendered]) if rendered else [])
         return [self._request(p, next(ids)) if isinstance(p, _RenderedRow) else p for p in parsed]
+
+    def _take_turn(self) -> None:
+        """Wait for the engine's turn (threads.HostTurns) while half the queue is still ready for it."""
+        if self.turns is not None and 2 * self.queue.qsize() >= self.queue.maxsize:
+            self.turns.take()
 
     def _encode(self, texts: list[Rendered]) -> list[list[int] | Exception]:
         """Token ids, or for a prompt the tokenizer refuses, its exception (the other rows go on)."""

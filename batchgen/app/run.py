@@ -8,7 +8,6 @@ then finishes what it holds.
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import queue
@@ -16,6 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import nullcontext
 from dataclasses import replace
 from itertools import islice
 from pathlib import Path
@@ -40,7 +40,8 @@ from batchgen.io.readers import BadLine, Reader, open_input
 from batchgen.io.rows import ParsedRow, SchemaError
 from batchgen.io.writers import OutputError, Writer, has_records, open_output, output_format, remove_output
 from batchgen.model.loader import DEFAULT_MODEL_NAME
-from batchgen.threads import engine_switching
+from batchgen.model.tokenize import tokenizer_for_thread
+from batchgen.threads import HostTurns, engine_switching
 
 log = logging.getLogger("batchgen")
 
@@ -232,15 +233,18 @@ class _Job:
         progress = Progress(
             totals, total_rows(self.opts, self.reader), self.opts.log_every, self.opts.progress_bar
         )
-        sink, preparer = self._start_threads(llm, writer, done, state, progress)
+        turns = llm.host_turns()
+        sink, preparer = self._start_threads(llm, writer, done, state, progress, turns)
         feed = _Feed(preparer, self.signals, self.stop, self.faults, lambda: preparer.error or sink.error)
         feed.snapshot = llm.snapshot  # what the 'submit' fault point reports
         failure: BaseException | None = None
         try:
-            # The engine thread gets the GIL back within 0.2 ms (threads.py); no collection walks the
-            # model's and the libraries' objects again (gc_policy.py).
-            with engine_switching(), frozen_heap(self.gc_pauses):
-                self._drive(llm, feed, sink)
+            # The engine thread gets the GIL back within 0.2 ms, and on a GPU the helper threads work
+            # while it waits for the device (threads.py); no collection walks the model's and the
+            # libraries' objects again (gc_policy.py).
+            generating = turns.generating() if turns is not None else nullcontext()
+            with engine_switching(), frozen_heap(self.gc_pauses), generating:
+                self._drive(llm, feed, sink, turns)
         except Exception as exc:
             failure = exc
         self.stop.set()
@@ -256,14 +260,16 @@ class _Job:
         return self._report(progress, llm, complete, failure or sink.error)
 
     def _start_threads(
-        self, llm: Any, writer: Writer, done: DoneSet, state: RunState, progress: Progress
-    ) -> tuple[Sink, Preparer]:
-        """The writer and the preparer, each with its own tokenizer copy (fast tokenizers are not
-        safe to share across threads)."""
+        self, llm: Any, writer: Writer, done: DoneSet, state: RunState, progress: Progress,
+        turns: HostTurns | None,
+    ) -> tuple[Sink, Preparer]:  # fmt: skip
+        """The writer and the preparer, with the tokenizer shared when its calls only read it (else each
+        its own copy: ``model/tokenize.tokenizer_for_thread``)."""
         opts = self.opts
         record_opts = RecordOptions(opts.return_tokens, opts.logprobs, opts.on_error)
-        sink = Sink(writer, opts.output, done, state, progress, copy.deepcopy(llm.tokenizer), record_opts,
-                    opts.flush_every, self.stop, self.faults, self.signals.log_notices)  # fmt: skip
+        tokenizer = tokenizer_for_thread(llm.tokenizer)
+        sink = Sink(writer, opts.output, done, state, progress, tokenizer, record_opts, opts.flush_every,
+                    self.stop, self.faults, self.signals.log_notices, turns)  # fmt: skip
         columns = self.reader.schema_columns()
         rows = self.reader.iter_rows(
             opts.row_start,
@@ -276,15 +282,15 @@ class _Job:
         llm.prepare(settings.base)  # tensor parallelism: the CUDA graphs of the run's sampling variant
         self.ready = time.time()
         log.info(startup_text(startup_summary(self.started, self.engine_called, self.ready, llm)))
-        preparer = Preparer(rows, settings, copy.deepcopy(llm.tokenizer), done, sink.put,
-                            self.stop, queue_size, llm.grammars)  # fmt: skip
+        preparer = Preparer(rows, settings, tokenizer_for_thread(llm.tokenizer), done, sink.put,
+                            self.stop, queue_size, llm.grammars, turns)  # fmt: skip
         sink.start()
         preparer.start()
         return sink, preparer
 
-    def _drive(self, llm: Any, feed: _Feed, sink: Sink) -> None:
+    def _drive(self, llm: Any, feed: _Feed, sink: Sink, turns: HostTurns | None) -> None:
         """The engine loop. Interrupt (second SIGINT, drain timeout) abandons in-flight rows."""
-        stream = llm.stream(feed, detokenize=False)
+        stream = llm.stream(feed, detokenize=False, turns=turns)
         signals = self.signals
         signals.on_drain = llm.drain  # queued rows that have not started are left for the resume
         if signals.draining.is_set():
@@ -373,6 +379,7 @@ class _Feed:
         self.failure = failure
         self.ended = False
         self.snapshot: Callable[[], dict[str, Any]] | None = None
+        self._chunk: Iterator[GenerationRequest] = iter(())  # the preparer's latest list, handed on lazily
 
     def __iter__(self) -> Iterator[GenerationRequest]:
         return self
@@ -382,15 +389,17 @@ class _Feed:
             if (exc := self.failure()) is not None:
                 raise exc  # out through the engine: in-flight rows are abandoned
             if self.signals.draining.is_set() or self.stop.is_set():
-                raise StopIteration
+                raise StopIteration  # rows not handed on yet are left for the resume
+            if (item := next(self._chunk, None)) is not None:
+                self.faults.hit("submit", self.snapshot)
+                return item
             try:
-                item = self.preparer.queue.get(timeout=0.05)
+                chunk = self.preparer.queue.get(timeout=0.05)
             except queue.Empty:
                 continue
-            if item is END:
+            if chunk is END:
                 if (exc := self.failure()) is not None:
                     raise exc
                 self.ended = True
                 raise StopIteration
-            self.faults.hit("submit", self.snapshot)
-            return item
+            self._chunk = iter(chunk)

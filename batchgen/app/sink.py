@@ -24,11 +24,13 @@ from batchgen.io.faults import Faults
 from batchgen.io.records import make_record
 from batchgen.io.writers import Writer
 from batchgen.model.tokenize import batch_decoder
+from batchgen.threads import HostTurns
 
 log = logging.getLogger("batchgen")
 
 
 _BATCH = 256  # outputs taken off the queue (and decoded) at once
+_BACKLOG = 4 * _BATCH  # queued outputs past which the writer stops waiting for the engine's turns
 
 
 class RecordOptions(NamedTuple):
@@ -55,8 +57,10 @@ class Sink(threading.Thread):
         stop: threading.Event,
         faults: Faults,
         on_tick: Callable[[], None] = lambda: None,
+        turns: HostTurns | None = None,  # on a GPU: write while the engine waits for the device
     ) -> None:
         super().__init__(name="batchgen-writer", daemon=True)
+        self.turns = turns
         self.writer, self.output, self.done, self.state = writer, output, done, state
         self.progress, self.options = progress, options
         self.decode = batch_decoder(tokenizer)  # completions' token ids -> texts, many at a time
@@ -77,7 +81,9 @@ class Sink(threading.Thread):
         try:
             while True:
                 items = self._take()
+                self._take_turn()
                 for item, text in zip(items, self._texts(items), strict=True):
+                    self._take_turn()
                     if isinstance(item, _Close):
                         return self._finalize(item.complete)
                     if isinstance(item, RowFailure):
@@ -93,6 +99,12 @@ class Sink(threading.Thread):
             self.error = exc
             self.stop.set()
             self._save_after_failure(exc)
+
+    def _take_turn(self) -> None:
+        """Wait for the engine's turn (threads.HostTurns) unless the backlog has grown: a host-bound
+        engine gives few turns, and the outputs must not pile up."""
+        if self.turns is not None and self.queue.qsize() < _BACKLOG:
+            self.turns.take()
 
     def _flush_if_due(self) -> None:
         if time.monotonic() - self._last_flush >= self.flush_every:

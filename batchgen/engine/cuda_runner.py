@@ -179,6 +179,10 @@ class CudaRunner:
         """Nothing to forget: carry-over reads the other slot's outputs, and a fresh stream's first
         step carries nothing over."""
 
+    def ready(self, handle: CudaHandle) -> bool:
+        """Whether ``fetch(handle)`` would return without waiting for the device."""
+        return bool(self.slots[handle.slot].d2h_done.query())
+
     def fetch(self, handle: CudaHandle) -> StepResult:
         slot = self.slots[handle.slot]
         self._wait(slot.d2h_done)

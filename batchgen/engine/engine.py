@@ -20,7 +20,7 @@ import itertools
 import time
 from collections import defaultdict, deque
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -34,6 +34,9 @@ from batchgen.engine.sampler import rng_key
 from batchgen.engine.scheduler import Decodes, ScheduledStep, Scheduler
 from batchgen.engine.stats import EngineStats
 from batchgen.engine.stops import StopChecker
+
+if TYPE_CHECKING:
+    from batchgen.threads import HostTurns
 
 
 class Engine:
@@ -60,6 +63,7 @@ class Engine:
         self._deferred: dict[int, list[Request]] = defaultdict(list)  # step id -> blocks to release after it
         self._done: list[CompletionOutput] = []
         self._detokenize = True
+        self._turns: HostTurns | None = None
         self._draining = False
         self._inflight: deque = deque()  # (step, runner handle) launched, not yet postprocessed
         self._unsampled: tuple | None = None  # the newest step when it is masked and not yet sampled
@@ -89,14 +93,16 @@ class Engine:
     # --- public -----------------------------------------------------------------------------------
 
     def stream(
-        self, requests: Iterable[GenerationRequest], detokenize: bool = True
+        self, requests: Iterable[GenerationRequest], detokenize: bool = True, turns: HostTurns | None = None
     ) -> Iterator[CompletionOutput]:
         """Yield each (row, sample) as it finishes; pull rows lazily, only when there is room.
 
         A stream closed early (break, close(), an exception) abandons its rows and leaves the engine
-        clean for the next call: in-flight steps are waited for and every block is released.
+        clean for the next call: in-flight steps are waited for and every block is released. ``turns``:
+        the caller's helper threads work while this thread waits for a step (``threads.HostTurns``).
         """
         self._detokenize = detokenize
+        self._turns = turns if hasattr(self.runner, "ready") else None  # a runner that can tell
         started = time.perf_counter()
         finished = False
         try:
@@ -281,8 +287,15 @@ class Engine:
                 req.guide, req.text = None, ""
                 req.error = f"the grammar refused sampled token {tokens[row]} (non-finite logits?)"
 
+    def _fetch(self, handle) -> StepResult:
+        """The step's tokens; a wait for the device is the helper threads' turn."""
+        if self._turns is None or self.runner.ready(handle):
+            return self.runner.fetch(handle)
+        with self._turns.device_wait():
+            return self.runner.fetch(handle)
+
     def _postprocess(self, step: ScheduledStep, handle) -> None:
-        result: StepResult = self.runner.fetch(handle)
+        result = self._fetch(handle)
         if not self.stats.first_token_time:
             self.stats.first_token_time = time.time()
         if step.step_id in self._masked:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -88,3 +89,22 @@ def batch_decoder(tokenizer) -> Callable[[list[list[int]]], list[str]]:
     if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", False):
         return lambda seqs: backend.decode_batch(seqs, skip_special_tokens=True)
     return lambda seqs: [tokenizer.decode(ids, skip_special_tokens=True) for ids in seqs]
+
+
+def backend_only(tokenizer) -> bool:
+    """True when ``encode_rendered`` and ``batch_decoder`` reach the tokenizer only through its Rust
+    backend's batch calls (and chat templates only render text): nothing a thread does changes it."""
+    return (
+        getattr(tokenizer, "backend_tokenizer", None) is not None
+        and not getattr(tokenizer, "split_special_tokens", False)
+        and not getattr(tokenizer, "clean_up_tokenization_spaces", False)
+    )
+
+
+def tokenizer_for_thread(tokenizer):
+    """The tokenizer a helper thread (prompt preparer, writer) encodes or decodes with. Threads share a
+    backend-only one: its calls only read the Rust tokenizer, concurrently and with the GIL released.
+    Any other gets its own copy, because transformers' ``encode`` may reconfigure the Rust tokenizer's
+    truncation, and a call in flight on another thread then fails ("Already borrowed"). A copy costs
+    ~0.1-0.15 s of start-up for a 49k-token vocabulary, each."""
+    return tokenizer if backend_only(tokenizer) else copy.deepcopy(tokenizer)

@@ -6,8 +6,13 @@ import pytest
 import torch
 
 from batchgen import LLM, GenerationRequest, SamplingParams
+from batchgen.engine.block_manager import BlockManager
+from batchgen.engine.engine import Engine
 from batchgen.engine.kv_cache import kv_shape
-from batchgen.engine.runner import apply_carry_over
+from batchgen.engine.runner import StepResult, apply_carry_over
+from batchgen.engine.scheduler import Scheduler
+from batchgen.engine.stops import StopChecker
+from batchgen.threads import HostTurns
 from tests.engine.oracle import make_prompts
 
 PARAMS = [
@@ -104,3 +109,37 @@ def test_stream_closed_early_leaves_the_engine_clean(tiny_llama, async_mode):
     assert blocks.num_free == blocks.num_blocks
     again = {o.index: o.token_ids for o in llm.stream(reqs)}  # no leftovers, no stale carry-over
     assert again == expected
+
+
+class WaitingRunner:
+    """Every other step is still on the 'device' when fetched; records whether the helper threads had
+    their turn during each fetch."""
+
+    def __init__(self, turns: HostTurns) -> None:
+        self.turns, self.fetches = turns, []
+
+    def launch(self, inputs):
+        return inputs.step_id, [5] * len(inputs.logits_indices)
+
+    def ready(self, handle) -> bool:
+        return handle[0] % 2 == 0
+
+    def fetch(self, handle) -> StepResult:
+        self.fetches.append((self.ready(handle), self.turns.helpers_turn))
+        return StepResult(handle[0], handle[1], None)
+
+    def reset(self) -> None:
+        pass
+
+
+def test_a_wait_for_the_device_is_the_helper_threads_turn():
+    turns = HostTurns()
+    runner = WaitingRunner(turns)
+    blocks = BlockManager(64, block_size=4)
+    engine = Engine(runner, blocks, Scheduler(blocks, 4, 64), StopChecker(None, {2}), 64, async_mode=True)
+    rows = [GenerationRequest(i, [3 + i, 4, 5], SamplingParams(max_new_tokens=6)) for i in range(6)]
+    with turns.generating():
+        outs = list(engine.stream(rows, detokenize=False, turns=turns))
+    assert len(outs) == 6 and all(len(o.token_ids) == 6 for o in outs)
+    assert {ready for ready, _ in runner.fetches} == {True, False}
+    assert all(turn == (not ready) for ready, turn in runner.fetches)  # open only while it waits

@@ -4,6 +4,7 @@ prompt encoding (the prompt thread) against transformers' own encoding."""
 from __future__ import annotations
 
 import copy
+import threading
 
 from transformers import AutoTokenizer
 
@@ -13,6 +14,7 @@ from batchgen.model.tokenize import (
     encode_prompt,
     encode_rendered,
     render_prompt,
+    tokenizer_for_thread,
 )
 from batchgen.testing.models import tokenizer_path
 
@@ -94,3 +96,51 @@ def test_a_tokenizer_without_a_rust_backend_encodes_one_at_a_time():
     got = encode_rendered(tokenizer, rendered)
     assert calls == [r.text for r in rendered]
     assert len(got) == len(want)
+
+
+def test_threads_share_a_backend_only_tokenizer_and_copy_any_other():
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path())
+    assert tokenizer_for_thread(tokenizer) is tokenizer
+    cleaning = copy.deepcopy(tokenizer)
+    cleaning.clean_up_tokenization_spaces = True  # decodes through transformers' Python
+    splitting = copy.deepcopy(tokenizer)
+    splitting.split_special_tokens = True  # encodes through transformers' encode, which may reconfigure it
+    for other in (cleaning, splitting):
+        own = tokenizer_for_thread(other)
+        assert own is not other and own.backend_tokenizer is not other.backend_tokenizer
+
+
+def test_a_shared_tokenizer_gives_each_thread_what_one_thread_gets():
+    """The prompt thread encodes and renders while the writer decodes, on one tokenizer, the GIL given up
+    inside both Rust calls: every result is the one a lone thread gets, and neither call fails."""
+    tokenizer = tokenizer_for_thread(AutoTokenizer.from_pretrained(tokenizer_path()))
+    rendered = [render_prompt(tokenizer, p) for p in _PROMPTS] * 8
+    seqs = _sequences(tokenizer) * 8
+    want_ids, want_texts = encode_rendered(tokenizer, rendered), batch_decoder(tokenizer)(seqs)
+    results: dict[str, list] = {"ids": [], "texts": [], "errors": []}
+
+    def encode() -> None:
+        for _ in range(40):
+            again = [render_prompt(tokenizer, p) for p in _PROMPTS] * 8
+            results["ids"].append(encode_rendered(tokenizer, again) == want_ids)
+
+    def decode() -> None:
+        for _ in range(40):
+            results["texts"].append(batch_decoder(tokenizer)(seqs) == want_texts)
+
+    def guarded(work):
+        def run() -> None:
+            try:
+                work()
+            except Exception as exc:  # e.g. "Already borrowed" from a shared Rust object
+                results["errors"].append(exc)
+
+        return threading.Thread(target=run)
+
+    threads = [guarded(encode), guarded(decode), guarded(decode)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results["errors"] == []
+    assert results["ids"] == [True] * 40 and results["texts"] == [True] * 80
