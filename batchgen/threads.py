@@ -56,7 +56,7 @@ _HOLD_S, _MAX_HOLD_S = 10.0, 300.0  # no step up for this long after a step down
 
 
 ENGINE_SWITCH_S = 2e-4  # GIL switch interval while the engine runs (the default is 5 ms)
-TURN_TIMEOUT_S = 0.02  # a helper waits at most this long for the engine to block on the device
+TURN_TIMEOUT_S = 0.05  # a helper's longest wait for the engine to block: longer than a wave of new rows
 SHORT_SPINS = {"GOMP_SPINCOUNT": "1000"}
 DEFAULTED: set[str] = set()  # the variables prefer_short_spins set (the user had not)
 
@@ -240,15 +240,17 @@ def engine_switching(interval_s: float = ENGINE_SWITCH_S):
 
 class HostTurns:
     """When the helper threads of a GPU run (prompt preparer, writer) do their Python work: while the
-    engine thread is blocked on the device, so neither holds the GIL when the engine has a step to get
-    ready.
+    engine thread is blocked (on the device, or on an empty prompt queue), so neither holds the GIL when
+    the engine has a step to get ready.
 
-    A helper calls ``take()`` before each short unit of work (a prompt rendered, a record written). Outside
-    ``generating()`` it returns at once; inside, it waits until the engine enters ``device_wait()``, or
-    ``timeout_s`` (an engine that never waits, host-bound, must not starve the helpers; each helper also
-    stops taking turns when it falls behind). A unit started during a wait may run on into the engine's
-    next step, by one unit (tens of microseconds). Measured on the H200 (B7, in-process A/B of a
-    prototype): host pauses over 1 ms between decode steps 132-184 -> 70-78 a run.
+    A helper calls ``take()`` before each short unit of work (a prompt rendered, a batch of records
+    written). Outside ``generating()`` it returns at once; inside, it waits until the engine enters
+    ``engine_waits()``, at most ``timeout_s``. A wait that times out means the engine is host-bound: from
+    then on ``take()`` returns at once until the engine next waits, so the writer never falls behind on
+    a host-bound run (each helper also stops taking turns when its own queue says it is behind). A unit
+    started during a wait may run on into the engine's next step, until the unit ends or the GIL's switch
+    interval (0.2 ms) hands the GIL back. Measured on the H200 (B7, in-process A/Bs): host pauses over
+    1 ms between decode steps 142-294 -> 64-258 a run, docs/results.md (26).
     """
 
     def __init__(self, timeout_s: float = TURN_TIMEOUT_S) -> None:
@@ -256,6 +258,8 @@ class HostTurns:
         self._open = threading.Event()
         self._open.set()
         self._generating = False
+        self._waits = 0  # the engine's waits so far
+        self._timed_out_at = -1  # the count when a take() last timed out: no turns until it changes
 
     @contextlib.contextmanager
     def generating(self):
@@ -269,8 +273,9 @@ class HostTurns:
             self._open.set()
 
     @contextlib.contextmanager
-    def device_wait(self):
-        """The engine thread blocks on the device: the helpers' turn."""
+    def engine_waits(self):
+        """The engine thread blocks (device, input): the helpers' turn."""
+        self._waits += 1
         self._open.set()
         try:
             yield
@@ -281,7 +286,10 @@ class HostTurns:
     @property
     def helpers_turn(self) -> bool:
         """Whether a ``take()`` now returns at once."""
-        return self._open.is_set()
+        return self._open.is_set() or self._timed_out_at == self._waits
 
     def take(self) -> None:
-        self._open.wait(self.timeout_s)
+        if self._timed_out_at == self._waits:  # host-bound since the last wait: no point waiting
+            return
+        if not self._open.wait(self.timeout_s):
+            self._timed_out_at = self._waits

@@ -240,6 +240,41 @@ def _run_with_signals(args: list[str], out: Path, records: int, sigs: list[int])
 def test_signals_save_and_exit_75_then_resume_exactly_once(
     sigs, extra, message, name, crashed, baseline, tiny_llama, tmp_path, harmless_signals
 ):
+    _signals_then_resume(sigs, extra, message, name, crashed, baseline, tiny_llama, tmp_path)
+
+
+@pytest.fixture
+def helper_turns(monkeypatch):
+    """A GPU run's helper-thread turns (threads.HostTurns) on the CPU: the eager runner says each step is
+    still running when fetched, so the engine opens the helpers' turn at every fetch as a CUDA run does
+    while it waits for the device, and the prompt and writer threads wait for their turns."""
+    from batchgen.engine.runner import EagerRunner
+
+    monkeypatch.setattr(EagerRunner, "ready", lambda self, handle: False, raising=False)
+
+
+@pytest.mark.parametrize(
+    ("sigs", "extra", "message"),
+    [
+        ([], [], None),  # the whole run
+        ([signal.SIGUSR1], [], "SIGUSR1: no new rows"),
+        ([signal.SIGINT, signal.SIGINT], ["--max-new-tokens", "300"], "second SIGINT: abandoning"),
+    ],
+)
+def test_with_helper_turns_runs_drains_and_resumes_exactly_once(
+    sigs, extra, message, crashed, baseline, tiny_llama, tmp_path, harmless_signals, helper_turns
+):
+    if not sigs:
+        inputs, _ = crashed
+        out = tmp_path / "out.jsonl"
+        result = CliRunner().invoke(cli, _args(inputs, "short", out, tiny_llama))
+        assert result.exit_code == 0, result.stderr
+        assert _sorted_records(out) == baseline["short", "jsonl"]
+        return
+    _signals_then_resume(sigs, extra, message, "short", crashed, baseline, tiny_llama, tmp_path)
+
+
+def _signals_then_resume(sigs, extra, message, name, crashed, baseline, tiny_llama, tmp_path) -> None:
     inputs, _ = crashed
     out = tmp_path / "out.jsonl"
     args = _args(inputs, name, out, tiny_llama)

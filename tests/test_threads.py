@@ -170,7 +170,7 @@ def test_helpers_take_their_turns_while_the_engine_waits_on_the_device():
         first = helper("first")
         first.join(0.2)
         assert first.is_alive() and not turns.helpers_turn  # the engine is busy: the helper waits
-        with turns.device_wait():
+        with turns.engine_waits():
             assert turns.helpers_turn
             first.join(60)
         assert done == ["first"] and not turns.helpers_turn  # the engine's again
@@ -181,9 +181,16 @@ def test_helpers_take_their_turns_while_the_engine_waits_on_the_device():
     assert done == ["first", "second"] and turns.helpers_turn
 
 
-def test_a_helper_waits_at_most_its_timeout_for_an_engine_that_never_waits():
+def test_after_one_timed_out_wait_helpers_run_free_until_the_engine_waits_again():
+    """A host-bound engine (it never blocks) costs a helper one wait of ``timeout_s``, not one per unit:
+    the writer must not fall behind. The engine's next wait restores the turns."""
     turns = threads.HostTurns(timeout_s=0.01)
     with turns.generating():
-        for _ in range(3):
-            turns.take()  # returns: a host-bound engine must not starve the writer
         assert not turns.helpers_turn
+        turns.take()  # times out
+        assert turns.helpers_turn  # ... so the next ones return at once
+        for _ in range(3):
+            turns.take()
+        with turns.engine_waits():
+            pass
+        assert not turns.helpers_turn  # the engine waited since: turns again

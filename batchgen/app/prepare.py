@@ -86,7 +86,7 @@ class Preparer(threading.Thread):
         self.turns = turns
         self.stop = stop
         # A chunk's requests travel as one list: one hand-over between the threads per chunk, not per row.
-        self.queue: queue.Queue = queue.Queue(maxsize=max(1, queue_size // CHUNK_ROWS))
+        self.queue: queue.Queue = queue.Queue(maxsize=-(-queue_size // CHUNK_ROWS))
         self.error: BaseException | None = None
         self.reached_end = False  # every row of the input (or of --limit) went through
 

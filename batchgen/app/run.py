@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import json
 import logging
-import queue
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from dataclasses import replace
 from itertools import islice
@@ -22,10 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from batchgen.app.errors import FatalError, as_fatal, one_line, rank_lost, storage_failure
+from batchgen.app.feed import Feed
 from batchgen.app.gc_policy import GcPauses, frozen_heap
 from batchgen.app.merge import check_target
 from batchgen.app.options import RunOptions
-from batchgen.app.prepare import END, Preparer, PromptSettings
+from batchgen.app.prepare import Preparer, PromptSettings
 from batchgen.app.progress import Counters, Progress, quiet_transformers_bars, summary_text
 from batchgen.app.shards import SHARD_PLACEHOLDER, merged_output, plan_shard, shard_output
 from batchgen.app.signals import Interrupt, SignalControl
@@ -33,7 +32,6 @@ from batchgen.app.sink import RecordOptions, Sink
 from batchgen.app.sizing import engine_options, total_rows
 from batchgen.app.startup import process_started, startup_summary, startup_text
 from batchgen.config import SamplingParams
-from batchgen.engine.outputs import GenerationRequest
 from batchgen.io.checkpoint import DoneSet, OutputLock, RunState, diff_fingerprints, load_state, save_state
 from batchgen.io.faults import Faults
 from batchgen.io.readers import BadLine, Reader, open_input
@@ -235,7 +233,9 @@ class _Job:
         )
         turns = llm.host_turns()
         sink, preparer = self._start_threads(llm, writer, done, state, progress, turns)
-        feed = _Feed(preparer, self.signals, self.stop, self.faults, lambda: preparer.error or sink.error)
+        feed = Feed(
+            preparer, self.signals, self.stop, self.faults, lambda: preparer.error or sink.error, turns
+        )
         feed.snapshot = llm.snapshot  # what the 'submit' fault point reports
         failure: BaseException | None = None
         try:
@@ -288,7 +288,7 @@ class _Job:
         preparer.start()
         return sink, preparer
 
-    def _drive(self, llm: Any, feed: _Feed, sink: Sink, turns: HostTurns | None) -> None:
+    def _drive(self, llm: Any, feed: Feed, sink: Sink, turns: HostTurns | None) -> None:
         """The engine loop. Interrupt (second SIGINT, drain timeout) abandons in-flight rows."""
         stream = llm.stream(feed, detokenize=False, turns=turns)
         signals = self.signals
@@ -362,44 +362,3 @@ class _Job:
             Path(self.opts.stats_file).write_text(json.dumps(summary, indent=2) + "\n")
         except OSError as exc:  # e.g. the same full disk: the run's own outcome matters more
             log.warning("could not write the stats file %s: %s", self.opts.stats_file, exc)
-
-
-class _Feed:
-    """The engine's request iterator: the preparer's queue, until it ends, a drain, or a failure."""
-
-    def __init__(
-        self,
-        preparer: Preparer,
-        signals: SignalControl,
-        stop: threading.Event,
-        faults: Faults,
-        failure: Callable[[], BaseException | None],
-    ) -> None:
-        self.preparer, self.signals, self.stop, self.faults = preparer, signals, stop, faults
-        self.failure = failure
-        self.ended = False
-        self.snapshot: Callable[[], dict[str, Any]] | None = None
-        self._chunk: Iterator[GenerationRequest] = iter(())  # the preparer's latest list, handed on lazily
-
-    def __iter__(self) -> Iterator[GenerationRequest]:
-        return self
-
-    def __next__(self) -> GenerationRequest:
-        while True:
-            if (exc := self.failure()) is not None:
-                raise exc  # out through the engine: in-flight rows are abandoned
-            if self.signals.draining.is_set() or self.stop.is_set():
-                raise StopIteration  # rows not handed on yet are left for the resume
-            if (item := next(self._chunk, None)) is not None:
-                self.faults.hit("submit", self.snapshot)
-                return item
-            try:
-                chunk = self.preparer.queue.get(timeout=0.05)
-            except queue.Empty:
-                continue
-            if chunk is END:
-                if (exc := self.failure()) is not None:
-                    raise exc
-                self.ended = True
-                raise StopIteration
-            self._chunk = iter(chunk)

@@ -81,9 +81,10 @@ class Sink(threading.Thread):
         try:
             while True:
                 items = self._take()
-                self._take_turn()
-                for item, text in zip(items, self._texts(items), strict=True):
-                    self._take_turn()
+                self._take_turn()  # the batch's decode, its first record
+                for i, (item, text) in enumerate(zip(items, self._texts(items), strict=True)):
+                    if i:
+                        self._take_turn()
                     if isinstance(item, _Close):
                         return self._finalize(item.complete)
                     if isinstance(item, RowFailure):

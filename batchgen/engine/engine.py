@@ -291,7 +291,7 @@ class Engine:
         """The step's tokens; a wait for the device is the helper threads' turn."""
         if self._turns is None or self.runner.ready(handle):
             return self.runner.fetch(handle)
-        with self._turns.device_wait():
+        with self._turns.engine_waits():
             return self.runner.fetch(handle)
 
     def _postprocess(self, step: ScheduledStep, handle) -> None:

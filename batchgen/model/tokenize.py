@@ -51,13 +51,25 @@ def render_prompt(
     return Rendered(text, False)  # what apply_chat_template(tokenize=True) encodes
 
 
+def _encoding_backend(tokenizer):
+    """The Rust tokenizer when encoding through it gives transformers' ``encode`` ids, else None."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or getattr(tokenizer, "split_special_tokens", False):
+        return None
+    if backend.truncation is not None or backend.padding is not None:
+        return None
+    return backend
+
+
 def encode_rendered(tokenizer, prompts: list[Rendered]) -> list[list[int]]:
     """Token ids of many rendered prompts. A fast tokenizer encodes them in one Rust ``encode_batch``
     call per special-token setting, which releases the GIL while it works (the engine thread keeps the
     interpreter) and skips transformers' per-call Python (~115 of ~200 us a chat prompt on the CPU VM).
-    Others go one at a time through ``encode``. Both give ``encode``'s ids."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None or getattr(tokenizer, "split_special_tokens", False):
+    Others go one at a time through ``encode``, as does a tokenizer whose ``tokenizer.json`` turns on
+    truncation or padding (the backend would apply them; ``encode`` turns them off). Both give
+    ``encode``'s ids."""
+    backend = _encoding_backend(tokenizer)
+    if backend is None:
         return [list(tokenizer.encode(p.text, add_special_tokens=p.special_tokens)) for p in prompts]
     ids: list[list[int]] = [[] for _ in prompts]
     for special in (True, False):
@@ -94,17 +106,15 @@ def batch_decoder(tokenizer) -> Callable[[list[list[int]]], list[str]]:
 def backend_only(tokenizer) -> bool:
     """True when ``encode_rendered`` and ``batch_decoder`` reach the tokenizer only through its Rust
     backend's batch calls (and chat templates only render text): nothing a thread does changes it."""
-    return (
-        getattr(tokenizer, "backend_tokenizer", None) is not None
-        and not getattr(tokenizer, "split_special_tokens", False)
-        and not getattr(tokenizer, "clean_up_tokenization_spaces", False)
+    return _encoding_backend(tokenizer) is not None and not getattr(
+        tokenizer, "clean_up_tokenization_spaces", False
     )
 
 
 def tokenizer_for_thread(tokenizer):
     """The tokenizer a helper thread (prompt preparer, writer) encodes or decodes with. Threads share a
     backend-only one: its calls only read the Rust tokenizer, concurrently and with the GIL released.
-    Any other gets its own copy, because transformers' ``encode`` may reconfigure the Rust tokenizer's
-    truncation, and a call in flight on another thread then fails ("Already borrowed"). A copy costs
+    Any other gets its own copy: transformers' ``encode`` may reconfigure the Rust tokenizer (turn its
+    truncation or padding off), which would change what another thread's calls do mid-run. A copy costs
     ~0.1-0.15 s of start-up for a 49k-token vocabulary, each."""
     return tokenizer if backend_only(tokenizer) else copy.deepcopy(tokenizer)

@@ -6,9 +6,12 @@ from __future__ import annotations
 import copy
 import threading
 
+import pytest
 from transformers import AutoTokenizer
 
+from batchgen.model.files.tokenizer import FileTokenizer
 from batchgen.model.tokenize import (
+    backend_only,
     batch_decoder,
     build_messages,
     encode_prompt,
@@ -110,10 +113,15 @@ def test_threads_share_a_backend_only_tokenizer_and_copy_any_other():
         assert own is not other and own.backend_tokenizer is not other.backend_tokenizer
 
 
-def test_a_shared_tokenizer_gives_each_thread_what_one_thread_gets():
-    """The prompt thread encodes and renders while the writer decodes, on one tokenizer, the GIL given up
-    inside both Rust calls: every result is the one a lone thread gets, and neither call fails."""
-    tokenizer = tokenizer_for_thread(AutoTokenizer.from_pretrained(tokenizer_path()))
+@pytest.mark.parametrize("kind", ["transformers", "file"])
+def test_a_shared_tokenizer_gives_each_thread_what_one_thread_gets(kind):
+    """The prompt thread encodes and renders while the writer decodes, on one tokenizer (transformers' or
+    the lean start-up's ``FileTokenizer``), the GIL given up inside both Rust calls: every result is the
+    one a lone thread gets, and neither call fails."""
+    path = str(tokenizer_path())
+    loaded = AutoTokenizer.from_pretrained(path) if kind == "transformers" else FileTokenizer.load(path)
+    tokenizer = tokenizer_for_thread(loaded)
+    assert tokenizer is loaded
     rendered = [render_prompt(tokenizer, p) for p in _PROMPTS] * 8
     seqs = _sequences(tokenizer) * 8
     want_ids, want_texts = encode_rendered(tokenizer, rendered), batch_decoder(tokenizer)(seqs)
@@ -144,3 +152,19 @@ def test_a_shared_tokenizer_gives_each_thread_what_one_thread_gets():
         t.join()
     assert results["errors"] == []
     assert results["ids"] == [True] * 40 and results["texts"] == [True] * 80
+
+
+@pytest.mark.parametrize("setting", ["truncation", "padding"])
+def test_a_tokenizer_json_that_truncates_or_pads_encodes_as_transformers_and_is_not_shared(setting):
+    """Its Rust backend would truncate or pad every prompt (transformers' ``encode`` turns that off, and
+    so changes the backend: never shared between threads)."""
+    clean = AutoTokenizer.from_pretrained(tokenizer_path())
+    rendered = [render_prompt(clean, p) for p in _PROMPTS[:4]]
+    want = encode_rendered(clean, rendered)
+    tokenizer = copy.deepcopy(clean)
+    if setting == "truncation":
+        tokenizer.backend_tokenizer.enable_truncation(max_length=8)
+    else:
+        tokenizer.backend_tokenizer.enable_padding(length=600)
+    assert not backend_only(tokenizer) and tokenizer_for_thread(tokenizer) is not tokenizer
+    assert encode_rendered(tokenizer, rendered) == want
