@@ -5,7 +5,8 @@
 # machine with 2+ GPUs tensor parallelism (B5, B1s at TP=2) and --data-parallel.
 # The mixture-of-experts stage (~4 minutes) runs only when asked: STAGES="moe" (its GPU tests, the
 # B6 decode step against its roofline, B6 async beside transformers' forward); STAGES="fp8" the FP8 ones
-# (fp8-tests, fp8-bench; fp8-b1 runs B1 alone); STAGES="startup startup-newest startup-8b" the start-up A/Bs.
+# (fp8-tests, fp8-bench; fp8-b1 runs B1 alone); STAGES="startup startup-newest startup-8b" the start-up A/Bs;
+# STAGES=b7-idle where B7's GPU waits (B7_IDLE_OLD=DIR: against another checkout, interleaved).
 #   bash scripts/gpu_check.sh OUTDIR        (or: make gpu-check OUT=OUTDIR)
 #   STAGES="tests bench" BENCH_ARGS="--workload B3" bash scripts/gpu_check.sh OUTDIR   (a subset; also
 #   STEP_ARGS, TP_ARGS, DP_ARGS, TESTS_LIMIT)
@@ -75,6 +76,19 @@ has bench && stage bench 420 "$RUN/bench.log" "$PY" -m batchgen.bench $BENCH_ARG
 # bf16 ones), 8192 chat prompts x 256 tokens: generation tok/s, GPU-active %, host ms per step.
 # B7w: the same at --max-num-seqs 1024.
 has b7 && stage b7 300 "$RUN/b7.log" "$PY" -m batchgen.bench --workload B7 --workload B7w --out "$RUN/b7"
+# Where B7's GPU waits (scripts/b7_idle.py, in process): a short warm-up run, then B7_IDLE_ROUNDS rounds;
+# with B7_IDLE_OLD=DIR (holding another commit's batchgen/, e.g. from `git archive`) that side runs
+# interleaved with this one, under the same instrumentation.
+if has b7-idle; then
+    stage b7-idle-warm 120 "$RUN/b7-idle-warm.log" "$PY" scripts/b7_idle.py "$RUN/b7i-warm" --rows 2048
+    for r in $(seq 1 "${B7_IDLE_ROUNDS:-2}"); do
+        stage "b7-idle-$r" 120 "$RUN/b7-idle-$r.log" "$PY" scripts/b7_idle.py "$RUN/b7i-$r"
+        if [ -n "${B7_IDLE_OLD:-}" ]; then
+            stage "b7-idle-old-$r" 120 "$RUN/b7-idle-old-$r.log" "$PY" scripts/b7_idle.py "$RUN/b7i-old-$r" \
+                --package-root "$B7_IDLE_OLD"
+        fi
+    done
+fi
 # Tensor parallelism: B5 (Llama-3-70B shape over 2 GPUs) and B1s at TP=2 (compare with the bench stage).
 TP_ARGS="${TP_ARGS:---workload B5 --workload B1s --tensor-parallel 2 --mode async}"
 # shellcheck disable=SC2086
