@@ -196,7 +196,7 @@ class LLM:
         """Turns on the GIL for the caller's helper threads (``threads.HostTurns``), when the engine
         waits on a device that tells it when a step is done (CUDA); None otherwise (the CPU computes in
         the engine thread itself, which never waits)."""
-        return HostTurns() if hasattr(self._engine.runner, "ready") else None
+        return HostTurns() if self._engine.tells_waits else None
 
     def stream(
         self, requests: Iterable[GenerationRequest], detokenize: bool = True, turns: HostTurns | None = None

@@ -92,6 +92,11 @@ class Engine:
 
     # --- public -----------------------------------------------------------------------------------
 
+    @property
+    def tells_waits(self) -> bool:
+        """Whether the runner tells a running step from a done one (``ready``): helpers' turns need it."""
+        return hasattr(self.runner, "ready")
+
     def stream(
         self, requests: Iterable[GenerationRequest], detokenize: bool = True, turns: HostTurns | None = None
     ) -> Iterator[CompletionOutput]:
@@ -102,7 +107,7 @@ class Engine:
         the caller's helper threads work while this thread waits for a step (``threads.HostTurns``).
         """
         self._detokenize = detokenize
-        self._turns = turns if hasattr(self.runner, "ready") else None  # a runner that can tell
+        self._turns = turns if self.tells_waits else None
         started = time.perf_counter()
         finished = False
         try:
