@@ -1,6 +1,7 @@
 """Where B7's GPU waits: ``batchgen run`` in this process on a CUDA machine, instrumented (issue 12).
 
-    python scripts/b7_idle.py OUTDIR [--rows 8192] [--model DIR] [--package-root DIR]
+    python scripts/b7_idle.py OUTDIR [--rows 8192] [--staggered] [--model DIR] [--package-root DIR]
+                                     [--profile-eager N ...]
 
 Runs B7's command (the embedded model's shape with random bf16 weights, chat prompts x 256 new tokens,
 EOS ignored) and prints, beside the stats file's throughput and GPU-active share:
@@ -13,9 +14,12 @@ EOS ignored) and prints, beside the stats file's throughput and GPU-active share
 - for two waves, the engine thread's phases around the boundary (``_launch_next``, ``_pull``,
   ``_postprocess``, the scheduler's ``_admit``) beside the idle gaps.
 
-``--package-root`` imports batchgen from another checkout (e.g. ``git archive`` of an older commit), so an
-A/B runs both sides with this same instrumentation; the wrappers touch private names, which this
-script's versions must share. Interleave the sides and warm Triton's cache with a short run first.
+``--staggered`` runs B7s instead (each row its own length, 16-496 tokens: rows end at different steps);
+``--profile-eager 0 5`` writes a cProfile of the first and the sixth eager launch to OUTDIR (Python 3.12's
+cProfile sees every thread). ``--package-root`` imports batchgen from another checkout (e.g. ``git
+archive`` of an older commit), so an A/B runs both sides with this same instrumentation; the wrappers
+touch private names, which this script's versions must share. Interleave the sides and warm Triton's
+cache with a short run first.
 """
 
 from __future__ import annotations
@@ -32,15 +36,16 @@ MARKS: list[tuple[str, float]] = []
 PHASES: list[tuple[str, float, float]] = []
 GAPS: list[tuple[int, float]] = []  # (step, idle ms before it)
 EAGER: dict[int, list] = {}  # step -> [host launch ms, tokens, busy ms]
+PROFILE: dict[int, Path] = {}  # eager launch number (0 = the first) -> where its cProfile goes
 
 
-def _inputs(rows: int, model: Path | None) -> tuple[Path, Path]:
-    from batchgen.bench.commands import random_embedded_model
-    from batchgen.bench.workloads import chat_prompts
+def _inputs(rows: int, model: Path | None, staggered: bool) -> tuple[Path, Path]:
+    from batchgen.bench.commands import random_embedded_model, write_prompts
+    from batchgen.bench.workloads import chat_prompts, staggered_lengths
 
-    prompts = Path(f"/tmp/b7_idle_{rows}.jsonl")
-    if not prompts.exists():
-        prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in chat_prompts(rows)))
+    prompts = Path(f"/tmp/b7_idle_{rows}{'_staggered' if staggered else ''}.jsonl")
+    if not prompts.exists():  # staggered: B7s, rows of 16-496 new tokens, ending at different steps
+        write_prompts(chat_prompts(rows), prompts, staggered_lengths(rows) if staggered else None)
     model = model or Path("/tmp/b7_idle_model")
     if not model.exists():
         random_embedded_model(model)
@@ -109,7 +114,10 @@ def _instrument() -> None:
 
     def timed_launch(self, inputs):
         t0 = time.perf_counter()
-        handle = launch(self, inputs)
+        if len(EAGER) in PROFILE and not self._bucket(inputs):
+            handle = _profiled(launch, PROFILE.pop(len(EAGER)), self, inputs)
+        else:
+            handle = launch(self, inputs)
         if handle.bucket == 0:
             EAGER[handle.step_id] = [1e3 * (time.perf_counter() - t0), inputs.num_tokens, None]
         return handle
@@ -122,6 +130,22 @@ def _instrument() -> None:
         return result
 
     cuda_runner.CudaRunner.launch, cuda_runner.CudaRunner.fetch = timed_launch, busy_fetch
+
+
+def _profiled(fn, out: Path, *args):
+    """``fn(*args)`` under cProfile; the top functions by own and by cumulative time go to ``out``."""
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    try:
+        return prof.runcall(fn, *args)
+    finally:
+        text = io.StringIO()
+        for key in ("tottime", "cumulative"):
+            pstats.Stats(prof, stream=text).sort_stats(key).print_stats(45)
+        out.write_text(text.getvalue())
 
 
 def _report(stats: dict, wave: int) -> None:
@@ -160,11 +184,15 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=8192)
     ap.add_argument("--model", type=Path, default=None, help="a checkpoint (default: a random one, cached)")
     ap.add_argument("--package-root", default=None, help="import batchgen from here")
+    ap.add_argument("--profile-eager", type=int, nargs="*", default=[], metavar="N",
+                    help="cProfile the N-th eager launches (0 = the first: Triton's start)")  # fmt: skip
+    ap.add_argument("--staggered", action="store_true", help="rows of 16-496 new tokens (mean 256)")
     args = ap.parse_args()
     if args.package_root:
         sys.path.insert(0, args.package_root)
     args.out.mkdir(parents=True, exist_ok=True)
-    prompts, model = _inputs(args.rows, args.model)
+    prompts, model = _inputs(args.rows, args.model, args.staggered)
+    PROFILE.update({n: args.out / f"eager_{n}.prof.txt" for n in args.profile_eager})
     _instrument()
     from batchgen.cli import cli
 

@@ -74,8 +74,8 @@ BENCH_ARGS="${BENCH_ARGS:---workload B1s --workload B3 --workload B3j}"
 has bench && stage bench 420 "$RUN/bench.log" "$PY" -m batchgen.bench $BENCH_ARGS --out "$RUN/bench"
 # B7: the whole `batchgen run` with the embedded model's shape (its weights if installed, else random
 # bf16 ones), 8192 chat prompts x 256 tokens: generation tok/s, GPU-active %, host ms per step.
-# B7w: the same at --max-num-seqs 1024.
-has b7 && stage b7 300 "$RUN/b7.log" "$PY" -m batchgen.bench --workload B7 --workload B7w --out "$RUN/b7"
+# B7s: rows of 16-496 new tokens (they end at different steps); B7w: B7 at --max-num-seqs 1024.
+has b7 && stage b7 400 "$RUN/b7.log" "$PY" -m batchgen.bench --workload B7 --workload B7s --workload B7w --out "$RUN/b7"
 # Where B7's GPU waits (scripts/b7_idle.py, in process): a short warm-up run, then B7_IDLE_ROUNDS rounds;
 # with B7_IDLE_OLD=DIR (holding another commit's batchgen/, e.g. from `git archive`) that side runs
 # interleaved with this one, under the same instrumentation.

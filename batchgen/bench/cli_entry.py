@@ -26,6 +26,7 @@ from batchgen.bench.workloads import (
     load_tokenizer,
     mixed_prompts,
     random_prompts,
+    staggered_lengths,
     text_prompts,
 )
 from batchgen.bench.workloads import quick as quick_workload
@@ -270,9 +271,11 @@ def run_command_workload(w: Workload, modes: list[str], compare_hf: bool, opts: 
     threads = f"{opts.threads} threads each" if opts.threads else "each command's default threads"
     log(f"{w.name}: whole commands, {len(prompts)} prompts, {threads}, {opts.repeat} round(s)")
     target = commands.Target(w.device, w.dtype, flags=w.run_flags)
+    row_tokens = staggered_lengths(len(prompts)) if w.staggered else None
     return commands.run_command_workload(
-        w.name, prompts, modes_for(w, modes, compare_hf), w.max_new_tokens, opts.threads, opts.repeat, target
-    )
+        w.name, prompts, modes_for(w, modes, compare_hf), w.max_new_tokens, opts.threads, opts.repeat, target,
+        row_tokens,
+    )  # fmt: skip
 
 
 def run_workload(

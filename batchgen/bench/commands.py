@@ -26,10 +26,13 @@ from batchgen.threads import DEFAULTED, SHORT_SPINS
 COMMAND_MODES = ("run", "async", "sync", "generate_batch")  # run = batchgen's default mode for the device
 
 
-def write_prompts(prompts: list[str | list[dict]], path: Path) -> Path:
+def write_prompts(prompts: list[str | list[dict]], path: Path, row_tokens: list[int] | None = None) -> Path:
+    """A JSONL prompt file; ``row_tokens``: each row's own ``max_new_tokens``."""
     with open(path, "w") as f:
         for i, p in enumerate(prompts):
             row = {"id": f"p{i}", "prompt": p} if isinstance(p, str) else {"id": f"p{i}", "messages": p}
+            if row_tokens is not None:
+                row["max_new_tokens"] = row_tokens[i]
             f.write(json.dumps(row) + "\n")
     return path
 
@@ -175,13 +178,15 @@ def run_command_workload(
     threads: int | None,
     repeat: int,
     target: Target = CPU,
+    row_tokens: list[int] | None = None,
 ) -> list[dict[str, Any]]:
     """Each mode once per round, ``repeat`` rounds: side by side, so slow drifts in the machine's load
-    hit every mode alike."""
-    shape = shape_label(prompts, new_tokens)
+    hit every mode alike. ``row_tokens``: each row's own max_new_tokens (``new_tokens`` is then their
+    mean, for the label)."""
+    shape = shape_label(prompts, new_tokens) + (" (per-row lengths)" if row_tokens else "")
     records = []
     with tempfile.TemporaryDirectory(prefix="batchgen-bench-") as tmp:
-        path = write_prompts(prompts, Path(tmp) / "prompts.jsonl")
+        path = write_prompts(prompts, Path(tmp) / "prompts.jsonl", row_tokens)
         if target.device != "cpu" and target.model is None and not embedded_model_installed():
             target = target._replace(model=str(random_embedded_model(Path(tmp) / "model")))
         for _ in range(repeat):

@@ -137,6 +137,7 @@ class Workload:
     # Structured output: every request under this JSON Schema (its length is bounded by max_new_tokens)
     json_schema: dict | None = None
     command: bool = False  # timed as whole commands (batchgen run vs a generate_batch script), mixed prompts
+    staggered: bool = False  # whole commands: each row its own max_new_tokens (``staggered_lengths``)
     run_flags: tuple[str, ...] = ()  # whole commands: more `batchgen run` flags
 
     @property
@@ -173,6 +174,9 @@ WORKLOADS: dict[str, Workload] = {
     "B4b": Workload("B4b", EMBEDDED, 78, 0, 64, device="cpu", dtype="bfloat16", command=True),
     # The whole `batchgen run` on a GPU with a small model: is the host fast enough (issue 12)?
     "B7": Workload("B7", EMBEDDED, 8192, 0, 256, command=True, baselines=()),
+    # B7 with rows of 16-496 new tokens (mean 256): they end at different steps, as completions ending on
+    # EOS do, so new rows join the running batch every few steps (engine/admission.py).
+    "B7s": Workload("B7s", EMBEDDED, 8192, 0, 256, command=True, baselines=(), staggered=True),
     # B7 with 1024 rows a step: a small model's step costs the GPU about the same at 256 or 1024 rows
     # (kernel launches, not bytes), so wider batches may be worth more than the host time they add.
     "B7w": Workload(
@@ -216,6 +220,11 @@ def _notes(count: int, offset: int) -> str:
 def chat_prompts(num: int) -> list[str]:
     """``num`` distinct short chat questions (B7): B4's questions, each with its own request number."""
     return [f"{p} (Request {i}.)" for i, p in enumerate(mixed_prompts(num, long_notes=()))]
+
+
+def staggered_lengths(num: int) -> list[int]:
+    """``num`` rows' max_new_tokens, 16-496 (mean ~256), spread evenly over the rows (B7s)."""
+    return [16 + (7919 * i) % 481 for i in range(num)]
 
 
 def mixed_prompts(num: int = 78, long_notes: tuple[int, ...] = _LONG_NOTES) -> list[str]:

@@ -63,6 +63,7 @@ def build_rank(
     if device.type == "cuda" and device.index is not None:
         torch.cuda.set_device(device)
     dtype = dtype or resolve_dtype(options.dtype, device)
+    warmup = _triton_warmup(options, device)
     governor = set_cpu_threads(options.threads, device, group.size)  # before loading: it computes
     if device.type == "cpu":
         keep_freed_memory()  # allocator.py: no page faults per op on the CPU path
@@ -80,9 +81,20 @@ def build_rank(
     graphs = options.cuda_graphs is not False and not (
         group.is_parallel and isinstance(bundle.forward, TransformersForward)
     )
+    if warmup is not None:
+        warmup.join()  # before any launch (tensor parallelism captures its graphs in ``_runner``)
     runner = _runner(options, bundle, caches, device, limit, async_mode, progress, governor, graphs, group)
     clock.mark("graphs_s" if device.type == "cuda" else "runner_s")
     return RankEngine(bundle, runner, num_blocks, device, dtype, limit, async_mode, clock.phases)
+
+
+def _triton_warmup(options: EngineConfig, device: torch.device):
+    """Triton's per-process start, on a thread while the model loads (kernels/warmup.py)."""
+    if device.type != "cuda" or options.attention_backend == "torch":
+        return None
+    from batchgen.kernels import warmup
+
+    return warmup.start()
 
 
 class _Clock:

@@ -32,6 +32,7 @@ from typing import NamedTuple
 
 import torch
 
+from batchgen.engine.admission import StepCosts
 from batchgen.engine.batch import StepInputs
 from batchgen.engine.cuda_slots import (
     SAMPLE_FIELDS,
@@ -60,6 +61,8 @@ class CudaHandle(NamedTuple):
     shape: Shape | None = None
     bucket: int = 0  # > 0: decode graphs of this bucket
     any_sampling: bool = False
+    replayed: bool = False  # a graph ran it (else an eager forward)
+    launch_ms: float = 0.0  # host time ``launch`` took
 
 
 class CudaRunner:
@@ -98,6 +101,7 @@ class CudaRunner:
         self.replay_s = 0.0  # of prep_s: inside graph.replay() (the driver's launch of the graph's kernels)
         self.graph_memory: dict[str, int] = {}
         self.idle = IdleGaps()  # the compute stream's gaps between steps, by the kind of step that waited
+        self.step_costs = StepCosts()  # eager launches against graph replays: when new rows join (engine)
         # Tensor parallelism: raises when another rank died, so a wait on work that waits for a
         # collective with that rank fails instead of hanging.
         self.check_alive: Callable[[], None] | None = None
@@ -138,11 +142,13 @@ class CudaRunner:
             self.idle.end(inputs.step_id, self.compute)
         if not inputs.masked:
             self._copy_outputs(slot, shape.samples, inputs.want_logprobs)
-        self.prep_s += time.perf_counter() - t0
+        took = time.perf_counter() - t0
+        self.prep_s += took
         samples, masked = len(inputs.logits_indices), inputs.masked
         return CudaHandle(
-            inputs.step_id, slot_id, samples, inputs.want_logprobs, masked, shape, bucket, flags[0]
-        )
+            inputs.step_id, slot_id, samples, inputs.want_logprobs, masked, shape, bucket, flags[0],
+            graph is not None, 1e3 * took,
+        )  # fmt: skip
 
     def mask_buffer(self, handle: CudaHandle, width: int) -> torch.Tensor:
         """Where the engine writes a masked step's token bitmask: [S, width] int32, pinned host memory."""
@@ -192,7 +198,11 @@ class CudaRunner:
         else:
             busy = slot.compute_start.elapsed_time(slot.compute_done)
         self.gpu_busy_s += busy / 1000.0
-        self.idle.fetched(handle.step_id, handle.bucket > 0, handle.samples)
+        gap = self.idle.fetched(handle.step_id, handle.bucket > 0, handle.samples)
+        if handle.replayed and not handle.masked:
+            self.step_costs.graph(busy + gap)
+        elif not handle.bucket and not handle.masked:  # new prompts or their chunks
+            self.step_costs.eager(handle.launch_ms, busy)
         tokens = slot.host_tokens[: handle.samples].tolist()
         logprobs = slot.host_logprobs[: handle.samples].tolist() if handle.want_logprobs else None
         return StepResult(handle.step_id, tokens, logprobs)

@@ -68,6 +68,7 @@ class Engine:
         self._inflight: deque = deque()  # (step, runner handle) launched, not yet postprocessed
         self._unsampled: tuple | None = None  # the newest step when it is masked and not yet sampled
         self._masked: set[int] = set()  # ids of in-flight masked steps (their tokens advance grammars)
+        self._costs = getattr(runner, "step_costs", None)  # CUDA: what admitting new rows costs
 
     def drain(self) -> None:
         """Stop admitting: rows not yet started are dropped (never yielded), started ones finish.
@@ -303,6 +304,8 @@ class Engine:
         result = self._fetch(handle)
         if not self.stats.first_token_time:
             self.stats.first_token_time = time.time()
+        if self._costs is not None:  # the price of an eager step, in row-steps (admission.py)
+            self.scheduler.rent.price = self.scheduler.max_num_seqs * self._costs.decode_steps_per_eager
         if step.step_id in self._masked:
             t0 = time.perf_counter()
             self._masked.discard(step.step_id)
@@ -380,19 +383,10 @@ class Engine:
         text = req.text
         if text is None and self._detokenize:
             text = self.stops.decode(req.output_ids)
-        self._done.append(
-            CompletionOutput(
-                req.index,
-                req.sample,
-                req.key,
-                req.output_ids,
-                text,
-                reason,
-                req.num_prompt,
-                req.logprobs,
-                req.error,
-            )  # fmt: skip
-        )
+        self._done.append(CompletionOutput(
+            req.index, req.sample, req.key, req.output_ids, text, reason, req.num_prompt, req.logprobs,
+            req.error,
+        ))  # fmt: skip
         self.stats.errors += reason == "error"
 
     def _drain_done(self) -> Iterator[CompletionOutput]:

@@ -35,10 +35,12 @@ class IdleGaps:
         """After the step's last compute work (a masked step's sampling part re-marks its end)."""
         self._marks[step_id % RING][1].record(stream)
 
-    def fetched(self, step_id: int, graph: bool, samples: int) -> None:
-        """Step ``step_id``'s tokens reached the host: its start and its predecessor's end have happened."""
+    def fetched(self, step_id: int, graph: bool, samples: int) -> float:
+        """Step ``step_id``'s tokens reached the host: its start and its predecessor's end have happened.
+        Returns the idle ms before it (0 when its predecessor was not fetched just before)."""
         kind = "graph" if graph else "eager"
         self.steps[kind] += 1
+        gap = 0.0
         if self._last_fetched == step_id - 1:
             gap = self._marks[(step_id - 1) % RING][1].elapsed_time(self._marks[step_id % RING][0])
             self.idle_ms[kind] += gap
@@ -47,6 +49,7 @@ class IdleGaps:
             if len(self._largest) > KEPT_LARGEST:
                 heapq.heappop(self._largest)
         self._last_fetched = step_id
+        return gap
 
     def summary(self) -> dict:
         largest = sorted(self._largest, reverse=True)

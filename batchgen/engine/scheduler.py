@@ -17,6 +17,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from batchgen.engine.admission import Rent
 from batchgen.engine.block_manager import BlockManager
 from batchgen.engine.request import Request, Status
 from batchgen.engine.rows import RowState
@@ -76,6 +77,7 @@ class Scheduler:
         # The reference path (tests): decodes scheduled one at a time and passed on as one-token items,
         # which the batch builder and the postprocessor also handle one by one.
         self.one_by_one = False
+        self.rent = Rent()  # when waiting rows join a step that decodes (admission.py); price 0: at once
         self._order: np.ndarray | None = None  # [N] rows of ``running``, made again when it changes
         self._next_step = 0
 
@@ -102,6 +104,7 @@ class Scheduler:
         self.running.clear()
         self._order = None
         self.waiting.clear()
+        self.rent.settle()
 
     def _running_rows(self) -> np.ndarray:
         if self._order is None:
@@ -120,12 +123,14 @@ class Scheduler:
         else:
             decodes, budget, prefills = self._decodes_at_once(step_id, self.max_batch_tokens)
             step = ScheduledStep(step_id, [], decodes)
+        decoding = step.num_seqs
         for req in prefills:  # then chunks of prefills already under way
             if budget == 0 or step.num_seqs >= self.max_num_seqs:
                 break
             if req.status is Status.RUNNING and self._reserve(req, budget, step_id):
                 budget -= self._append(step, req, budget)
-        self._admit(step, budget)
+        if not self._holds_back(step, decoding, budget) and self._admit(step, budget):
+            self.rent.settle()
         if step.num_seqs:  # ids of launched steps are consecutive: carry-over refers to "the step before"
             self._next_step += 1
         return step
@@ -253,8 +258,23 @@ class Scheduler:
 
     # --- admission --------------------------------------------------------------------------------
 
-    def _admit(self, step: ScheduledStep, budget: int) -> None:
+    def _holds_back(self, step: ScheduledStep, decoding: int, budget: int) -> bool:
+        """Rent or buy (admission.py): whether waiting rows stay out of this step. They join at once when
+        the step has nothing to decode or runs a prompt's chunk (it is eager anyway), or when the rows
+        the free ones could take need more than the step's token budget, each estimated by the first
+        waiting row's tokens (waiting would batch nothing)."""
+        waiting = self.waiting
+        if not self.rent.price or not waiting or not self._admissible(waiting[0]):
+            return False
+        free = self.max_num_seqs - step.num_seqs
+        takes = min(free, len(waiting))
+        eager_anyway = not decoding or step.num_seqs > decoding or takes * waiting[0].remaining >= budget
+        return self.rent.holds(free, len(waiting), eager_anyway)
+
+    def _admit(self, step: ScheduledStep, budget: int) -> int:
+        """Start waiting requests while they fit; returns how many started."""
         held: list[Request] = []
+        started = 0
         while self.waiting and budget > 0 and step.num_seqs < self.max_num_seqs:
             req = self.waiting[0]
             if not self._admissible(req):
@@ -264,7 +284,9 @@ class Scheduler:
                 break
             self.waiting.popleft()
             budget -= self._append(step, req, budget)
+            started += 1
         self.waiting.extendleft(reversed(held))
+        return started
 
     def _admissible(self, req: Request) -> bool:
         if req.num_pending:  # a preempted request whose last token is still in flight

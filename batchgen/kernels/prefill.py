@@ -35,7 +35,10 @@ def _find_tile(cu_q_ptr, tile, num_seqs, GROUP: tl.constexpr, BLOCK_M: tl.conste
     return b, local
 
 
-@triton.jit
+# The sequence and tile counts change with every eager step: specializing on them (== 1, divisible by 16)
+# would compile up to 4 variants of the kernel (each a first-use cost per process, a compile on a fresh
+# machine) for no faster code: they only bound loops and masks.
+@triton.jit(do_not_specialize=["num_seqs", "num_tiles"])
 def _prefill_kernel(
     q_ptr,  # [T, Hq, D]
     k_ptr,  # [num_blocks, block_size, Hkv, D]

@@ -22,6 +22,7 @@ from batchgen.bench.workloads import (
     mixed_prompts,
     quick,
     random_prompts,
+    staggered_lengths,
 )
 from batchgen.model.tokenize import encode_prompt
 
@@ -213,6 +214,17 @@ def test_b7_runs_the_whole_command_on_the_gpu():
     target = commands.Target("cuda", wide.dtype, flags=wide.run_flags)
     argv = commands._argv("run", Path("p.jsonl"), Path("o.jsonl"), 256, None, target)
     assert argv[-2:] == ["--max-num-seqs", "1024"] and wide.num_requests == w.num_requests
+
+
+def test_b7s_rows_ask_their_own_lengths(tmp_path):
+    """B7s: B7's prompts, each row with its own max_new_tokens (16-496, mean ~256), in the prompt file."""
+    staggered = WORKLOADS["B7s"]
+    assert staggered.staggered and staggered.num_requests == WORKLOADS["B7"].num_requests
+    lengths = staggered_lengths(8192)
+    assert (min(lengths), max(lengths)) == (16, 496) and abs(sum(lengths) / len(lengths) - 256) < 1
+    path = commands.write_prompts(["a", "b"], tmp_path / "p.jsonl", lengths[:2])
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["max_new_tokens"] for r in rows] == lengths[:2] and rows[0]["prompt"] == "a"
 
 
 def test_ratios_use_the_median_of_repeats():

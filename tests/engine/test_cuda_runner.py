@@ -211,3 +211,26 @@ def test_masked_steps_capture_both_parts_on_demand(tiny_models):
     runner.capture_after = 2  # this short run meets each key ~10 times
     outs = _outputs(llm, [[1, 2, 3, 4 + i] for i in range(8)], params)
     assert len(outs) == 8 and {k[2] for k in runner.graphs} == {"logits", "sample"}
+
+
+def test_rows_freed_a_few_at_a_time_wait_for_the_price_of_an_eager_step(tiny_models):
+    """The CUDA runner measures its steps (``step_costs``, engine/admission.py): on a tiny model an eager
+    step is bound by its launch, so it prices admission above 0, and rows that end at different steps
+    join in fewer eager steps, with the tokens of an engine admitting them at once."""
+    params = [SamplingParams(max_new_tokens=4 + (7 * i) % 29, ignore_eos=True) for i in range(64)]
+    rows = [GenerationRequest(i, [1, 2, 3, 4 + i], p) for i, p in enumerate(params)]
+    results = {}
+    for hold in (False, True):
+        llm = LLM(tiny_models["llama"], dtype="float32", max_num_seqs=16)
+        _capture_soon(llm)
+        if not hold:
+            llm._engine._costs = None  # the engine never reads a price: rows join at once
+        outs = {(o.index, o.sample): o.token_ids for o in llm.stream(rows)}
+        runner = llm._engine.runner
+        results[hold] = (outs, runner.idle.steps["eager"], runner.step_costs.decode_steps_per_eager)
+        del llm
+        torch.cuda.empty_cache()
+    (want, eager_at_once, _), (got, eager_held, price) = results[False], results[True]
+    assert got == want
+    assert price > 0, "a tiny model's eager step is bound by its launch"
+    assert eager_held < eager_at_once

@@ -86,11 +86,13 @@ def _rows(count: int, seed: int, twins: bool) -> list[GenerationRequest]:
     return rows
 
 
-def _run(one_by_one: bool, async_mode: bool, case: tuple[int, int, int, bool]):
+def _run(one_by_one: bool, async_mode: bool, case: tuple[int, int, int, bool], price: float = 0.0):
+    """``price``: row-steps new rows wait for before they join a step that decodes (engine/admission.py)."""
     num_blocks, max_num_seqs, max_batch_tokens, twins = case
     blocks = BlockManager(num_blocks, block_size=4)
     scheduler = Scheduler(blocks, max_num_seqs, max_batch_tokens)
     scheduler.one_by_one = one_by_one
+    scheduler.rent.price = price
     runner = Recorder(scheduler)
     engine = Engine(runner, blocks, scheduler, StopChecker(Letters(), {EOS}), 128, async_mode=async_mode)
     outs = [tuple(o) for o in engine.stream(_rows(60, max_num_seqs, twins), detokenize=True)]

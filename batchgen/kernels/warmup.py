@@ -1,0 +1,33 @@
+"""Triton's once-a-process costs, paid beside the model's load instead of in the first step (issue 12).
+
+The first Triton launch of a process computes Triton's cache key (``triton.runtime.cache.triton_key``:
+a sha256 over its ~400 MB shared library and its sources, 0.55-0.75 s on the H200 machine) and imports
+its gluon front end (0.14 s). Both sat in B7's first eager step: 0.77-0.83 s, then 0.28-0.33 s once they
+were done beforehand (docs/results.md). Reading and hashing the library let go of the GIL, so a thread
+started before the weights load hides most of it. The caller joins the thread before the first launch,
+so no launch races it; while the model loads, imports on both threads are safe (each module has its own
+import lock) and the main thread imports ``triton.language`` before the thread starts.
+"""
+
+from __future__ import annotations
+
+import threading
+
+
+def _warm() -> None:
+    try:
+        from triton.runtime.cache import triton_key
+
+        triton_key()  # cached for the process (functools.lru_cache)
+        import triton.experimental.gluon  # noqa: F401
+    except Exception:  # best effort (another Triton, an import race): the first launch pays what is left
+        pass
+
+
+def start() -> threading.Thread:
+    """Start computing Triton's per-process state; ``join`` the thread before the first launch."""
+    import triton.language  # noqa: F401  (here, on the caller's thread: the worker only adds to it)
+
+    thread = threading.Thread(target=_warm, name="batchgen-triton-warmup", daemon=True)
+    thread.start()
+    return thread
