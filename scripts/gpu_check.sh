@@ -6,7 +6,8 @@
 # The mixture-of-experts stage (~4 minutes) runs only when asked: STAGES="moe" (its GPU tests, the
 # B6 decode step against its roofline, B6 async beside transformers' forward); STAGES="fp8" the FP8 ones
 # (fp8-tests, fp8-bench; fp8-b1 runs B1 alone); STAGES="startup startup-newest startup-8b" the start-up A/Bs;
-# STAGES=b7-idle where B7's GPU waits (B7_IDLE_OLD=DIR: against another checkout, interleaved).
+# STAGES=b7-idle where B7's GPU waits (B7_IDLE_OLD=DIR: against another checkout, interleaved;
+# B7_IDLE_ARGS="--staggered": B7s).
 #   bash scripts/gpu_check.sh OUTDIR        (or: make gpu-check OUT=OUTDIR)
 #   STAGES="tests bench" BENCH_ARGS="--workload B3" bash scripts/gpu_check.sh OUTDIR   (a subset; also
 #   STEP_ARGS, TP_ARGS, DP_ARGS, TESTS_LIMIT)
@@ -78,14 +79,19 @@ has bench && stage bench 420 "$RUN/bench.log" "$PY" -m batchgen.bench $BENCH_ARG
 has b7 && stage b7 400 "$RUN/b7.log" "$PY" -m batchgen.bench --workload B7 --workload B7s --workload B7w --out "$RUN/b7"
 # Where B7's GPU waits (scripts/b7_idle.py, in process): a short warm-up run, then B7_IDLE_ROUNDS rounds;
 # with B7_IDLE_OLD=DIR (holding another commit's batchgen/, e.g. from `git archive`) that side runs
-# interleaved with this one, under the same instrumentation.
+# interleaved with this one, under the same instrumentation. B7_IDLE_ARGS: more b7_idle.py flags for
+# both sides (e.g. "--staggered": B7s; the warm-up then runs B7s's shapes too).
 if has b7-idle; then
-    stage b7-idle-warm 120 "$RUN/b7-idle-warm.log" "$PY" scripts/b7_idle.py "$RUN/b7i-warm" --rows 2048
+    # shellcheck disable=SC2086
+    stage b7-idle-warm 200 "$RUN/b7-idle-warm.log" "$PY" scripts/b7_idle.py "$RUN/b7i-warm" --rows 2048 \
+        ${B7_IDLE_ARGS:-}
     for r in $(seq 1 "${B7_IDLE_ROUNDS:-2}"); do
-        stage "b7-idle-$r" 120 "$RUN/b7-idle-$r.log" "$PY" scripts/b7_idle.py "$RUN/b7i-$r"
+        # shellcheck disable=SC2086
+        stage "b7-idle-$r" 200 "$RUN/b7-idle-$r.log" "$PY" scripts/b7_idle.py "$RUN/b7i-$r" ${B7_IDLE_ARGS:-}
         if [ -n "${B7_IDLE_OLD:-}" ]; then
-            stage "b7-idle-old-$r" 120 "$RUN/b7-idle-old-$r.log" "$PY" scripts/b7_idle.py "$RUN/b7i-old-$r" \
-                --package-root "$B7_IDLE_OLD"
+            # shellcheck disable=SC2086
+            stage "b7-idle-old-$r" 200 "$RUN/b7-idle-old-$r.log" "$PY" scripts/b7_idle.py "$RUN/b7i-old-$r" \
+                --package-root "$B7_IDLE_OLD" ${B7_IDLE_ARGS:-}
         fi
     done
 fi
