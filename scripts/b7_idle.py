@@ -10,7 +10,8 @@ EOS ignored) and prints, beside the stats file's throughput and GPU-active share
   of pauses over 1 ms outside those;
 - when the command reached its phases (threads started, engine loop entered and left), from the moment
   the run's clock starts (``Progress``);
-- the eager (prefill) steps: host time of their launch and their compute-stream busy time;
+- the steps with new prompts (eager, or replayed from a token bucket's graph): host time of their launch
+  and their compute-stream busy time;
 - for two waves, the engine thread's phases around the boundary (``_launch_next``, ``_pull``,
   ``_postprocess``, the scheduler's ``_admit``) beside the idle gaps.
 
@@ -35,7 +36,7 @@ from pathlib import Path
 MARKS: list[tuple[str, float]] = []
 PHASES: list[tuple[str, float, float]] = []
 GAPS: list[tuple[int, float]] = []  # (step, idle ms before it)
-EAGER: dict[int, list] = {}  # step -> [host launch ms, tokens, busy ms]
+EAGER: dict[int, list] = {}  # step with new prompts -> [host launch ms, tokens, busy ms, replayed a graph]
 PROFILE: dict[int, Path] = {}  # eager launch number (0 = the first) -> where its cProfile goes
 
 
@@ -106,7 +107,7 @@ def _instrument() -> None:
 
     fetched = idle_gaps.IdleGaps.fetched
 
-    def on_fetch(self, step_id, graph, samples):
+    def on_fetch(self, step_id, graph, samples):  # graph: a bool in older checkouts, a kind now
         if self._last_fetched == step_id - 1:
             ring = idle_gaps.RING
             before, now = self._marks[(step_id - 1) % ring][1], self._marks[step_id % ring][0]
@@ -118,12 +119,13 @@ def _instrument() -> None:
 
     def timed_launch(self, inputs):
         t0 = time.perf_counter()
-        if len(EAGER) in PROFILE and not self._bucket(inputs):
+        if len(EAGER) in PROFILE and not inputs.decode_only:
             handle = _profiled(launch, PROFILE.pop(len(EAGER)), self, inputs)
         else:
             handle = launch(self, inputs)
-        if handle.bucket == 0:
-            EAGER[handle.step_id] = [1e3 * (time.perf_counter() - t0), inputs.num_tokens, None]
+        if not inputs.decode_only:  # an older checkout's handle has no ``replayed``
+            took = 1e3 * (time.perf_counter() - t0)
+            EAGER[handle.step_id] = [took, inputs.num_tokens, None, getattr(handle, "replayed", False)]
         return handle
 
     def busy_fetch(self, handle):
@@ -165,12 +167,13 @@ def _report(stats: dict, wave: int) -> None:
           + f"; pauses > 1 ms outside b0-b3: {len(pauses)}, {sum(pauses) / 1e3:.3f} s")  # fmt: skip
     clock = dict(MARKS)["clock"]
     print("phases (s from the run's clock): " + " ".join(f"{k}={t - clock:.3f}" for k, t in MARKS))
-    eager = [v for _, v in sorted(EAGER.items()) if v[2] is not None]
-    if eager:
-        print(f"eager steps: {len(eager)}, host launch mean {sum(v[0] for v in eager) / len(eager):.2f} ms, "
-              f"busy mean {sum(v[2] for v in eager) / len(eager):.2f} ms, tokens mean "
-              f"{sum(v[1] for v in eager) / len(eager):.0f}; first three (launch, busy ms): "
-              f"{[(round(v[0], 1), round(v[2], 1)) for v in eager[:3]]}")  # fmt: skip
+    for replayed, name in ((False, "eager steps"), (True, "mixed graph steps")):
+        steps = [v for _, v in sorted(EAGER.items()) if v[2] is not None and v[3] == replayed]
+        if steps:
+            print(f"{name}: {len(steps)}, host launch mean {sum(v[0] for v in steps) / len(steps):.2f} ms, "
+                  f"busy mean {sum(v[2] for v in steps) / len(steps):.2f} ms, tokens mean "
+                  f"{sum(v[1] for v in steps) / len(steps):.0f}; first three (launch, busy ms): "
+                  f"{[(round(v[0], 1), round(v[2], 1)) for v in steps[:3]]}")  # fmt: skip
     launches = [p for p in PHASES if p[0] == "_launch_next"]
     for w in (10, 20):
         if len(launches) < w * wave + 4:

@@ -137,8 +137,11 @@ def _engine_stats(record: dict, engine: dict) -> None:
         return
     step = dict(engine, gpu_busy_s=engine.get("gpu_busy_s") or None)  # 0 on the CPU: no device stream
     engine_fields(record, step, engine["wall_s"])
-    if engine.get("gpu_idle"):  # where the compute stream waited between steps (engine/idle_gaps.py)
-        record["gpu_idle"] = engine["gpu_idle"]
+    idle = engine.get("gpu_idle")
+    if idle:  # where the compute stream waited between steps (engine/idle_gaps.py)
+        record["gpu_idle"] = idle
+        if "mixed_steps" in idle:  # steps with new prompts: eager, or a token bucket's graph
+            record["note"] += f"; prompt steps {idle['eager_steps']} eager, {idle['mixed_steps']} graphed"
     if engine.get("gc"):
         record["gc"] = engine["gc"]
         record["note"] += f"; gc {engine['gc']['total_ms']:.0f} ms in {engine['gc']['collections']} pauses"
@@ -193,6 +196,8 @@ def run_command_workload(
             for mode in modes:
                 record = run_command(mode, path, len(prompts), new_tokens, threads, target)
                 record.update(workload=name, shape=shape, device=target.device)
+                if row_tokens:  # each row its own length: the total is theirs, not rows x mean
+                    record["expected_tokens"] = sum(row_tokens)
                 if target.model:
                     record["note"] += "; random weights of the embedded model's shape"
                 status = record["error"] or f"{record['wall_s']:.1f} s, load {record['load_1m']:.1f}"

@@ -23,9 +23,10 @@ from batchgen.parallel.group import ParallelGroup
 from batchgen.threads import ThreadGovernor, set_cpu_threads
 
 ACTIVATION_RESERVE = 2 << 30  # CUDA: room for activations and logits beside the KV pool
-# A decode graph is captured on its key's 5th use (cuda_runner.py): keys a run meets a few times only (a
-# short job) stay eager. Rent or buy: a capture costs ~65 ms (two warm-up runs, the capture, a device
-# sync); on B7 (H200, a small model) 32 eager uses first made the whole command 0.6-6.8 s slower than 4.
+# A graph is captured on its key's 5th use (graph_capture.py): keys a run meets a few times only (a short
+# job) stay eager. Rent or buy: on B7 (H200, a small model) 32 eager uses first made the whole command
+# 0.6-6.8 s slower than 4, when a capture cost ~65 ms (two warm-up runs, a device sync); after eager uses
+# it now only records (~10 ms), and the eager uses measure a mixed key's bucket (mixed_graphs.MIN_RUNS).
 CAPTURE_AFTER = 4
 DEFAULT_MAX_MODEL_LEN = 4096
 
@@ -143,6 +144,8 @@ def _runner(
         # Tensor parallelism captures every graph up front: each rank's capture runs collectives that
         # must pair up across ranks, and up-front capture is what the two-GPU tests verified.
         capture_after=0 if group.is_parallel else CAPTURE_AFTER,
+        # Steps with new prompts: graphs where measured launch-bound; ranks could measure apart.
+        mixed_graphs=False if group.is_parallel else None,
     )  # fmt: skip
     if group.is_parallel:
         runner.capture_all(progress=progress)

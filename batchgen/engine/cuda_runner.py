@@ -9,13 +9,16 @@ tokens. Events order the streams and guard slot reuse:
 - the host blocks only in ``fetch``, on the D2H event of the step whose tokens it needs.
 Carry-over: a decode's input token produced by step N-1 is gathered on the device from the other slot's
 output buffer, inside the graph. Decode-only steps replay a graph captured per (slot, batch bucket,
-sampling variant); steps with prefill chunks run eagerly on the compute stream (they are GPU-bound, so
-launch overhead does not matter there, and the host still runs ahead). Graphs are captured on demand
-(``capture_after``): a decode key's first uses run eagerly at the bucket's shape and bounds, the very
-computation the graph replays, and the next use captures it (~65 ms and a device sync). A run then pays
-only for the buckets it uses often, and its first token waits for no capture (capturing all 30 greedy
-graphs of a small model up front took ~2 s of its ~7 s start-up on the H200). ``capture_after=0``
-captures on first use, and ``capture_all`` up front (tensor parallelism: every rank captures together).
+sampling variant). Steps with new prompts or prefill chunks run eagerly on the compute stream, or,
+where a token bucket's eager runs were bound by their launch (small models), replay a graph of that
+bucket with the sequences padded to ``max_num_seqs`` (mixed_graphs.py). Graphs are captured on demand
+(``capture_after``): a key's first uses run eagerly at the bucket's shape and bounds, the very
+computation the graph replays, and the next use captures it (~10 ms of host time for a small model: it
+only records, the eager runs were its warm-up). A run then pays only for the buckets it uses often, and
+its first token waits for no capture (capturing all 30 greedy graphs of a small model up front took ~2 s
+of its ~7 s start-up on the H200). ``capture_after=0``
+captures on first use, and ``capture_all`` up front (tensor parallelism: every rank captures together;
+it has no mixed graphs).
 A masked step (structured output) runs as two parts on the compute stream, each a graph for decode
 steps: ``launch`` enqueues its forward into a logits buffer; ``sample`` copies the token masks the engine
 filled meanwhile (H2D stream) and enqueues the sampling behind that copy. The engine calls ``sample``
@@ -39,17 +42,18 @@ from batchgen.engine.cuda_slots import (
     Shape,
     Slot,
     decode_buckets,
+    decode_shape,
     fill_host,
-    reset_inputs,
+    mixed_shape,
 )
+from batchgen.engine.graph_capture import GraphCaptures
 from batchgen.engine.idle_gaps import IdleGaps
+from batchgen.engine.mixed_graphs import MixedGraphs, token_buckets
 from batchgen.engine.runner import Sampler, StepResult, apply_carry_over
 from batchgen.engine.sampler import SamplingTensors, sample
 from batchgen.model.attention import PagedContext
 from batchgen.model.backends import KernelBackend
 from batchgen.model.forward import ModelForward
-
-CAPTURE_ROOM = 1 << 30  # device bytes free below which a mid-run capture first empties the cache
 
 
 class CudaHandle(NamedTuple):
@@ -59,13 +63,15 @@ class CudaHandle(NamedTuple):
     want_logprobs: bool
     masked: bool = False  # sampled by ``sample``, after ``launch``
     shape: Shape | None = None
-    bucket: int = 0  # > 0: decode graphs of this bucket
+    bucket: int = 0  # > 0: graphs of this bucket: decode rows, or tokens when ``mixed``
     any_sampling: bool = False
     replayed: bool = False  # a graph ran it (else an eager forward)
     launch_ms: float = 0.0  # host time ``launch`` took
+    mixed: bool = False  # new prompts or prefill chunks, padded to a token bucket
+    captured: bool = False  # its launch captured a graph: its times are not a step's
 
 
-class CudaRunner:
+class CudaRunner(GraphCaptures):
     def __init__(
         self,
         forward: ModelForward,
@@ -80,6 +86,7 @@ class CudaRunner:
         cuda_graphs: bool = True,
         sampler: Sampler = sample,
         capture_after: int = 0,
+        mixed_graphs: bool | None = None,
     ) -> None:
         self.forward, self.kv_caches, self.backend, self.device = forward, kv_caches, backend, device
         self.sampler = sampler
@@ -89,10 +96,12 @@ class CudaRunner:
         self.slots = [Slot(device, max_tokens, max_num_seqs, max_blocks) for _ in range(num_slots)]
         self.h2d, self.compute, self.d2h = (torch.cuda.Stream(device) for _ in range(3))
         self.buckets = decode_buckets(max_num_seqs) if cuda_graphs else []
+        # Steps with new prompts: graphs per token bucket where measured host-bound (None), always, never.
+        self.mixed = MixedGraphs(token_buckets(max_tokens) if cuda_graphs else [], mixed_graphs)
         # (slot, bucket, part, any_sampling, want_logprobs) -> graph; part: "step" (forward + sampling),
-        # or a masked step's "logits" and "sample" (see _run)
+        # "mixed" (the same, padded to a token bucket), or a masked step's "logits" and "sample" (_run)
         self.graphs: dict[tuple[int, int, str, bool, bool], torch.cuda.CUDAGraph] = {}
-        self.capture_after = capture_after  # eager uses of a decode key before its graph is captured
+        self.capture_after = capture_after  # eager uses of a key before its graph is captured
         self._eager_uses: dict[tuple[int, int, str, bool, bool], int] = {}
         self._logits: torch.Tensor | None = None  # [max_seqs, V / K] float32: a masked step's logits
         self.pool = torch.cuda.graph_pool_handle() if cuda_graphs else None
@@ -113,14 +122,10 @@ class CudaRunner:
         t0 = time.perf_counter()
         slot_id = inputs.step_id % len(self.slots)
         slot = self.slots[slot_id]
-        bucket = self._bucket(inputs)
-        shape = (
-            Shape(bucket, bucket, bucket)
-            if bucket
-            else Shape(inputs.num_tokens, len(inputs.seq_lens), len(inputs.logits_indices))
-        )
+        bucket, part = self._bucket(inputs)
+        shape = self._padded(bucket, part) if bucket else self._own_shape(inputs)
         flags = (inputs.any_sampling, inputs.want_logprobs)
-        part = "logits" if inputs.masked else "step"
+        graphs = len(self.graphs)
         graph = self._graph(slot_id, bucket, part, *flags) if bucket else None
         self._wait(slot.h2d_done)  # the pinned inputs of this slot's last step are on the device
         views = slot.views(shape)
@@ -135,8 +140,8 @@ class CudaRunner:
                 t1 = time.perf_counter()
                 graph.replay()
                 self.replay_s += time.perf_counter() - t1
-            else:  # a decode bucket not captured yet runs as its graph would (same bounds)
-                bounds = self._graph_bounds if bucket else (inputs.max_q_len, inputs.max_seq_len)
+            else:  # a bucket not captured yet runs as its graph would (same shape and bounds)
+                bounds = self._bounds(bucket, part) if bucket else (inputs.max_q_len, inputs.max_seq_len)
                 self._run(part, slot_id, shape, flags, bounds)
             (slot.logits_done if inputs.masked else slot.compute_done).record(self.compute)
             self.idle.end(inputs.step_id, self.compute)
@@ -147,7 +152,7 @@ class CudaRunner:
         samples, masked = len(inputs.logits_indices), inputs.masked
         return CudaHandle(
             inputs.step_id, slot_id, samples, inputs.want_logprobs, masked, shape, bucket, flags[0],
-            graph is not None, 1e3 * took,
+            graph is not None, 1e3 * took, part == "mixed", len(self.graphs) > graphs,
         )  # fmt: skip
 
     def mask_buffer(self, handle: CudaHandle, width: int) -> torch.Tensor:
@@ -198,14 +203,26 @@ class CudaRunner:
         else:
             busy = slot.compute_start.elapsed_time(slot.compute_done)
         self.gpu_busy_s += busy / 1000.0
-        gap = self.idle.fetched(handle.step_id, handle.bucket > 0, handle.samples)
-        if handle.replayed and not handle.masked:
-            self.step_costs.graph(busy + gap)
-        elif not handle.bucket and not handle.masked:  # new prompts or their chunks
-            self.step_costs.eager(handle.launch_ms, busy)
+        decode = handle.bucket > 0 and not handle.mixed
+        kind = "graph" if decode else "mixed" if handle.replayed else "eager"
+        gap = self.idle.fetched(handle.step_id, kind, handle.samples)
+        if not handle.masked and not handle.captured:
+            self._measured(handle, kind, busy, gap)
         tokens = slot.host_tokens[: handle.samples].tolist()
         logprobs = slot.host_logprobs[: handle.samples].tolist() if handle.want_logprobs else None
         return StepResult(handle.step_id, tokens, logprobs)
+
+    def _measured(self, handle: CudaHandle, kind: str, busy_ms: float, gap_ms: float) -> None:
+        """What a step cost, for the price of new rows (admission.py) and the mixed graphs' choice."""
+        if kind == "mixed":
+            self.step_costs.mixed(busy_ms + gap_ms)
+            self.mixed.replayed(handle.bucket, busy_ms)
+        elif kind == "eager":  # new prompts or their chunks
+            self.step_costs.eager(handle.launch_ms, busy_ms)
+            if handle.mixed:  # a token bucket's use before its capture: is it bound by the launch?
+                self.mixed.ran_eager(handle.bucket, handle.launch_ms, busy_ms)
+        elif handle.replayed:
+            self.step_costs.graph(busy_ms + gap_ms)
 
     def _wait(self, work: torch.cuda.Event | torch.cuda.Stream) -> None:
         if work.query():  # done (the usual case): synchronize would give up the GIL for nothing
@@ -217,11 +234,26 @@ class CudaRunner:
             self.check_alive()
             time.sleep(20e-6)
 
-    def _bucket(self, inputs: StepInputs) -> int:
-        if not self.buckets or not inputs.decode_only:
-            return 0
-        i = bisect.bisect_left(self.buckets, len(inputs.seq_lens))
-        return self.buckets[i] if i < len(self.buckets) else 0
+    def _bucket(self, inputs: StepInputs) -> tuple[int, str]:
+        """(graph bucket, part): decode rows; else tokens of a step with new prompts (0: eager)."""
+        part = "logits" if inputs.masked else "step"
+        if inputs.decode_only:
+            i = bisect.bisect_left(self.buckets, len(inputs.seq_lens))
+            return (self.buckets[i] if i < len(self.buckets) else 0), part
+        mixed = 0 if inputs.masked else self.mixed.bucket(inputs.num_tokens)  # masked: decode graphs only
+        return (mixed, "mixed") if mixed else (0, part)
+
+    @staticmethod
+    def _own_shape(inputs: StepInputs) -> Shape:
+        return Shape(inputs.num_tokens, len(inputs.seq_lens), len(inputs.logits_indices))
+
+    def _padded(self, bucket: int, part: str) -> Shape:
+        """A graph's shape: ``bucket`` decode rows, or ``bucket`` tokens of a step with new prompts."""
+        return mixed_shape(bucket, self.slots[0].max_seqs) if part == "mixed" else decode_shape(bucket)
+
+    def _bounds(self, bucket: int, part: str) -> tuple[int, int]:
+        """(max query length, max sequence length) a graph is captured with."""
+        return (bucket if part == "mixed" else 1), self.max_model_len
 
     def _copy_inputs(self, slot: Slot, nbytes: int) -> None:
         """The step's packed inputs in one copy (cuda_slots.py)."""
@@ -242,8 +274,9 @@ class CudaRunner:
 
     def _run(self, part: str, slot_id: int, shape: Shape, flags: tuple[bool, bool], bounds: tuple[int, int]):
         """A step's device work from the slot's buffers into its output buffers (no host sync). part:
-        "step" = forward + sampling; a masked step's "logits" = the forward into the logits buffer, then
-        its "sample" = sampling those logits under the slot's token masks."""
+        "step" (or "mixed": new prompts, padded to a token bucket) = forward + sampling; a masked step's
+        "logits" = the forward into the logits buffer, then its "sample" = sampling those logits under the
+        slot's token masks."""
         slot, samples = self.slots[slot_id], shape.samples
         mask = None
         if part == "sample":
@@ -272,90 +305,3 @@ class CudaRunner:
         )  # fmt: skip
         ids = apply_carry_over(dev["input_ids"], dev["carry_rows"], other.out_tokens)
         return self.forward(ids, dev["positions"], dev["logits_indices"], ctx)
-
-    @property
-    def _graph_bounds(self) -> tuple[int, int]:
-        """(max query length, max sequence length) a decode graph is captured with."""
-        return 1, self.max_model_len
-
-    def _graph(
-        self, slot_id: int, bucket: int, part: str, any_sampling: bool, want_logprobs: bool
-    ) -> torch.cuda.CUDAGraph | None:
-        """This decode key's graph, captured on its first use after ``capture_after`` eager ones
-        (None until then: the caller runs the part eagerly)."""
-        key = _key(slot_id, bucket, part, any_sampling, want_logprobs)
-        graph = self.graphs.get(key)
-        if graph is None:
-            uses = self._eager_uses[key] = self._eager_uses.get(key, 0) + 1
-            if uses > self.capture_after:
-                self._room_for_capture()
-                graph = self.graphs[key] = self._capture(slot_id, bucket, part, key[3:])
-        return graph
-
-    def _room_for_capture(self) -> None:
-        """A capture cannot hand the allocator's cached blocks back to the driver (no cudaFree while
-        capturing): mid-run, after prefills filled that cache, release it first when the device is
-        nearly full, or the graph's pool could fail where an up-front capture fits."""
-        free, _ = torch.cuda.mem_get_info(self.device)
-        if free < CAPTURE_ROOM:
-            torch.cuda.empty_cache()
-
-    def _capture(
-        self, slot_id: int, bucket: int, part: str, flags: tuple[bool, bool]
-    ) -> torch.cuda.CUDAGraph:
-        """Capture one part of a decode step of ``bucket`` sequences; replays read whatever the slot
-        buffers hold."""
-        shape, bounds = Shape(bucket, bucket, bucket), self._graph_bounds
-        with torch.cuda.stream(self.compute):
-            # Warm-up runs (JIT compiles, allocator settles) happen eagerly, outside the capture, on
-            # all-padding inputs: stale inputs of an earlier step would rewrite its KV slots. A sampling
-            # part is captured between its step's two parts: it writes no KV, and its inputs are live.
-            self.compute.wait_stream(torch.cuda.current_stream(self.device))
-            self.compute.wait_stream(self.h2d)
-            self.compute.wait_event(self.slots[slot_id].d2h_done)  # its last tokens were copied out
-            if part != "sample":
-                reset_inputs(self.slots[slot_id].views(shape))
-            for _ in range(2):
-                self._run(part, slot_id, shape, flags, bounds)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool, stream=self.compute):
-                self._run(part, slot_id, shape, flags, bounds)
-        self._wait(self.compute)
-        return graph
-
-    @torch.inference_mode()
-    def capture_all(
-        self, any_sampling: bool = False, want_logprobs: bool = False, progress: bool = True,
-        mask_width: int | None = None,
-    ) -> None:  # fmt: skip
-        """Capture every (slot, bucket) decode graph of one sampling variant up front (those already
-        captured are kept); with ``mask_width``, the two parts of masked steps instead. The first call
-        records what the graphs cost in memory."""
-        from tqdm import tqdm
-
-        parts = ("logits", "sample") if mask_width else ("step",)
-        if mask_width:
-            for slot in self.slots:
-                slot.mask_buffers(mask_width)
-        keys = [(s, b, p) for p in parts for s in range(len(self.slots)) for b in reversed(self.buckets)]
-        keys = [k for k in keys if _key(*k, any_sampling, want_logprobs) not in self.graphs]
-        first = not self.graph_memory
-        # Capturing empties the allocator's cache first: do it now, or blocks freed earlier (weights
-        # replaced by merged copies, say) would vanish from the baseline and make the cost negative.
-        torch.cuda.empty_cache()
-        base = torch.cuda.memory_reserved(self.device)
-        for slot_id, bucket, part in tqdm(
-            keys, desc="capturing CUDA graphs", disable=not progress, leave=False
-        ):
-            key = _key(slot_id, bucket, part, any_sampling, want_logprobs)
-            self.graphs[key] = self._capture(slot_id, bucket, part, key[3:])
-            if first and slot_id == 0 and bucket == self.buckets[0]:
-                self.graph_memory["one_slot"] = torch.cuda.memory_reserved(self.device) - base
-        if first:
-            self.graph_memory["all_slots"] = torch.cuda.memory_reserved(self.device) - base
-
-
-def _key(slot_id: int, bucket: int, part: str, any_sampling: bool, want_logprobs: bool) -> tuple:
-    """A graph's key: a masked step's forward ("logits") is the same whatever its sampling variant."""
-    flags = (False, False) if part == "logits" else (any_sampling, want_logprobs)
-    return (slot_id, bucket, part, *flags)

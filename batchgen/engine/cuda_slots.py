@@ -3,8 +3,10 @@ events that guard their reuse (cuda_runner.py says how they are ordered).
 
 A step's inputs travel as one packed buffer: every field is a typed view into one pinned byte buffer,
 laid out for the step's shape (rows of each kind), and one copy moves the used bytes to the same layout
-in the slot's device byte buffer (issue 12: a copy per field cost ~10 us of host time each). A decode
-graph is captured on the views of its bucket's layout, so a replay finds its inputs where it reads them.
+in the slot's device byte buffer (issue 12: a copy per field cost ~10 us of host time each). A graph is
+captured on the views of its bucket's layout (``decode_shape``, ``mixed_shape``), so a replay finds its
+inputs where it reads them; a layout is a pure function of the shape, so views made again after being
+forgotten point at the same bytes.
 """
 
 from __future__ import annotations
@@ -23,12 +25,24 @@ SEQ_FIELDS = ("cu_seqlens_q", "seq_lens", "block_tables")  # [B + 1], [B], [B, m
 FIELDS = ("block_tables",) + TOKEN_FIELDS + SAMPLE_FIELDS + ("cu_seqlens_q", "seq_lens")  # packed order
 DTYPES = {"temperature": torch.float32, "top_p": torch.float32} | {n: torch.int32 for n in SEQ_FIELDS}
 _ALIGN = 64  # bytes: each field of the packed buffer starts on a cache line
-_KEPT_LAYOUTS = 256  # views kept per slot: decode shapes, then recent eager (prefill) shapes
+_KEPT_LAYOUTS = 256  # views kept per slot: decode shapes, then recent others (remade when needed)
 
 
 def decode_buckets(max_num_seqs: int) -> list[int]:
     sizes = [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512]
     return sorted({s for s in sizes if s < max_num_seqs} | {max_num_seqs})
+
+
+def decode_shape(rows: int) -> Shape:
+    """A decode graph's rows: one token, one sequence and one sample each."""
+    return Shape(rows, rows, rows)
+
+
+def mixed_shape(tokens: int, max_seqs: int) -> Shape:
+    """A step with new prompts padded to a token bucket (engine/mixed_graphs.py): every sequence has a
+    token in the step, and at most one sample, so no more sequence or sample rows than tokens."""
+    rows = min(tokens, max_seqs)
+    return Shape(tokens, rows, rows)
 
 
 class Slot:
@@ -58,7 +72,7 @@ class Slot:
         self.max_seqs = max_seqs
 
     def views(self, shape: Shape) -> PackedViews:
-        """The host and device views of a step of this shape (kept for the shapes graphs replay)."""
+        """The host and device views of a step of this shape (kept for the decode shapes)."""
         views = self._views.get(shape)
         if views is None:
             if len(self._views) >= _KEPT_LAYOUTS:  # forget the eager (prefill) shapes, keep the decodes'

@@ -304,7 +304,7 @@ class Engine:
         result = self._fetch(handle)
         if not self.stats.first_token_time:
             self.stats.first_token_time = time.time()
-        if self._costs is not None:  # the price of an eager step, in row-steps (admission.py)
+        if self._costs is not None:  # the price of a step with new prompts, in row-steps (admission.py)
             self.scheduler.rent.price = self.scheduler.max_num_seqs * self._costs.decode_steps_per_eager
         if step.step_id in self._masked:
             t0 = time.perf_counter()

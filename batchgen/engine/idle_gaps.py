@@ -1,8 +1,10 @@
 """Where a CUDA run's compute stream sat idle between steps (issue 12: a small model's GPU waits for the
 host). Timing events on the compute stream mark each step's start and end; when the host fetches step N,
-the gap since step N-1 ended is known, and is filed under what step N was: a decode graph replay, or an
-eager step (prefill chunks: a wave of new rows). The stats file's ``engine.gpu_idle`` says whether the idle
-time is a few long waits (wave transitions) or many short ones (host jitter between decode steps).
+the gap since step N-1 ended is known, and is filed under what step N was: ``graph``, a decode step (a
+replay, or its bucket's first uses before the capture); ``eager``, a step with new prompts or their
+chunks run eagerly; ``mixed``, such a step replayed by its token bucket's graph (mixed_graphs.py).
+The stats file's ``engine.gpu_idle`` says whether the idle time is a few long waits (wave transitions)
+or many short ones (host jitter between decode steps).
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ class IdleGaps:
         make_event = make_event or (lambda: torch.cuda.Event(enable_timing=True))
         self._marks = [(make_event(), make_event()) for _ in range(RING)]
         self._last_fetched: int | None = None
-        self.idle_ms = {"graph": 0.0, "eager": 0.0}
-        self.steps = {"graph": 0, "eager": 0}
+        self.idle_ms = {"graph": 0.0, "eager": 0.0, "mixed": 0.0}
+        self.steps = {"graph": 0, "eager": 0, "mixed": 0}
         self.long_gaps = 0  # gaps over LONG_GAP_MS
         self._largest: list[tuple[float, int, str, int]] = []  # min-heap of (ms, step, kind, samples)
 
@@ -35,10 +37,9 @@ class IdleGaps:
         """After the step's last compute work (a masked step's sampling part re-marks its end)."""
         self._marks[step_id % RING][1].record(stream)
 
-    def fetched(self, step_id: int, graph: bool, samples: int) -> float:
+    def fetched(self, step_id: int, kind: str, samples: int) -> float:
         """Step ``step_id``'s tokens reached the host: its start and its predecessor's end have happened.
         Returns the idle ms before it (0 when its predecessor was not fetched just before)."""
-        kind = "graph" if graph else "eager"
         self.steps[kind] += 1
         gap = 0.0
         if self._last_fetched == step_id - 1:
@@ -56,8 +57,10 @@ class IdleGaps:
         return {
             "idle_ms_before_graph_steps": round(self.idle_ms["graph"], 1),
             "idle_ms_before_eager_steps": round(self.idle_ms["eager"], 1),
+            "idle_ms_before_mixed_steps": round(self.idle_ms["mixed"], 1),
             "graph_steps": self.steps["graph"],
             "eager_steps": self.steps["eager"],
+            "mixed_steps": self.steps["mixed"],
             f"gaps_over_{LONG_GAP_MS:g}_ms": self.long_gaps,
             "largest": [{"ms": round(ms, 2), "step": s, "kind": k, "rows": n} for ms, s, k, n in largest],
         }

@@ -260,9 +260,9 @@ class Scheduler:
 
     def _holds_back(self, step: ScheduledStep, decoding: int, budget: int) -> bool:
         """Rent or buy (admission.py): whether waiting rows stay out of this step. They join at once when
-        the step has nothing to decode or runs a prompt's chunk (it is eager anyway), or when the rows
-        the free ones could take need more than the step's token budget, each estimated by the first
-        waiting row's tokens (waiting would batch nothing)."""
+        the step has nothing to decode or runs a prompt's chunk (it costs a step with prompts anyway), or
+        when the rows the free ones could take need more than the step's token budget, each estimated by
+        the first waiting row's tokens (waiting would batch nothing)."""
         waiting = self.waiting
         if not self.rent.price or not waiting or not self._admissible(waiting[0]):
             return False

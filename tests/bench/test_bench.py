@@ -187,6 +187,13 @@ def test_whole_commands_side_by_side(tiny_llama, tmp_path):
     assert f"engine ready at {start['ready_s']:.1f} s" in run["note"]
 
 
+def test_rows_with_their_own_lengths_expect_their_sum(tiny_llama):
+    """B7s's per-row max_new_tokens: the run is checked against their sum, not rows x mean."""
+    target = commands.Target(model=tiny_llama)
+    (r,) = commands.run_command_workload("B7s", ["a", "b"], ["run"], 4, 1, 1, target, row_tokens=[3, 6])
+    assert r["output_tokens"] == r["expected_tokens"] == 9 and not failed(r), r
+
+
 def test_b7_runs_the_whole_command_on_the_gpu():
     """B7 as the issue gives it: 8192 distinct chat prompts x 256 tokens through batchgen run alone, its
     GPU-active share and host time per step read from the command's own stats file."""

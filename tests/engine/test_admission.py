@@ -43,6 +43,23 @@ def test_an_eager_step_bound_by_the_gpu_costs_nothing_and_a_bad_measure_is_bound
     assert costs.decode_steps_per_eager == MAX_PRICE_STEPS
 
 
+def test_a_graphed_step_with_new_prompts_costs_its_period_past_a_decode_step():
+    """Once steps with new prompts replay their token bucket's graph (mixed_graphs.py), their price is
+    what they last on the GPU beyond a decode step: the eager launches age out of the median."""
+    costs = StepCosts()
+    costs.graph(2.0)
+    costs.eager(800.0, 790.0)  # the first: ignored
+    costs.eager(16.0, 15.0)
+    assert costs.decode_steps_per_eager == pytest.approx(7.0)
+    for _ in range(8):
+        costs.mixed(3.0)
+    assert costs.decode_steps_per_eager == pytest.approx(0.5)
+    costs.mixed(1.5)  # a graphed step no longer than a decode step is free
+    for _ in range(8):
+        costs.mixed(1.0)
+    assert costs.decode_steps_per_eager == 0.0
+
+
 def test_rent_holds_rows_until_the_rows_left_empty_add_up_to_the_price():
     rent = Rent()
     assert not rent.holds(free_rows=3, waiting=10, eager_anyway=False)  # no price: at once

@@ -8,6 +8,7 @@ import torch
 from batchgen import LLM, GenerationRequest, SamplingParams
 from batchgen.engine.build import CAPTURE_AFTER
 from batchgen.engine.kv_cache import kv_shape
+from batchgen.engine.mixed_graphs import MixedGraphs
 from batchgen.testing.models import MOE_ARCHS
 from tests.engine.oracle import generate_greedy, make_prompts, reference_greedy
 
@@ -223,6 +224,7 @@ def test_rows_freed_a_few_at_a_time_wait_for_the_price_of_an_eager_step(tiny_mod
     for hold in (False, True):
         llm = LLM(tiny_models["llama"], dtype="float32", max_num_seqs=16)
         _capture_soon(llm)
+        llm._engine.runner.mixed = MixedGraphs([], forced=False)  # every such step eager (as under TP)
         if not hold:
             llm._engine._costs = None  # the engine never reads a price: rows join at once
         outs = {(o.index, o.sample): o.token_ids for o in llm.stream(rows)}
@@ -234,3 +236,35 @@ def test_rows_freed_a_few_at_a_time_wait_for_the_price_of_an_eager_step(tiny_mod
     assert got == want
     assert price > 0, "a tiny model's eager step is bound by its launch"
     assert eager_held < eager_at_once
+
+
+def test_steps_with_new_prompts_replay_their_token_buckets_graphs(tiny_models):
+    """Rows that end at different steps make most steps mixed (new prompts beside decodes). Padded to a
+    token bucket and every sequence row, they replay graphs: forced on every bucket, and by measure
+    (a tiny model's eager steps are bound by their launch). Tokens equal the eager engine's, greedy and
+    sampled with log-probabilities, across chunked prompts (a 64-token budget)."""
+    lengths = [3 + (7 * i) % 23 for i in range(48)]
+    prompts = [[1 + (i * j) % 97 for j in range(2 + i % 40)] for i in range(48)]
+    kinds = [GREEDY, SamplingParams(temperature=0.8, seed=1, logprobs=True, ignore_eos=True)]
+    rows = [GenerationRequest(i, p, kinds[i % 2].with_overrides(max_new_tokens=n))
+            for i, (p, n) in enumerate(zip(prompts, lengths, strict=True))]  # fmt: skip
+    results, logprobs = {}, {}
+    for mode in ("eager", "forced", "measured"):
+        llm = LLM(tiny_models["llama"], dtype="float32", max_num_seqs=8, max_batch_tokens=64,
+                  cuda_graphs=mode != "eager")  # fmt: skip
+        runner = llm._engine.runner
+        _capture_soon(llm)
+        runner.mixed.forced = True if mode == "forced" else None
+        outs = list(llm.stream(rows))
+        results[mode] = {(o.index, o.sample): o.token_ids for o in outs}
+        logprobs[mode] = [lp for o in sorted(outs, key=lambda o: o.index) for lp in o.logprobs or []]
+        if mode != "eager":
+            mixed = {k[1] for k in runner.graphs if k[2] == "mixed"}
+            assert mixed and runner.idle.steps["mixed"] > 0, (mode, runner.mixed._runs)
+            assert max(mixed) <= 64 and not runner.mixed._eager  # launch-bound: no bucket ruled out
+        del llm
+        torch.cuda.empty_cache()
+    assert results["forced"] == results["eager"]
+    assert results["measured"] == results["eager"]
+    for mode in ("forced", "measured"):  # padded shapes may round differently in the last bits
+        assert logprobs[mode] == pytest.approx(logprobs["eager"], abs=1e-4), mode

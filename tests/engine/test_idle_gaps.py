@@ -32,16 +32,17 @@ def _run(gaps: IdleGaps, clock: _Clock, step: int, idle_before: float, busy: flo
 def test_gaps_are_filed_under_the_step_that_waited():
     clock = _Clock()
     gaps = IdleGaps(lambda: _Event(clock))
-    plan = [(0.0, True), (0.2, True), (5.0, False), (0.1, True), (1.5, True), (0.3, True), (0.0, True)]
+    plan = [(0.0, "graph"), (0.2, "graph"), (5.0, "eager"), (0.1, "graph"), (1.5, "graph"), (0.3, "mixed")]
+    plan.append((0.0, "graph"))
     for step, (idle, _) in enumerate(plan):  # one step in flight ahead, as the async engine runs
         _run(gaps, clock, step, idle, 1.0)
         if step:
             gaps.fetched(step - 1, plan[step - 1][1], 256)
-    gaps.fetched(len(plan) - 1, True, 3)
+    gaps.fetched(len(plan) - 1, "graph", 3)
     out = gaps.summary()
-    assert out["idle_ms_before_graph_steps"] == round(0.2 + 0.1 + 1.5 + 0.3, 1)
-    assert out["idle_ms_before_eager_steps"] == 5.0
-    assert (out["graph_steps"], out["eager_steps"], out["gaps_over_1_ms"]) == (6, 1, 2)
+    assert out["idle_ms_before_graph_steps"] == round(0.2 + 0.1 + 1.5, 1)
+    assert (out["idle_ms_before_eager_steps"], out["idle_ms_before_mixed_steps"]) == (5.0, 0.3)
+    assert (out["graph_steps"], out["eager_steps"], out["mixed_steps"], out["gaps_over_1_ms"]) == (5, 1, 1, 2)
     assert [g["step"] for g in out["largest"]] == [2, 4, 5, 1, 3]  # the longest first, five kept
     assert out["largest"][0] == {"ms": 5.0, "step": 2, "kind": "eager", "rows": 256}
 
@@ -52,7 +53,7 @@ def test_a_step_after_a_break_in_the_sequence_counts_no_gap():
     clock = _Clock()
     gaps = IdleGaps(lambda: _Event(clock))
     _run(gaps, clock, 0, 9.0, 1.0)
-    gaps.fetched(0, True, 1)
+    gaps.fetched(0, "graph", 1)
     _run(gaps, clock, 7, 4.0, 1.0)
-    gaps.fetched(7, True, 1)
+    gaps.fetched(7, "graph", 1)
     assert gaps.summary()["idle_ms_before_graph_steps"] == 0.0

@@ -1,0 +1,119 @@
+"""Capturing the CUDA runner's graphs (engine/cuda_runner.py): on demand after a key's eager uses, or
+all decode graphs up front (tensor parallelism, the bench).
+
+A graph's key is (slot, bucket, part, any_sampling, want_logprobs): part "step" is a decode step of
+``bucket`` rows, "mixed" a step with new prompts padded to ``bucket`` tokens (mixed_graphs.py), "logits"
+and "sample" a masked step's two parts. Replays read whatever the slot's buffers hold, at the layout of
+the key's shape, so a graph serves every step of its key.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from batchgen.engine.cuda_slots import reset_inputs
+
+# Device bytes free below which a mid-run capture first empties the allocator's cache: a graph's pool
+# holds a step's transient tensors (a mixed step of 8192 tokens, or sampling over a 150k vocabulary for
+# 512 rows: ~1-2 GB), and a capture cannot reuse or release the cached blocks of the default pool.
+CAPTURE_ROOM = 4 << 30
+
+
+class GraphCaptures:
+    """The capture half of ``CudaRunner`` (a mixin): it reads the runner's ``graphs``, ``_eager_uses``,
+    ``capture_after``, ``mixed``, ``pool``, streams, ``slots``, ``buckets`` and ``graph_memory``, and its
+    ``_padded``, ``_bounds``, ``_run`` and ``_wait``."""
+
+    def _graph(
+        self, slot_id: int, bucket: int, part: str, any_sampling: bool, want_logprobs: bool
+    ) -> torch.cuda.CUDAGraph | None:
+        """This key's graph, captured on its first use after ``capture_after`` eager ones, and for a
+        token bucket once its eager runs showed a launch-bound step (None until then: the caller runs
+        the part eagerly)."""
+        key = _key(slot_id, bucket, part, any_sampling, want_logprobs)
+        graph = self.graphs.get(key)
+        if graph is None:
+            uses = self._eager_uses[key] = self._eager_uses.get(key, 0) + 1
+            if uses > self.capture_after and (part != "mixed" or self.mixed.may_capture(bucket)):
+                self._room_for_capture()
+                graph = self.graphs[key] = self._capture(slot_id, bucket, part, key[3:], warm=uses == 1)
+        return graph
+
+    def _room_for_capture(self) -> None:
+        """A capture cannot hand the allocator's cached blocks back to the driver (no cudaFree while
+        capturing): mid-run, after prefills filled that cache, release it first when the device is
+        nearly full, or the graph's pool could fail where an up-front capture fits."""
+        free, _ = torch.cuda.mem_get_info(self.device)
+        if free < CAPTURE_ROOM:
+            torch.cuda.empty_cache()
+
+    def _capture(
+        self, slot_id: int, bucket: int, part: str, flags: tuple[bool, bool], warm: bool = True
+    ) -> torch.cuda.CUDAGraph:
+        """Capture one part of a step of ``bucket`` (``_padded``); replays read whatever the slot
+        buffers hold. ``warm``: nothing ran this key yet (up front, or a first use)."""
+        shape, bounds = self._padded(bucket, part), self._bounds(bucket, part)
+        graph, run = torch.cuda.CUDAGraph(), (part, slot_id, shape, flags, bounds)
+        with torch.cuda.stream(self.compute):
+            if not warm:
+                # After the key's eager runs (kernels compiled, cuBLAS's workspace made) a capture only
+                # records: no device sync, no emptied allocator cache (``torch.cuda.graph`` does both:
+                # the next eager steps would pay cudaMalloc again), and the queued steps keep the GPU
+                # busy meanwhile. Thread-local: only this thread's calls are checked against the capture.
+                graph.capture_begin(pool=self.pool, capture_error_mode="thread_local")
+                try:
+                    self._run(*run)
+                finally:
+                    graph.capture_end()
+                return graph
+            # Warm-up runs (JIT compiles, allocator settles) happen eagerly, outside the capture, on
+            # all-padding inputs: stale inputs of an earlier step would rewrite its KV slots. A sampling
+            # part is captured between its step's two parts: it writes no KV, and its inputs are live.
+            self.compute.wait_stream(torch.cuda.current_stream(self.device))
+            self.compute.wait_stream(self.h2d)
+            self.compute.wait_event(self.slots[slot_id].d2h_done)  # its last tokens were copied out
+            if part != "sample":
+                reset_inputs(self.slots[slot_id].views(shape))
+            for _ in range(2):
+                self._run(*run)
+            with torch.cuda.graph(graph, pool=self.pool, stream=self.compute):
+                self._run(*run)
+        self._wait(self.compute)  # the reset and warm-up runs are done before the step's inputs land
+        return graph
+
+    @torch.inference_mode()
+    def capture_all(
+        self, any_sampling: bool = False, want_logprobs: bool = False, progress: bool = True,
+        mask_width: int | None = None,
+    ) -> None:  # fmt: skip
+        """Capture every (slot, bucket) decode graph of one sampling variant up front (those already
+        captured are kept); with ``mask_width``, the two parts of masked steps instead. The first call
+        records what the graphs cost in memory."""
+        from tqdm import tqdm
+
+        parts = ("logits", "sample") if mask_width else ("step",)
+        if mask_width:
+            for slot in self.slots:
+                slot.mask_buffers(mask_width)
+        keys = [(s, b, p) for p in parts for s in range(len(self.slots)) for b in reversed(self.buckets)]
+        keys = [k for k in keys if _key(*k, any_sampling, want_logprobs) not in self.graphs]
+        first = not self.graph_memory
+        # Capturing empties the allocator's cache first: do it now, or blocks freed earlier (weights
+        # replaced by merged copies, say) would vanish from the baseline and make the cost negative.
+        torch.cuda.empty_cache()
+        base = torch.cuda.memory_reserved(self.device)
+        for slot_id, bucket, part in tqdm(
+            keys, desc="capturing CUDA graphs", disable=not progress, leave=False
+        ):
+            key = _key(slot_id, bucket, part, any_sampling, want_logprobs)
+            self.graphs[key] = self._capture(slot_id, bucket, part, key[3:])
+            if first and slot_id == 0 and bucket == self.buckets[0]:
+                self.graph_memory["one_slot"] = torch.cuda.memory_reserved(self.device) - base
+        if first:
+            self.graph_memory["all_slots"] = torch.cuda.memory_reserved(self.device) - base
+
+
+def _key(slot_id: int, bucket: int, part: str, any_sampling: bool, want_logprobs: bool) -> tuple:
+    """A graph's key: a masked step's forward ("logits") is the same whatever its sampling variant."""
+    flags = (False, False) if part == "logits" else (any_sampling, want_logprobs)
+    return (slot_id, bucket, part, *flags)
