@@ -171,7 +171,7 @@ class LLM:
         graphs of their sampling variant, and for a constrained one the two-part graphs of masked steps
         (docs/structured-output.md). ``capture_graphs`` None: as the runner captures (tensor parallelism
         up front, here; one GPU on demand, mid-run: cuda_runner.py); True: now (the benchmark keeps
-        captures out of its timed runs)."""
+        decode captures out of its timed runs; steps with new prompts are graphed on demand only)."""
         runner = self._engine.runner
         if capture_graphs is None:
             capture_graphs = not getattr(runner, "capture_after", 0)

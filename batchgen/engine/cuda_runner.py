@@ -1,4 +1,4 @@
-"""The asynchronous CUDA runner: three streams ordered by events, two buffer slots, decode CUDA graphs.
+"""The asynchronous CUDA runner: three streams ordered by events, two buffer slots, CUDA graphs.
 
 Step N uses slot ``N % num_slots``. Per slot: pinned host inputs -> (H2D stream) device inputs ->
 (compute stream) graph replay or eager forward + sampling -> device tokens -> (D2H stream) pinned host
@@ -11,14 +11,15 @@ Carry-over: a decode's input token produced by step N-1 is gathered on the devic
 output buffer, inside the graph. Decode-only steps replay a graph captured per (slot, batch bucket,
 sampling variant). Steps with new prompts or prefill chunks run eagerly on the compute stream, or,
 where a token bucket's eager runs were bound by their launch (small models), replay a graph of that
-bucket with the sequences padded to ``max_num_seqs`` (mixed_graphs.py). Graphs are captured on demand
-(``capture_after``): a key's first uses run eagerly at the bucket's shape and bounds, the very
-computation the graph replays, and the next use captures it (~10 ms of host time for a small model: it
-only records, the eager runs were its warm-up). A run then pays only for the buckets it uses often, and
-its first token waits for no capture (capturing all 30 greedy graphs of a small model up front took ~2 s
-of its ~7 s start-up on the H200). ``capture_after=0``
-captures on first use, and ``capture_all`` up front (tensor parallelism: every rank captures together;
-it has no mixed graphs).
+bucket (``cuda_slots.mixed_shape``: its tokens, and as many sequence rows, up to ``max_num_seqs``;
+mixed_graphs.py). Graphs are captured on demand (``capture_after``, graph_capture.py): a key's first
+uses run eagerly at the bucket's shape and bounds, the very computation the graph replays, and the next
+use captures it (~10 ms of host time for a small model: it only records, the eager runs were its
+warm-up); a token bucket's key also waits for the bucket's verdict. A run then pays only for the buckets
+it uses often, and its first token waits for no capture (capturing all 30 greedy graphs of a small model
+up front took ~2 s of its ~7 s start-up on the H200). ``capture_after=0`` captures a decode key on first
+use, and ``capture_all`` every decode key up front (tensor parallelism: every rank captures together; it
+has no mixed graphs).
 A masked step (structured output) runs as two parts on the compute stream, each a graph for decode
 steps: ``launch`` enqueues its forward into a logits buffer; ``sample`` copies the token masks the engine
 filled meanwhile (H2D stream) and enqueues the sampling behind that copy. The engine calls ``sample``
@@ -28,7 +29,6 @@ one logits buffer serves both slots.
 
 from __future__ import annotations
 
-import bisect
 import time
 from collections.abc import Callable
 from typing import NamedTuple
@@ -42,9 +42,8 @@ from batchgen.engine.cuda_slots import (
     Shape,
     Slot,
     decode_buckets,
-    decode_shape,
     fill_host,
-    mixed_shape,
+    step_layout,
 )
 from batchgen.engine.graph_capture import GraphCaptures
 from batchgen.engine.idle_gaps import IdleGaps
@@ -122,8 +121,9 @@ class CudaRunner(GraphCaptures):
         t0 = time.perf_counter()
         slot_id = inputs.step_id % len(self.slots)
         slot = self.slots[slot_id]
-        bucket, part = self._bucket(inputs)
-        shape = self._padded(bucket, part) if bucket else self._own_shape(inputs)
+        bucket, part, shape, bounds = step_layout(
+            inputs, self.buckets, self.mixed.bucket, self.slots[0].max_seqs, self.max_model_len
+        )
         flags = (inputs.any_sampling, inputs.want_logprobs)
         graphs = len(self.graphs)
         graph = self._graph(slot_id, bucket, part, *flags) if bucket else None
@@ -141,7 +141,6 @@ class CudaRunner(GraphCaptures):
                 graph.replay()
                 self.replay_s += time.perf_counter() - t1
             else:  # a bucket not captured yet runs as its graph would (same shape and bounds)
-                bounds = self._bounds(bucket, part) if bucket else (inputs.max_q_len, inputs.max_seq_len)
                 self._run(part, slot_id, shape, flags, bounds)
             (slot.logits_done if inputs.masked else slot.compute_done).record(self.compute)
             self.idle.end(inputs.step_id, self.compute)
@@ -233,27 +232,6 @@ class CudaRunner(GraphCaptures):
         while not work.query():
             self.check_alive()
             time.sleep(20e-6)
-
-    def _bucket(self, inputs: StepInputs) -> tuple[int, str]:
-        """(graph bucket, part): decode rows; else tokens of a step with new prompts (0: eager)."""
-        part = "logits" if inputs.masked else "step"
-        if inputs.decode_only:
-            i = bisect.bisect_left(self.buckets, len(inputs.seq_lens))
-            return (self.buckets[i] if i < len(self.buckets) else 0), part
-        mixed = 0 if inputs.masked else self.mixed.bucket(inputs.num_tokens)  # masked: decode graphs only
-        return (mixed, "mixed") if mixed else (0, part)
-
-    @staticmethod
-    def _own_shape(inputs: StepInputs) -> Shape:
-        return Shape(inputs.num_tokens, len(inputs.seq_lens), len(inputs.logits_indices))
-
-    def _padded(self, bucket: int, part: str) -> Shape:
-        """A graph's shape: ``bucket`` decode rows, or ``bucket`` tokens of a step with new prompts."""
-        return mixed_shape(bucket, self.slots[0].max_seqs) if part == "mixed" else decode_shape(bucket)
-
-    def _bounds(self, bucket: int, part: str) -> tuple[int, int]:
-        """(max query length, max sequence length) a graph is captured with."""
-        return (bucket if part == "mixed" else 1), self.max_model_len
 
     def _copy_inputs(self, slot: Slot, nbytes: int) -> None:
         """The step's packed inputs in one copy (cuda_slots.py)."""

@@ -11,6 +11,8 @@ forgotten point at the same bytes.
 
 from __future__ import annotations
 
+import bisect
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -45,6 +47,43 @@ def mixed_shape(tokens: int, max_seqs: int) -> Shape:
     return Shape(tokens, rows, rows)
 
 
+class Layout(NamedTuple):
+    """How the CUDA runner lays a step out: ``bucket`` > 0 pads it to a graph's shape (``part`` names
+    the graph: "step" a decode, "mixed" new prompts, "logits" a masked decode's forward); 0 runs it at
+    its own shape. ``bounds``: (max query length, max sequence length) its kernels are launched for."""
+
+    bucket: int
+    part: str
+    shape: Shape
+    bounds: tuple[int, int]
+
+
+def graph_layout(bucket: int, part: str, max_seqs: int, max_model_len: int) -> Layout:
+    """A graph's shape and bounds: the same for its eager uses, its capture and every replay."""
+    if part == "mixed":
+        return Layout(bucket, part, mixed_shape(bucket, max_seqs), (bucket, max_model_len))
+    return Layout(bucket, part, decode_shape(bucket), (1, max_model_len))
+
+
+def step_layout(
+    inputs: StepInputs, decode_buckets: list[int], mixed_bucket: Callable[[int], int], max_seqs: int,
+    max_model_len: int,
+) -> Layout:  # fmt: skip
+    """A decode pads to its row bucket; a step with new prompts to the token bucket ``mixed_bucket``
+    gives (0: eager at its own shape); a masked step with new prompts runs at its own shape."""
+    part = "logits" if inputs.masked else "step"
+    if inputs.decode_only:
+        i = bisect.bisect_left(decode_buckets, len(inputs.seq_lens))
+        bucket = decode_buckets[i] if i < len(decode_buckets) else 0
+    else:
+        bucket = 0 if inputs.masked else mixed_bucket(inputs.num_tokens)
+        part = "mixed" if bucket else part
+    if bucket:
+        return graph_layout(bucket, part, max_seqs, max_model_len)
+    shape = Shape(inputs.num_tokens, len(inputs.seq_lens), len(inputs.logits_indices))
+    return Layout(0, part, shape, (inputs.max_q_len, inputs.max_seq_len))
+
+
 class Slot:
     """Pinned host and device buffers of one slot, and the events that guard their reuse."""
 
@@ -75,7 +114,7 @@ class Slot:
         """The host and device views of a step of this shape (kept for the decode shapes)."""
         views = self._views.get(shape)
         if views is None:
-            if len(self._views) >= _KEPT_LAYOUTS:  # forget the eager (prefill) shapes, keep the decodes'
+            if len(self._views) >= _KEPT_LAYOUTS:  # keep the decode shapes; the others are made again
                 self._views = {k: v for k, v in self._views.items() if k.tokens == k.seqs == k.samples}
             views = self._views[shape] = packed_views(self.host_bytes, self.dev_bytes, shape, self.max_blocks)
         return views

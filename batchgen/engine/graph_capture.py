@@ -9,50 +9,55 @@ the key's shape, so a graph serves every step of its key.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
-from batchgen.engine.cuda_slots import reset_inputs
+from batchgen.engine.cuda_slots import graph_layout, reset_inputs
 
-# Device bytes free below which a mid-run capture first empties the allocator's cache: a graph's pool
-# holds a step's transient tensors (a mixed step of 8192 tokens, or sampling over a 150k vocabulary for
-# 512 rows: ~1-2 GB), and a capture cannot reuse or release the cached blocks of the default pool.
-CAPTURE_ROOM = 4 << 30
+# Device bytes free below which a mid-run capture first empties the allocator's cache (a capture cannot
+# reuse or release the cached blocks of the default pool): 1 GiB for a decode graph (sampling over a
+# 150k vocabulary for 512 rows takes ~1 GB), and per 2048 tokens of a mixed graph (its activations).
+CAPTURE_ROOM = 1 << 30
+ROOM_TOKENS = 2048
 
 
 class GraphCaptures:
     """The capture half of ``CudaRunner`` (a mixin): it reads the runner's ``graphs``, ``_eager_uses``,
-    ``capture_after``, ``mixed``, ``pool``, streams, ``slots``, ``buckets`` and ``graph_memory``, and its
-    ``_padded``, ``_bounds``, ``_run`` and ``_wait``."""
+    ``capture_after``, ``mixed``, ``pool``, ``device``, streams, ``slots``, ``buckets``, ``max_model_len``
+    and ``graph_memory``, and calls its ``_run`` and ``_wait``."""
 
     def _graph(
         self, slot_id: int, bucket: int, part: str, any_sampling: bool, want_logprobs: bool
     ) -> torch.cuda.CUDAGraph | None:
-        """This key's graph, captured on its first use after ``capture_after`` eager ones, and for a
-        token bucket once its eager runs showed a launch-bound step (None until then: the caller runs
-        the part eagerly)."""
+        """This key's graph, captured on its first use after ``capture_after`` eager ones; a token
+        bucket's ("mixed") also waits until its eager runs showed a launch-bound step (None until then:
+        the caller runs the part eagerly)."""
         key = _key(slot_id, bucket, part, any_sampling, want_logprobs)
         graph = self.graphs.get(key)
         if graph is None:
             uses = self._eager_uses[key] = self._eager_uses.get(key, 0) + 1
             if uses > self.capture_after and (part != "mixed" or self.mixed.may_capture(bucket)):
-                self._room_for_capture()
+                self._room_for_capture(bucket if part == "mixed" else 0)
                 graph = self.graphs[key] = self._capture(slot_id, bucket, part, key[3:], warm=uses == 1)
         return graph
 
-    def _room_for_capture(self) -> None:
+    def _room_for_capture(self, tokens: int) -> None:
         """A capture cannot hand the allocator's cached blocks back to the driver (no cudaFree while
         capturing): mid-run, after prefills filled that cache, release it first when the device is
-        nearly full, or the graph's pool could fail where an up-front capture fits."""
+        nearly full, or the graph's pool could fail where an up-front capture fits. ``tokens``: a mixed
+        graph's bucket (0 for a decode graph)."""
         free, _ = torch.cuda.mem_get_info(self.device)
-        if free < CAPTURE_ROOM:
+        if free < CAPTURE_ROOM * max(1, -(-tokens // ROOM_TOKENS)):
             torch.cuda.empty_cache()
 
     def _capture(
         self, slot_id: int, bucket: int, part: str, flags: tuple[bool, bool], warm: bool = True
     ) -> torch.cuda.CUDAGraph:
-        """Capture one part of a step of ``bucket`` (``_padded``); replays read whatever the slot
-        buffers hold. ``warm``: nothing ran this key yet (up front, or a first use)."""
-        shape, bounds = self._padded(bucket, part), self._bounds(bucket, part)
+        """Capture one part of a step of ``bucket`` (``cuda_slots.graph_layout``); replays read whatever
+        the slot buffers hold. ``warm`` (``capture_all``, a first use): run it twice first, as if nothing
+        ran this key's shape yet."""
+        _, _, shape, bounds = graph_layout(bucket, part, self.slots[0].max_seqs, self.max_model_len)
         graph, run = torch.cuda.CUDAGraph(), (part, slot_id, shape, flags, bounds)
         with torch.cuda.stream(self.compute):
             if not warm:
@@ -63,8 +68,11 @@ class GraphCaptures:
                 graph.capture_begin(pool=self.pool, capture_error_mode="thread_local")
                 try:
                     self._run(*run)
-                finally:
-                    graph.capture_end()
+                except BaseException:
+                    with contextlib.suppress(Exception):  # the capture's own error would hide the cause
+                        graph.capture_end()
+                    raise
+                graph.capture_end()
                 return graph
             # Warm-up runs (JIT compiles, allocator settles) happen eagerly, outside the capture, on
             # all-padding inputs: stale inputs of an earlier step would rewrite its KV slots. A sampling
@@ -98,8 +106,9 @@ class GraphCaptures:
         keys = [(s, b, p) for p in parts for s in range(len(self.slots)) for b in reversed(self.buckets)]
         keys = [k for k in keys if _key(*k, any_sampling, want_logprobs) not in self.graphs]
         first = not self.graph_memory
-        # Capturing empties the allocator's cache first: do it now, or blocks freed earlier (weights
-        # replaced by merged copies, say) would vanish from the baseline and make the cost negative.
+        # A warm capture empties the allocator's cache first (``torch.cuda.graph``): do it now, or blocks
+        # freed earlier (weights replaced by merged copies, say) would vanish from the baseline and make
+        # the cost negative.
         torch.cuda.empty_cache()
         base = torch.cuda.memory_reserved(self.device)
         for slot_id, bucket, part in tqdm(

@@ -54,18 +54,22 @@ class MixedGraphs:
 
     def bucket(self, num_tokens: int) -> int:
         """The token bucket a step of ``num_tokens`` pads to; 0: it runs eagerly at its own shape."""
+        if self.forced is False:
+            return 0
         i = bisect.bisect_left(self.buckets, num_tokens)
         if i == len(self.buckets) or self.buckets[i] in self._eager:
             return 0
         return self.buckets[i]
 
     def may_capture(self, bucket: int) -> bool:
-        return bool(self.forced) or bucket in self._graphed
+        return self.forced is True or (self.forced is None and bucket in self._graphed)
 
     def ran_eager(self, bucket: int, launch_ms: float, busy_ms: float) -> None:
         runs = self._runs.setdefault(bucket, [])
+        if self.forced is not None or len(runs) >= MIN_RUNS:  # judged (or never): nothing to keep
+            return
         runs.append((launch_ms, busy_ms))
-        if self.forced or len(runs) != MIN_RUNS:
+        if len(runs) < MIN_RUNS:
             return
         bound_by_launch = statistics.median(busy / max(launch, 1e-6) for launch, busy in runs) <= HOST_BOUND
         (self._graphed if bound_by_launch else self._eager).add(bucket)
@@ -73,8 +77,10 @@ class MixedGraphs:
     def replayed(self, bucket: int, busy_ms: float) -> None:
         """A replay's GPU time: no faster than the eager runs' means the graph only added padding."""
         replays = self._replays.setdefault(bucket, [])
+        if self.forced is not None or len(replays) >= MIN_RUNS or bucket not in self._runs:
+            return
         replays.append(busy_ms)
-        if self.forced or len(replays) != MIN_RUNS or bucket not in self._runs:
+        if len(replays) < MIN_RUNS:
             return
         eager_busy = statistics.median(busy for _, busy in self._runs[bucket])
         if statistics.median(replays) > NO_GAIN * eager_busy:

@@ -155,7 +155,8 @@ def test_decode_graphs_are_captured_on_demand(tiny_models):
     assert want[True] == want[False]
     assert runner.graphs, runner._eager_uses
     for key, uses in runner._eager_uses.items():  # the uses that ran eagerly, then the capture
-        assert (key in runner.graphs) == (uses > 3), (key, uses)
+        if key[2] != "mixed":  # a token bucket's graph also waits for its verdict (mixed_graphs.py)
+            assert (key in runner.graphs) == (uses > 3), (key, uses)
     assert {k[3:] for k in runner.graphs} == {(False, False), (True, True)}  # greedy; sampled + logprobs
 
 

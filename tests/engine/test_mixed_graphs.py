@@ -47,6 +47,10 @@ def test_a_graph_no_faster_on_the_gpu_than_its_eager_runs_goes_back_to_eager():
         graphs.replayed(1024, 17.0)  # the GPU was the bound all along
     assert graphs.may_capture(384) and graphs.bucket(300) == 384
     assert not graphs.may_capture(1024) and graphs.bucket(1000) == 0
+    for _ in range(100):  # judged: a long run's steps are not all kept
+        graphs.ran_eager(384, 20.0, 18.0)
+        graphs.replayed(384, 2.5)
+    assert len(graphs._runs[384]) == len(graphs._replays[384]) == MIN_RUNS
 
 
 def test_forced_on_graphs_every_bucket_forced_off_none():
@@ -56,3 +60,5 @@ def test_forced_on_graphs_every_bucket_forced_off_none():
     assert forced.may_capture(32) and forced.bucket(30) == 32
     off = MixedGraphs(token_buckets(64), forced=False)  # tensor parallelism
     assert off.bucket(30) == 0
+    forced.forced = False  # switched off after construction (a test's runner): off as well
+    assert forced.bucket(30) == 0 and not forced.may_capture(32)

@@ -6,8 +6,6 @@ are dropped). On the CPU, through the engine's own forward; the GPU replays thes
 
 from __future__ import annotations
 
-import bisect
-
 import numpy as np
 import pytest
 import torch
@@ -44,19 +42,17 @@ class PaddedRunner(EagerRunner):
         return out
 
     def _pad(self, inputs: StepInputs) -> StepInputs:
-        """The CUDA runner's choice of layout and bounds (cuda_runner._bucket, _padded, _bounds)."""
-        if inputs.decode_only:
-            buckets = cuda_slots.decode_buckets(MAX_SEQS)
-            rows = buckets[bisect.bisect_left(buckets, len(inputs.seq_lens))]
-            shape, max_q_len, kind = cuda_slots.decode_shape(rows), 1, "decode"
-        else:
-            tokens = self.mixed.bucket(inputs.num_tokens)
-            shape, max_q_len, kind = cuda_slots.mixed_shape(tokens, MAX_SEQS), tokens, "mixed"
+        """The CUDA runner's layout and bounds (``cuda_slots.step_layout``), every bucket graphed."""
+        decode_buckets = cuda_slots.decode_buckets(MAX_SEQS)
+        _, part, shape, (max_q_len, max_seq_len) = cuda_slots.step_layout(
+            inputs, decode_buckets, self.mixed.bucket, MAX_SEQS, self.max_model_len
+        )
+        kind = "mixed" if part == "mixed" else "decode"
         self.padded[kind] += shape.tokens > inputs.num_tokens or shape.seqs > len(inputs.seq_lens)
         views = cuda_slots.packed_views(self._host, self._host, shape, self.max_blocks)
         cuda_slots.fill_host(views.host, inputs)
         arrays = {name: np.array(view) for name, view in views.host.items()}
-        return inputs._replace(**arrays, max_q_len=max_q_len, max_seq_len=self.max_model_len)
+        return inputs._replace(**arrays, max_q_len=max_q_len, max_seq_len=max_seq_len)
 
 
 def test_padded_steps_give_the_unpadded_steps_tokens(tiny_llama):
