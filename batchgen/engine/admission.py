@@ -36,7 +36,7 @@ class StepCosts:
     """What a CUDA runner's steps cost: host launch time and GPU time of its eager steps, and the period
     of its graph steps on the GPU (busy + the idle gap before: when the host is slower than the replay,
     a step lasts as long as the host takes), decode steps apart from those with new prompts.
-    ``decode_steps_per_eager`` is the price of a step with new prompts, in decode steps."""
+    ``decode_steps_per_join`` is the price of a step with new prompts, in decode steps."""
 
     def __init__(self) -> None:
         self._joins: deque[float] = deque(maxlen=WINDOW)  # ms a step with new prompts set; 0: free
@@ -44,7 +44,7 @@ class StepCosts:
         self._graph_steps = 0
         self._decode_ms = 0.0
         self._first_eager = True
-        self.decode_steps_per_eager = 0.0  # 0 until both kinds were measured
+        self.decode_steps_per_join = 0.0  # 0 until both kinds were measured
 
     def eager(self, launch_ms: float, busy_ms: float) -> None:
         if self._first_eager:  # a process's first eager step pays Triton's start (~0.3-0.8 s): not a cost
@@ -71,7 +71,7 @@ class StepCosts:
         if not self._joins or not self._decode_ms:
             return
         extra = statistics.median(max(0.0, ms - self._decode_ms) / self._decode_ms for ms in self._joins)
-        self.decode_steps_per_eager = min(extra, MAX_PRICE_STEPS)
+        self.decode_steps_per_join = min(extra, MAX_PRICE_STEPS)
 
 
 class Rent:
@@ -81,10 +81,10 @@ class Rent:
         self.price = 0.0  # row-steps a step with new prompts costs; 0: admit at once
         self.paid = 0.0
 
-    def holds(self, free_rows: int, waiting: int, eager_anyway: bool) -> bool:
+    def holds(self, free_rows: int, waiting: int, joins_anyway: bool) -> bool:
         """Whether a step that decodes keeps ``waiting`` rows waiting; if so they pay for the free rows
         they leave idle."""
-        if eager_anyway or not waiting or self.paid >= self.price:
+        if joins_anyway or not waiting or self.paid >= self.price:
             return False
         self.paid += min(free_rows, waiting)
         return True

@@ -305,7 +305,7 @@ class Engine:
         if not self.stats.first_token_time:
             self.stats.first_token_time = time.time()
         if self._costs is not None:  # the price of a step with new prompts, in row-steps (admission.py)
-            self.scheduler.rent.price = self.scheduler.max_num_seqs * self._costs.decode_steps_per_eager
+            self.scheduler.rent.price = self.scheduler.max_num_seqs * self._costs.decode_steps_per_join
         if step.step_id in self._masked:
             t0 = time.perf_counter()
             self._masked.discard(step.step_id)

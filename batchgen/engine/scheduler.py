@@ -268,8 +268,8 @@ class Scheduler:
             return False
         free = self.max_num_seqs - step.num_seqs
         takes = min(free, len(waiting))
-        eager_anyway = not decoding or step.num_seqs > decoding or takes * waiting[0].remaining >= budget
-        return self.rent.holds(free, len(waiting), eager_anyway)
+        joins_anyway = not decoding or step.num_seqs > decoding or takes * waiting[0].remaining >= budget
+        return self.rent.holds(free, len(waiting), joins_anyway)
 
     def _admit(self, step: ScheduledStep, budget: int) -> int:
         """Start waiting requests while they fit; returns how many started."""

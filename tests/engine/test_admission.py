@@ -18,16 +18,16 @@ def test_an_eager_step_bound_by_its_launch_costs_its_launch_in_decode_steps():
     costs = StepCosts()
     costs.graph(2.0)
     costs.eager(800.0, 790.0)  # a process's first eager step (Triton's start): ignored
-    assert costs.decode_steps_per_eager == 0.0
+    assert costs.decode_steps_per_join == 0.0
     costs.eager(16.0, 15.0)  # host-bound: the GPU waited for the launch
-    assert costs.decode_steps_per_eager == pytest.approx((16.0 - 2.0) / 2.0)
+    assert costs.decode_steps_per_join == pytest.approx((16.0 - 2.0) / 2.0)
     costs.eager(90.0, 89.0)  # a slow launch (a new kernel variant, host jitter)...
     costs.eager(16.0, 15.0)
-    assert costs.decode_steps_per_eager == pytest.approx(7.0)  # ...moves the median of three no further
+    assert costs.decode_steps_per_join == pytest.approx(7.0)  # ...moves the median of three no further
     for _ in range(DECODE_WINDOW):
         costs.graph(4.0)  # the decode step's period follows the graph steps...
     costs.graph(60.0)  # ...and a long pause before one (a wave, a capture) is an outlier
-    assert costs.decode_steps_per_eager == pytest.approx((16.0 - 4.0) / 4.0)
+    assert costs.decode_steps_per_join == pytest.approx((16.0 - 4.0) / 4.0)
 
 
 def test_an_eager_step_bound_by_the_gpu_costs_nothing_and_a_bad_measure_is_bounded():
@@ -35,12 +35,12 @@ def test_an_eager_step_bound_by_the_gpu_costs_nothing_and_a_bad_measure_is_bound
     costs.graph(8.0)
     costs.eager(900.0, 900.0)  # the first: ignored
     costs.eager(15.0, 60.0)  # a large model: the launch hid behind 60 ms of work
-    assert costs.decode_steps_per_eager == 0.0
+    assert costs.decode_steps_per_join == 0.0
     costs = StepCosts()
     costs.graph(0.01)
     costs.eager(900.0, 900.0)
     costs.eager(500.0, 500.0)
-    assert costs.decode_steps_per_eager == MAX_PRICE_STEPS
+    assert costs.decode_steps_per_join == MAX_PRICE_STEPS
 
 
 def test_a_graphed_step_with_new_prompts_costs_its_period_past_a_decode_step():
@@ -50,25 +50,25 @@ def test_a_graphed_step_with_new_prompts_costs_its_period_past_a_decode_step():
     costs.graph(2.0)
     costs.eager(800.0, 790.0)  # the first: ignored
     costs.eager(16.0, 15.0)
-    assert costs.decode_steps_per_eager == pytest.approx(7.0)
+    assert costs.decode_steps_per_join == pytest.approx(7.0)
     for _ in range(8):
         costs.mixed(3.0)
-    assert costs.decode_steps_per_eager == pytest.approx(0.5)
+    assert costs.decode_steps_per_join == pytest.approx(0.5)
     costs.mixed(1.5)  # a graphed step no longer than a decode step is free
     for _ in range(8):
         costs.mixed(1.0)
-    assert costs.decode_steps_per_eager == 0.0
+    assert costs.decode_steps_per_join == 0.0
 
 
 def test_rent_holds_rows_until_the_rows_left_empty_add_up_to_the_price():
     rent = Rent()
-    assert not rent.holds(free_rows=3, waiting=10, eager_anyway=False)  # no price: at once
+    assert not rent.holds(free_rows=3, waiting=10, joins_anyway=False)  # no price: at once
     rent.price = 10.0
     assert [rent.holds(3, 10, False) for _ in range(5)] == [True, True, True, True, False]
     assert rent.paid == 12.0  # paid until rows join (``settle``)
     rent.settle()
     assert rent.holds(3, 1, False) and rent.paid == 1.0  # one row waits: one row-step of rent
-    assert not rent.holds(3, 10, eager_anyway=True)  # a chunk runs eagerly anyway
+    assert not rent.holds(3, 10, joins_anyway=True)  # a chunk makes it a step with prompts anyway
     assert not rent.holds(3, 0, False)  # nothing waits
 
 
@@ -126,7 +126,7 @@ def test_the_engine_prices_admission_from_its_runner(tiny_llama):
     def run(price_steps: float | None) -> tuple[dict, int]:
         llm = LLM(tiny_llama, max_num_seqs=6)
         if price_steps is not None:
-            llm._engine._costs = type("Measured", (), {"decode_steps_per_eager": price_steps})()
+            llm._engine._costs = type("Measured", (), {"decode_steps_per_join": price_steps})()
         scheduler = llm._engine.scheduler
         schedule, prompt_steps = scheduler.schedule, []
 

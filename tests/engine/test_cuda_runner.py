@@ -230,7 +230,7 @@ def test_rows_freed_a_few_at_a_time_wait_for_the_price_of_an_eager_step(tiny_mod
             llm._engine._costs = None  # the engine never reads a price: rows join at once
         outs = {(o.index, o.sample): o.token_ids for o in llm.stream(rows)}
         runner = llm._engine.runner
-        results[hold] = (outs, runner.idle.steps["eager"], runner.step_costs.decode_steps_per_eager)
+        results[hold] = (outs, runner.idle.steps["eager"], runner.step_costs.decode_steps_per_join)
         del llm
         torch.cuda.empty_cache()
     (want, eager_at_once, _), (got, eager_held, price) = results[False], results[True]
