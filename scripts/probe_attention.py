@@ -18,16 +18,21 @@ from batchgen.kernels.fp8_reference import FP8
 Q_HEADS, KV_HEADS, HEAD_DIM, BLOCK = 32, 8, 128, 16
 
 
-def inputs(batch: int, ctx: int, cache: str) -> tuple:
-    """Random query, K/V caches in pages shuffled over the pool, block tables, cu_seqlens, lengths."""
-    blocks = batch * ctx // BLOCK
+DEFAULT_HEADS = (Q_HEADS, KV_HEADS, HEAD_DIM)
+
+
+def inputs(batch: int, ctx: int, cache: str, heads: tuple[int, int, int] = DEFAULT_HEADS) -> tuple:
+    """Random query, K/V caches in pages shuffled over the pool, block tables, cu_seqlens, lengths.
+    heads: (query heads, KV heads, head dim)."""
+    q_heads, kv_heads, head_dim = heads
+    blocks = batch * -(-ctx // BLOCK)
     dtype = FP8 if cache == "fp8" else torch.bfloat16
-    caches = [torch.randn((blocks, BLOCK, KV_HEADS, HEAD_DIM), device="cuda").to(dtype) for _ in range(2)]
+    caches = [torch.randn((blocks, BLOCK, kv_heads, head_dim), device="cuda").to(dtype) for _ in range(2)]
     tables = torch.randperm(blocks, device="cuda", dtype=torch.int64).to(torch.int32).view(batch, -1)
-    query = torch.randn((batch, Q_HEADS, HEAD_DIM), device="cuda", dtype=torch.bfloat16)
+    query = torch.randn((batch, q_heads, head_dim), device="cuda", dtype=torch.bfloat16)
     cu = torch.arange(batch + 1, dtype=torch.int32, device="cuda")
     lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
-    return query, *caches, cu, lens, tables, HEAD_DIM**-0.5
+    return query, *caches, cu, lens, tables, head_dim**-0.5
 
 
 def main() -> None:

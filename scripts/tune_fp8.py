@@ -3,6 +3,7 @@ the Triton per-token x per-channel FP8 matmul at decode row counts, each beside 
 today (decode_attention's defaults; torch._scaled_mm). Prints one line per configuration, fastest first.
 
     PYTHONPATH=. python3 scripts/tune_fp8.py [--attention-shapes 32x4096 256x1024] [--caches fp8 bf16]
+        [--heads 9,3,64]   # query heads, KV heads, head dim (default: Llama-3-8B's 32,8,128)
 """
 
 from __future__ import annotations
@@ -16,23 +17,24 @@ from triton.testing import do_bench
 from batchgen.kernels.decode import choose_num_splits, decode_attention, num_sms
 from batchgen.kernels.fp8_gemm import triton_fp8_matmul
 from batchgen.kernels.fp8_reference import FP8, Fp8Act
-from scripts.probe_attention import HEAD_DIM, KV_HEADS, inputs
+from scripts.probe_attention import HEAD_DIM, KV_HEADS, Q_HEADS, inputs
 
 GEMMS = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 
 
-def attention(batch: int, ctx: int, cache: str, bandwidth: float) -> None:
+def attention(batch: int, ctx: int, cache: str, bandwidth: float, heads: tuple[int, int, int]) -> None:
     """Paged decode attention over tiles x warps x stages x splits, beside decode_attention's defaults.
 
     Stages matter through Triton's pipeliner: the page lookup and the K/V tile it addresses form a chain
     of two loads, so ``num_stages = s`` keeps (s - 1) // 2 K/V tiles in flight per program (3 keeps one)."""
-    args = inputs(batch, ctx, cache)
-    kv_bytes = 2 * batch * ctx * KV_HEADS * HEAD_DIM * args[1].element_size()
-    base_splits = choose_num_splits(batch, KV_HEADS, ctx, num_sms(args[0].device))
+    args = inputs(batch, ctx, cache, heads)
+    _, kv_heads, head_dim = heads
+    kv_bytes = 2 * batch * ctx * kv_heads * head_dim * args[1].element_size()
+    base_splits = choose_num_splits(batch, kv_heads, ctx, num_sms(args[0].device))
     want = decode_attention(*args, max_seq_len=ctx, num_stages=3)
     rows = []
     for block_n in (32, 64, 128):
-        for warps in (4, 8):
+        for warps in (2, 4, 8) if head_dim <= 64 else (4, 8):
             for stages in (3, 5, 7, 9):
                 for splits in (base_splits, 2 * base_splits):
                     run = partial(decode_attention, *args, max_seq_len=ctx, block_n=block_n, num_warps=warps,
@@ -78,6 +80,7 @@ def main() -> None:
     ap.add_argument("--attention-shapes", nargs="+", default=["32x4096", "256x1024"], help="BATCHxCONTEXT")
     ap.add_argument("--caches", nargs="+", choices=["fp8", "bf16"], default=["fp8"])
     ap.add_argument("--skip", choices=["attention", "matmul"], action="append", default=[])
+    ap.add_argument("--heads", default=f"{Q_HEADS},{KV_HEADS},{HEAD_DIM}", help="QUERY,KV,DIM heads")
     args = ap.parse_args()
     src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
@@ -87,7 +90,7 @@ def main() -> None:
         for shape in args.attention_shapes:
             batch, ctx = (int(x) for x in shape.split("x"))
             for cache in args.caches:
-                attention(batch, ctx, cache, bandwidth)
+                attention(batch, ctx, cache, bandwidth, tuple(int(x) for x in args.heads.split(",")))
     if "matmul" not in args.skip:
         matmul(args.rows, bandwidth)
 

@@ -266,7 +266,6 @@ class CudaRunner(GraphCaptures):
                     self._logits = torch.empty((slot.max_seqs, logits.shape[1]), device=self.device)
                 self._logits[:samples].copy_(logits)
                 return
-            logits = logits.float()
         dev = slot.views(shape).dev
         params = SamplingTensors(*(dev[n] for n in SAMPLE_FIELDS[1:]), token_mask=mask)
         tokens, logprobs = self.sampler(logits, params, *flags)

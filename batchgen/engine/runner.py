@@ -48,7 +48,8 @@ def apply_carry_over(input_ids: torch.Tensor, carry_rows: torch.Tensor, prev_tok
     return torch.where(carry_rows >= 0, prev_tokens[rows], input_ids)
 
 
-# (logits [S, V / K] float32, params, any_sampling, want_logprobs) -> (tokens [S], logprobs [S] | None):
+# (logits [S, V / K] in the model dtype or float32, params, any_sampling, want_logprobs)
+#   -> (tokens [S], logprobs [S] | None):
 # ``sample`` in one process, ``parallel.sampling.ShardedSampler`` over a vocabulary split across ranks.
 Sampler = Callable[[torch.Tensor, SamplingTensors, bool, bool], tuple[torch.Tensor, torch.Tensor | None]]
 
@@ -64,7 +65,7 @@ def forward_and_sample(
     inputs: StepInputs,  # host-side flags: any_sampling, want_logprobs
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One step on the device: the model over the packed tokens, then sampling of the kept rows."""
-    logits = forward(input_ids, positions, logits_indices, ctx).float()  # [S, V / K]
+    logits = forward(input_ids, positions, logits_indices, ctx)  # [S, V / K], the sampler widens it
     return sampler(logits, params, inputs.any_sampling, inputs.want_logprobs)
 
 

@@ -74,13 +74,18 @@ def _truncate(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) ->
 
 
 def sample(
-    logits: torch.Tensor,  # [S, V] float32
+    logits: torch.Tensor,  # [S, V] in the model's dtype or float32
     params: SamplingTensors,
     any_sampling: bool,
     want_logprobs: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Sampled token ids [S] and, when asked, their log-probabilities under the model [S] (before the
-    token mask, temperature and truncation, like vLLM's raw log-probabilities)."""
+    token mask, temperature and truncation, like vLLM's raw log-probabilities).
+
+    Greedy steps take the argmax in the logits' own dtype: widening to float32 is exact, so the pick is
+    the same, and a small model's step skips a [S, V] float32 copy (B7: ~45 us of a ~1.5 ms step)."""
+    if any_sampling or want_logprobs:
+        logits = logits.float()
     raw = logits
     if params.token_mask is not None:
         logits = apply_token_mask(logits, params.token_mask)

@@ -24,16 +24,16 @@ class ShardedSampler:
 
     def __call__(
         self, logits: torch.Tensor, params: SamplingTensors, any_sampling: bool, want_logprobs: bool
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:  # logits: [S, vocab.size] float32
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:  # logits: [S, vocab.size], model dtype or float32
         if any_sampling or want_logprobs or params.token_mask is not None:
-            return sample(self._gather(logits), params, any_sampling, want_logprobs)
-        return self._greedy(logits), None
+            return sample(self._gather(logits.float()), params, any_sampling, want_logprobs)
+        return self._greedy(logits), None  # in the logits' dtype, as ``sample``'s greedy steps
 
     def _greedy(self, logits: torch.Tensor) -> torch.Tensor:
         best, index = logits.max(dim=-1)  # [S]: the first maximum, like argmax
         # Token ids < 2**24 are exact in float32; ties go to the lowest rank, i.e. the lowest id.
         ids = (index + self.vocab.start).to(torch.float32)
-        candidates = self.group.all_gather(torch.stack([best, ids], dim=-1))  # [K, S, 2]
+        candidates = self.group.all_gather(torch.stack([best.float(), ids], dim=-1))  # [K, S, 2]
         rank = candidates[..., 0].argmax(dim=0, keepdim=True)  # [1, S]
         return candidates[..., 1].gather(0, rank).squeeze(0).to(torch.int64)
 

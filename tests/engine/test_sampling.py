@@ -95,6 +95,24 @@ def test_top_k_and_top_p_truncate():
     assert torch.allclose(logprobs, torch.log_softmax(logits[0], -1)[0].expand(3))
 
 
+def test_greedy_in_the_model_dtype_picks_what_float32_picks():
+    """Greedy steps skip widening the logits to float32. bf16 logits with many ties (few distinct values)
+    pick the same first maximum, with or without a token mask, and the other paths see float32 logits."""
+    torch.manual_seed(0)
+    logits = (torch.randint(-4, 5, (64, 300)).float() / 4).to(torch.bfloat16)  # [S, V], ties everywhere
+    wide = logits.float()
+    greedy, mixed = _tensors(64, 0.0), _tensors(64, 0.8, top_k=5)
+    mixed = mixed._replace(temperature=torch.where(torch.arange(64) % 2 == 0, 0.0, 0.8))
+    mask = torch.randint(-(2**31), 2**31 - 1, (64, 10), dtype=torch.int32)  # [S, ceil(300 / 32)]
+    for params, flags in ((greedy, (False, False)), (greedy._replace(token_mask=mask), (False, False)),
+                          (greedy, (False, True)), (mixed, (True, True))):  # fmt: skip
+        got, got_logprobs = sample(logits, params, *flags)
+        want, want_logprobs = sample(wide, params, *flags)
+        assert torch.equal(got, want)
+        assert (got_logprobs is None and want_logprobs is None) or torch.equal(got_logprobs, want_logprobs)
+        assert got_logprobs is None or got_logprobs.dtype == torch.float32
+
+
 def test_rng_key_separates_rows_samples_and_seeds():
     keys = {rng_key(s, i, k) for s in range(3) for i in range(50) for k in range(3)}
     assert len(keys) == 450
