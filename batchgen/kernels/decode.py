@@ -32,20 +32,24 @@ LOG2E = 1.4426950408889634
 MIN_SPLIT_TOKENS = 256
 
 
-@triton.jit
+# The split count is a runtime argument: it follows the batch (``choose_num_splits``), and a constexpr
+# would compile one kernel per count met (a drained batch's tail meets ~8: a compile each on a fresh
+# machine, inside the run). Only whether the step splits at all is compiled in.
+@triton.jit(do_not_specialize=["num_splits"])
 def _decode_split_kernel(
     q_ptr,  # [T, Hq, D]
     k_ptr,  # [num_blocks, block_size, Hkv, D]
     v_ptr,
-    out_ptr,  # [T, Hq, D], written directly when NUM_SPLITS == 1
-    part_acc_ptr,  # [B, Hq, NUM_SPLITS, D] fp32
-    part_lse_ptr,  # [B, Hq, NUM_SPLITS] fp32, log2 domain
+    out_ptr,  # [T, Hq, D], written directly when not SPLIT
+    part_acc_ptr,  # [B, Hq, num_splits, D] fp32
+    part_lse_ptr,  # [B, Hq, num_splits] fp32, log2 domain
     cu_q_ptr,  # [B + 1] int32
     seq_lens_ptr,  # [B] int32
     bt_ptr,  # [B, max_blocks] int32
     qk_scale,  # softmax scale * log2(e) * k_scale (an FP8 cache's keys are q * k_scale)
     v_scale,  # an FP8 cache's values are q * v_scale (1.0 otherwise)
     window,
+    num_splits,
     stride_qt,
     stride_qh,
     stride_ot,
@@ -60,7 +64,7 @@ def _decode_split_kernel(
     HEAD_DIM: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
+    SPLIT: tl.constexpr,  # num_splits > 1: partials for the merge kernel, else the output itself
     USE_WINDOW: tl.constexpr,
     DOT_PREC: tl.constexpr,
     DOT_F32: tl.constexpr,
@@ -81,7 +85,7 @@ def _decode_split_kernel(
     if KV_F16:  # saturate: a bf16 q past fp16's range must not become inf (and NaN scores)
         q = tl.minimum(tl.maximum(q.to(tl.float32), -65504.0), 65504.0).to(tl.float16)
 
-    split_tokens = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N  # this sequence's share
+    split_tokens = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N  # this sequence's share
     lo = split * split_tokens
     hi = tl.minimum(lo + split_tokens, seq_len)
     if USE_WINDOW:
@@ -102,29 +106,29 @@ def _decode_split_kernel(
     has_keys = l_i > 0
     out = acc * (v_scale / tl.where(has_keys, l_i, 1.0))[:, None]  # [GROUP_PAD, D]; an empty split: zeros
     row_mask = g[:, None] < GROUP
-    if NUM_SPLITS == 1:
+    if not SPLIT:
         o_ptrs = out_ptr + row * stride_ot + heads[:, None] * stride_oh + d[None, :]
         # Scalar conditions go through tl.where: the interpreter rejects scalar & vector mask mixes.
         tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=g[:, None] < tl.where(q_len > 0, GROUP, 0))
     else:
-        part = (b * NUM_Q_HEADS + heads) * NUM_SPLITS + split  # [GROUP_PAD]
+        part = (b * NUM_Q_HEADS + heads) * num_splits + split  # [GROUP_PAD]
         tl.store(part_acc_ptr + part[:, None] * HEAD_DIM + d[None, :], out, mask=row_mask)
         lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
         tl.store(part_lse_ptr + part, lse, mask=g < GROUP)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def _decode_merge_kernel(
     out_ptr,  # [T, Hq, D]
-    part_acc_ptr,  # [B, Hq, NUM_SPLITS, D] fp32
-    part_lse_ptr,  # [B, Hq, NUM_SPLITS] fp32
+    part_acc_ptr,  # [B, Hq, num_splits, D] fp32
+    part_lse_ptr,  # [B, Hq, num_splits] fp32
     cu_q_ptr,
     stride_ot,
     stride_oh,
+    num_splits,
     NUM_Q_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
-    SPLITS_PAD: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,  # num_splits' power of two: split counts 5-8 share a variant, ...
 ):
     b = tl.program_id(0)
     head = tl.program_id(1)
@@ -132,13 +136,13 @@ def _decode_merge_kernel(
     q_len = tl.load(cu_q_ptr + b + 1) - row
     s = tl.arange(0, SPLITS_PAD)
     d = tl.arange(0, HEAD_DIM)
-    base = (b * NUM_Q_HEADS + head) * NUM_SPLITS
-    lse = tl.load(part_lse_ptr + base + s, mask=s < NUM_SPLITS, other=float("-inf"))  # [SPLITS_PAD]
+    base = (b * NUM_Q_HEADS + head) * num_splits
+    lse = tl.load(part_lse_ptr + base + s, mask=s < num_splits, other=float("-inf"))  # [SPLITS_PAD]
     m = tl.max(lse, 0)
     m = tl.where(m == float("-inf"), 0.0, m)  # no keys at all (empty sequence): weights are all 0
     w = tl.exp2(lse - m)
     acc = tl.load(
-        part_acc_ptr + (base + s[:, None]) * HEAD_DIM + d[None, :], mask=s[:, None] < NUM_SPLITS, other=0.0
+        part_acc_ptr + (base + s[:, None]) * HEAD_DIM + d[None, :], mask=s[:, None] < num_splits, other=0.0
     )
     total = tl.sum(w, 0)
     out = tl.sum(acc * w[:, None], 0) / tl.where(total > 0, total, 1.0)  # [D]
@@ -221,18 +225,18 @@ def decode_attention(
     group = q_heads // kv_heads
     _decode_split_kernel[(batch, kv_heads, num_splits)](
         query, k_cache, v_cache, out, part_acc, part_lse, cu_seqlens_q, seq_lens, block_tables,
-        scale * LOG2E * kv_scales[0], kv_scales[1], sliding_window or 0,
+        scale * LOG2E * kv_scales[0], kv_scales[1], sliding_window or 0, num_splits,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         NUM_Q_HEADS=q_heads, GROUP=group, GROUP_PAD=group_pad(group), HEAD_DIM=head_dim,
-        BLOCK_N=block_n, BLOCK_SIZE=k_cache.shape[1], NUM_SPLITS=num_splits,
+        BLOCK_N=block_n, BLOCK_SIZE=k_cache.shape[1], SPLIT=num_splits > 1,
         USE_WINDOW=sliding_window is not None, DOT_PREC=dot_precision(query), DOT_F32=needs_f32_dot(query),
         KV_F16=kv_f16, num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     if num_splits > 1:
         _decode_merge_kernel[(batch, q_heads)](
-            out, part_acc, part_lse, cu_seqlens_q, out.stride(0), out.stride(1),
-            NUM_Q_HEADS=q_heads, HEAD_DIM=head_dim, NUM_SPLITS=num_splits,
+            out, part_acc, part_lse, cu_seqlens_q, out.stride(0), out.stride(1), num_splits,
+            NUM_Q_HEADS=q_heads, HEAD_DIM=head_dim,
             SPLITS_PAD=triton.next_power_of_2(num_splits), num_warps=1 if head_dim <= 64 else 2,
         )  # fmt: skip
     return out

@@ -22,6 +22,10 @@ from batchgen.kernels.attn_tile import check_head_dim, dot_precision, kv_rows, l
 from batchgen.kernels.attn_tile import online_softmax_step as _step
 
 LOG2E = 1.4426950408889634
+# ``_find_tile``'s lanes over the step's sequences: one variant for every step of up to 511 sequences.
+# A power of two per step (16..512 sequences: 6 variants) meant a compile for each new size met, inside
+# a fresh machine's run; the extra lanes are one L2-resident load a program.
+MIN_SEQS_PAD = 512
 
 
 @triton.jit
@@ -174,7 +178,7 @@ def prefill_attention(
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_M=cfg["block_m"], BLOCK_N=cfg["block_n"],
-        BLOCK_SIZE=k_cache.shape[1], SEQS_PAD=triton.next_power_of_2(batch + 1),
+        BLOCK_SIZE=k_cache.shape[1], SEQS_PAD=max(MIN_SEQS_PAD, triton.next_power_of_2(batch + 1)),
         USE_WINDOW=sliding_window is not None, DOT_PREC=dot_precision(query), DOT_F32=needs_f32_dot(query),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip
