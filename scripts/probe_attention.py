@@ -35,19 +35,29 @@ def inputs(batch: int, ctx: int, cache: str, heads: tuple[int, int, int] = DEFAU
     return query, *caches, cu, lens, tables, head_dim**-0.5
 
 
+def parse_heads(text: str) -> tuple[int, int, int]:
+    """``QUERY,KV,DIM`` (e.g. ``9,3,64``) -> (query heads, KV heads, head dim)."""
+    heads = tuple(int(x) for x in text.split(","))
+    if len(heads) != 3 or heads[0] % heads[1]:
+        raise SystemExit(f"--heads {text}: want QUERY,KV,DIM with KV dividing QUERY")
+    return heads
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cache", choices=["fp8", "bf16"], default="fp8")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--context", type=int, default=4096)
     ap.add_argument("--launches", type=int, default=6)
+    ap.add_argument("--heads", default=",".join(map(str, DEFAULT_HEADS)), help="QUERY,KV,DIM heads")
     args = ap.parse_args()
-    run_args = inputs(args.batch, args.context, args.cache)
+    heads = parse_heads(args.heads)
+    run_args = inputs(args.batch, args.context, args.cache, heads)
     for _ in range(args.launches):
         decode_attention(*run_args, max_seq_len=args.context)
     torch.cuda.synchronize()
     us = do_bench(lambda: decode_attention(*run_args, max_seq_len=args.context), warmup=5, rep=30) * 1e3
-    kv_bytes = 2 * args.batch * args.context * KV_HEADS * HEAD_DIM * run_args[1].element_size()
+    kv_bytes = 2 * args.batch * args.context * heads[1] * heads[2] * run_args[1].element_size()
     print(f"{args.cache} cache {args.batch} x {args.context}: {us:.1f} us, {kv_bytes / us / 1e3:.0f} GB/s")
 
 

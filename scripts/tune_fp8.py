@@ -17,7 +17,7 @@ from triton.testing import do_bench
 from batchgen.kernels.decode import choose_num_splits, decode_attention, num_sms
 from batchgen.kernels.fp8_gemm import triton_fp8_matmul
 from batchgen.kernels.fp8_reference import FP8, Fp8Act
-from scripts.probe_attention import HEAD_DIM, KV_HEADS, Q_HEADS, inputs
+from scripts.probe_attention import DEFAULT_HEADS, inputs, parse_heads
 
 GEMMS = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 
@@ -80,7 +80,7 @@ def main() -> None:
     ap.add_argument("--attention-shapes", nargs="+", default=["32x4096", "256x1024"], help="BATCHxCONTEXT")
     ap.add_argument("--caches", nargs="+", choices=["fp8", "bf16"], default=["fp8"])
     ap.add_argument("--skip", choices=["attention", "matmul"], action="append", default=[])
-    ap.add_argument("--heads", default=f"{Q_HEADS},{KV_HEADS},{HEAD_DIM}", help="QUERY,KV,DIM heads")
+    ap.add_argument("--heads", default=",".join(map(str, DEFAULT_HEADS)), help="QUERY,KV,DIM heads")
     args = ap.parse_args()
     src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
@@ -90,7 +90,7 @@ def main() -> None:
         for shape in args.attention_shapes:
             batch, ctx = (int(x) for x in shape.split("x"))
             for cache in args.caches:
-                attention(batch, ctx, cache, bandwidth, tuple(int(x) for x in args.heads.split(",")))
+                attention(batch, ctx, cache, bandwidth, parse_heads(args.heads))
     if "matmul" not in args.skip:
         matmul(args.rows, bandwidth)
 

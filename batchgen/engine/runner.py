@@ -65,7 +65,7 @@ def forward_and_sample(
     inputs: StepInputs,  # host-side flags: any_sampling, want_logprobs
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One step on the device: the model over the packed tokens, then sampling of the kept rows."""
-    logits = forward(input_ids, positions, logits_indices, ctx)  # [S, V / K], the sampler widens it
+    logits = forward(input_ids, positions, logits_indices, ctx)  # [S, V / K], widened if the step samples
     return sampler(logits, params, inputs.any_sampling, inputs.want_logprobs)
 
 

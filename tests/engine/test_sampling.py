@@ -113,6 +113,22 @@ def test_greedy_in_the_model_dtype_picks_what_float32_picks():
         assert got_logprobs is None or got_logprobs.dtype == torch.float32
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_greedy_in_bf16_picks_the_first_maximum_as_float32_does():
+    """On the GPU the argmax over a Llama-3-sized vocabulary is a reduction split across blocks: bf16
+    logits with ties far apart, an all -inf row and a NaN row pick what their float32 widening picks."""
+    torch.manual_seed(3)
+    logits = (torch.randint(-8, 9, (64, 128256), device="cuda").float() / 8).to(torch.bfloat16)  # [S, V]
+    logits[1, 5], logits[1, 128000] = 40, 40  # a tie between the two ends of the vocabulary
+    logits[2] = float("-inf")
+    logits[3, 777] = float("nan")
+    greedy = SamplingTensors(*(t.cuda() for t in _tensors(64, 0.0)))
+    got, _ = sample(logits, greedy, False, False)
+    want, _ = sample(logits.float(), greedy, False, False)
+    assert torch.equal(got, want) and got[1].item() == 5
+
+
 def test_rng_key_separates_rows_samples_and_seeds():
     keys = {rng_key(s, i, k) for s in range(3) for i in range(50) for k in range(3)}
     assert len(keys) == 450

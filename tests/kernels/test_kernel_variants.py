@@ -3,7 +3,9 @@ cache is cold, and it happens inside the run: a job whose rows end at different 
 sizes, so per-size variants cost it seconds (B7s: 20 kernels compiled against 12, docs/results.md).
 
 Every launch's compile-time arguments are recorded (the kernel wrapped in place), and the outputs are
-still checked against the torch reference.
+still checked against the torch reference. Triton also compiles a variant per integer argument equal to 1
+or divisible by 16; the interpreter does not, so the arguments that follow the step's shape are checked
+to be marked ``do_not_specialize``.
 """
 
 from __future__ import annotations
@@ -33,11 +35,19 @@ class _Recorder:
         return run
 
 
+def _unspecialized(kernel) -> set[str]:
+    """The arguments ``kernel`` does not specialize on, interpreted (TRITON_INTERPRET) or compiled."""
+    if hasattr(kernel, "params"):
+        return {p.name for p in kernel.params if p.do_not_specialize}
+    return set(kernel.kwargs["do_not_specialize"])
+
+
 def _checked(out: torch.Tensor, case) -> None:
     assert rel_error(out, reference.paged_attention(*case.attn_args()), case.num_valid_rows) < 1e-3
 
 
-def test_prefill_steps_of_any_sequence_count_share_one_variant(monkeypatch):
+def test_prefill_steps_of_up_to_511_sequences_share_one_variant(monkeypatch):
+    assert {"num_seqs", "num_tiles"} <= _unspecialized(prefill._prefill_kernel)
     recorder = _Recorder(prefill._prefill_kernel)
     monkeypatch.setattr(prefill, "_prefill_kernel", recorder)
     for batch in (1, 2, 3, 5, 9, 17, 33):
@@ -49,6 +59,8 @@ def test_prefill_steps_of_any_sequence_count_share_one_variant(monkeypatch):
 
 @pytest.mark.parametrize("kv_heads", [1, 2])
 def test_decode_split_counts_compile_in_only_whether_they_split(monkeypatch, kv_heads):
+    assert "num_splits" in _unspecialized(decode._decode_split_kernel)
+    assert "num_splits" in _unspecialized(decode._decode_merge_kernel)
     splits = _Recorder(decode._decode_split_kernel)
     merges = _Recorder(decode._decode_merge_kernel)
     monkeypatch.setattr(decode, "_decode_split_kernel", splits)

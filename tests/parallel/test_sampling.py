@@ -18,7 +18,9 @@ class _ThreadRanks:
     """``all_gather`` for ``size`` ranks that are threads: each posts its tensor, all wait, all read."""
 
     def __init__(self, size: int) -> None:
-        self.size, self._posted, self._barrier = size, [None] * size, threading.Barrier(size)
+        # A timeout: a rank that fails before its gather must not leave the others waiting forever.
+        self.size, self._posted, self._barrier = size, [None] * size, threading.Barrier(size, timeout=30)
+        self.gathered: list[torch.dtype] = []  # the dtype of each tensor posted
 
     def group(self, rank: int):
         ranks = self
@@ -28,6 +30,7 @@ class _ThreadRanks:
 
             def all_gather(self, x: torch.Tensor) -> torch.Tensor:
                 ranks._posted[rank] = x.clone()
+                ranks.gathered.append(x.dtype)
                 ranks._barrier.wait()
                 out = torch.stack(ranks._posted)  # [size, *x.shape]
                 ranks._barrier.wait()  # every rank has read before the next gather posts
@@ -42,9 +45,9 @@ def _greedy(rows: int) -> SamplingTensors:
                            torch.arange(rows), torch.zeros(rows, dtype=torch.int64))  # fmt: skip
 
 
-def _sharded(logits: torch.Tensor, size: int, params: SamplingTensors, flags: tuple[bool, bool]):
+def _sharded(logits: torch.Tensor, size: int, params: SamplingTensors, flags: tuple[bool, bool], ranks=None):
     vocab = logits.shape[1]
-    ranks = _ThreadRanks(size)
+    ranks = ranks or _ThreadRanks(size)
 
     def run(rank: int):
         span = vocab_span(vocab, rank, size)
@@ -69,8 +72,11 @@ def test_greedy_over_ranks_in_bf16_picks_the_first_maximum_of_the_whole_vocabula
 
 
 def test_steps_that_want_logprobs_gather_float32_logits():
+    """301 tokens over 3 ranks: the last share is padded with -inf before the gather."""
     torch.manual_seed(2)
-    logits = torch.randn(8, 100).to(torch.bfloat16)
+    logits = torch.randn(8, 301).to(torch.bfloat16)
     want, want_logprobs = sample(logits.float(), _greedy(8), False, True)
-    for tokens, logprobs in _sharded(logits, 2, _greedy(8), (False, True)):
+    ranks = _ThreadRanks(3)
+    for tokens, logprobs in _sharded(logits, 3, _greedy(8), (False, True), ranks):
         assert torch.equal(tokens, want) and torch.equal(logprobs, want_logprobs)
+    assert ranks.gathered == [torch.float32] * 3
