@@ -142,14 +142,17 @@ has fp8-b1 && stage fp8-b1 200 "$RUN/fp8-b1.log" "$PY" -m batchgen.bench --workl
 # until this A/B says otherwise; docs/kernels.md): their GPU tests, the decode attention in both layouts, the
 # B1 FP8 step with each (about 4 minutes).
 if has fp8-vpages; then
-    stage fp8-vpages-tests 200 "$RUN/fp8-vpages-tests.log" env BATCHGEN_FP8_V_PAGES=1 "$PY" -m pytest -q -m gpu \
-        tests/kernels/test_v_pages.py tests/kernels/test_fp8_kernels.py tests/engine/test_fp8_engine.py \
-        -p no:cacheprovider -o faulthandler_timeout=150
+    # Every test of test_v_pages.py on the GPU (its interpreter-sized ones too: splits, windows); the FP8
+    # engine tests with V pages on, and rows against pages through the engine.
+    stage fp8-vpages-kernels 120 "$RUN/fp8-vpages-kernels.log" "$PY" -m pytest -q -m "" tests/kernels/test_v_pages.py \
+        -p no:cacheprovider
+    stage fp8-vpages-engine 200 "$RUN/fp8-vpages-engine.log" env BATCHGEN_FP8_V_PAGES=1 "$PY" -m pytest -q -m gpu \
+        tests/engine/test_fp8_engine.py -p no:cacheprovider -o faulthandler_timeout=150
     stage fp8-vpages-tune 200 "$RUN/fp8-vpages-tune.log" "$PY" scripts/tune_fp8.py --skip matmul --v-layouts rows pages
     for v in 0 1; do
         # shellcheck disable=SC2086
         stage "fp8-vpages-step-$v" 150 "$RUN/fp8-vpages-step-$v.log" env BATCHGEN_FP8_V_PAGES=$v "$PY" \
-            scripts/bench_step.py --preset B1 --impl batchgen $FP8
+            scripts/bench_step.py --preset B1 --impl batchgen $FP8 --out "$RUN/fp8-vpages-step-$v.json"
     done
 fi
 

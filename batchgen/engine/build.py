@@ -93,10 +93,11 @@ def build_rank(
 
 def _fp8_v_pages(options: EngineConfig, device: torch.device, cache_dtype: torch.dtype) -> bool:
     """An FP8 cache's V pages with tokens contiguous (kv_cache.allocate), for the Triton kernels only. Off
-    until measured on the H200 (docs/kernels.md): ``BATCHGEN_FP8_V_PAGES=1`` turns it on for that A/B."""
+    until measured on the H200 (docs/kernels.md): ``BATCHGEN_FP8_V_PAGES=1`` turns it on for that A/B.
+    The kernels read V by whole pages, so a page must divide every tile they pick (32 tokens at least)."""
     triton = device.type == "cuda" and options.attention_backend != "torch"
     wanted = os.environ.get("BATCHGEN_FP8_V_PAGES", "0") == "1"
-    return wanted and triton and cache_dtype == torch.float8_e4m3fn
+    return wanted and triton and cache_dtype == torch.float8_e4m3fn and 32 % options.block_size == 0
 
 
 def _triton_warmup(options: EngineConfig, device: torch.device):

@@ -58,8 +58,9 @@ def load_v_pages(
 
     Tokens run in 16-byte rows within a page and the mask is per page, so the copy stays asynchronous and
     vectorized, and P @ V reads token pairs from shared memory with ``ldmatrix`` instead of one byte at a
-    time (an e4m3 cache: docs/kernels.md). A page read past ``end`` on its tail returns what the cache
-    holds there (zeros from allocation, or a finite stale value): callers mask those tokens' scores."""
+    time (an e4m3 cache: docs/kernels.md). A page that starts before ``end`` is read whole: its tail holds
+    zeros from allocation or an older sequence's values, finite either way (the FP8 write clamps to
+    +-448, and the clamp maps NaN to a bound), and callers mask those tokens' scores, so they weigh 0."""
     PAGES: tl.constexpr = BLOCK_N // BLOCK_SIZE
     pi = tl.arange(0, PAGES)
     page_ok = start + pi * BLOCK_SIZE < end  # [PAGES]

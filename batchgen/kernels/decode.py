@@ -108,8 +108,9 @@ def _decode_split_kernel(
     for start in range(lo, hi, BLOCK_N):
         offs = start + tl.arange(0, BLOCK_N)
         valid = offs < hi
-        if USE_WINDOW:
-            valid = valid & (offs >= first)
+        if USE_WINDOW:  # noqa: SIM102 (constexpr branches, compiled out)
+            if V_PAGES:  # the first page may start before the window
+                valid = valid & (offs >= first)
         rows = kv_rows(bt_row, offs, valid, kv_head, stride_cb, stride_co, stride_ch, BLOCK_SIZE, True)
         k = load_rows(k_ptr, rows, valid, d, True).to(q.dtype)  # [BLOCK_N, D]
         if V_PAGES:

@@ -74,18 +74,20 @@ def test_decode_reads_v_pages(fp8, num_splits, block_n, block_size):
 
 
 @pytest.mark.parametrize("fp8", [True, False])
-def test_decode_with_a_window_starts_on_a_page(fp8):
+@pytest.mark.parametrize(("num_splits", "block_n"), [(2, 16), (3, 32)])
+def test_decode_with_a_window_starts_on_a_page(fp8, num_splits, block_n):
     """The window's first key is mid-page: the page is read from its start, the keys before masked."""
     case = _case([1] * 3, [10, 50, 97], fp8, window=21)
-    got = decode_attention(*_with_pages(case), max_seq_len=97, num_splits=2, block_n=16)
+    got = decode_attention(*_with_pages(case), max_seq_len=97, num_splits=num_splits, block_n=block_n)
     assert rel_error(got, _want(case, fp8), case.num_valid_rows) < 1e-3
 
 
 @pytest.mark.parametrize("fp8", [True, False])
 @pytest.mark.parametrize("window", [None, 11])
-def test_prefill_reads_v_pages(fp8, window):
-    case = _case([5, 1, 12, 3], [5, 21, 19, 33], fp8, window=window, seed=7)
-    got = prefill_attention(*_with_pages(case), block_m=16, block_n=16)
+@pytest.mark.parametrize("block_n", [16, 32])  # one page a tile, two
+def test_prefill_reads_v_pages(fp8, window, block_n):
+    case = _case([5, 1, 12, 3], [5, 21, 19, 70], fp8, window=window, seed=7)
+    got = prefill_attention(*_with_pages(case), block_m=16, block_n=block_n)
     assert rel_error(got, _want(case, fp8), case.num_valid_rows) < 1e-3
 
 
@@ -129,9 +131,11 @@ def test_v_pages_only_for_an_fp8_cache_read_by_triton_and_only_when_asked(monkey
     from batchgen.engine.build import _fp8_v_pages
 
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    monkeypatch.delenv("BATCHGEN_FP8_V_PAGES", raising=False)
     assert not _fp8_v_pages(EngineConfig(), cuda, ref.FP8)
     monkeypatch.setenv("BATCHGEN_FP8_V_PAGES", "1")
     assert _fp8_v_pages(EngineConfig(), cuda, ref.FP8)
+    assert not _fp8_v_pages(EngineConfig(block_size=64), cuda, ref.FP8)  # tiles of 32 hold no whole page
     assert not _fp8_v_pages(EngineConfig(), cuda, torch.bfloat16)
     assert not _fp8_v_pages(EngineConfig(), cpu, ref.FP8)
     assert not _fp8_v_pages(EngineConfig(attention_backend="torch"), cuda, ref.FP8)
