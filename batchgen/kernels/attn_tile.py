@@ -56,11 +56,12 @@ def load_v_pages(
 ):
     """The V tile of tokens [start, start + BLOCK_N) as [D, BLOCK_N], read page by page.
 
-    Tokens run in 16-byte rows within a page and the mask is per page, so the copy stays asynchronous and
-    vectorized, and P @ V reads token pairs from shared memory with ``ldmatrix`` instead of one byte at a
-    time (an e4m3 cache: docs/kernels.md). A page that starts before ``end`` is read whole: its tail holds
-    zeros from allocation or an older sequence's values, finite either way (the FP8 write clamps to
-    +-448, and the clamp maps NaN to a bound), and callers mask those tokens' scores, so they weigh 0."""
+    Tokens run contiguously within a page (16 bytes at e4m3 and block size 16) and the mask is per page,
+    so the copy stays asynchronous and vectorized, and P @ V reads token pairs from shared memory with
+    ``ldmatrix`` instead of one byte at a time (an e4m3 cache: docs/kernels.md). A page that starts before
+    ``end`` is read whole: its tail holds zeros from allocation or an older sequence's values, finite either
+    way (the FP8 write clamps to +-448, and the clamp maps NaN to a bound), and callers mask those tokens'
+    scores, so they weigh 0."""
     PAGES: tl.constexpr = BLOCK_N // BLOCK_SIZE
     pi = tl.arange(0, PAGES)
     page_ok = start + pi * BLOCK_SIZE < end  # [PAGES]
