@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
+from batchgen.kernels import fp8_reference
+
 
 @dataclass
 class PagedCase:
@@ -102,3 +104,19 @@ def rel_error(out: torch.Tensor, ref: torch.Tensor, rows: int) -> float:
     """||out - ref|| / ||ref|| over the first ``rows`` (non-padding) rows, in fp32."""
     out, ref = out[:rows].float(), ref[:rows].float()
     return float((out - ref).norm() / ref.norm().clamp_min(1e-12))
+
+
+def to_fp8_cache(case: PagedCase, kv_scales: tuple[float, float]) -> PagedCase:
+    """``case`` with its caches as an FP8 cache stores them: ``k / k_scale`` and ``v / v_scale`` in e4m3."""
+    case.k_cache = fp8_reference.to_cache(case.k_cache, kv_scales[0]).to(fp8_reference.FP8)
+    case.v_cache = fp8_reference.to_cache(case.v_cache, kv_scales[1]).to(fp8_reference.FP8)
+    return case
+
+
+def llama_fp8_case(decode: bool, kv_scales: tuple[float, float]) -> PagedCase:
+    """Llama-3-8B heads over an FP8 cache on CUDA, contexts to 2K: decodes, or chunks of up to 512 rows."""
+    lens = [1000, 37, 2049, 512, 1, 700]
+    q_lens = [1] * 6 if decode else [300, 37, 1, 512, 1, 129]
+    case = make_case(q_lens, lens, q_heads=32, kv_heads=8, head_dim=128, dtype=torch.bfloat16, pad_rows=3,
+                     device="cuda")  # fmt: skip
+    return to_fp8_cache(case, kv_scales)

@@ -14,7 +14,7 @@ import torch
 from batchgen.kernels import fp8_reference as ref
 from batchgen.kernels import reference
 from batchgen.kernels.activation import silu_mul
-from batchgen.kernels.cases import make_case, rel_error
+from batchgen.kernels.cases import llama_fp8_case, make_case, rel_error, to_fp8_cache
 from batchgen.kernels.dispatch import paged_attention_triton
 from batchgen.kernels.fp8_gemm import choose_split_k, triton_fp8_matmul
 from batchgen.kernels.fp8_quant import quantize_act
@@ -144,9 +144,7 @@ def test_block_matmul_matches_reference(scale_rows):
 
 def _fp8_cache_case(q_lens, seq_lens, dtype, kv_scales, **kw):
     case = make_case(q_lens, seq_lens, q_heads=8, kv_heads=2, head_dim=32, dtype=dtype, device=DEVICE, **kw)
-    case.k_cache = ref.to_cache(case.k_cache, kv_scales[0]).to(ref.FP8)
-    case.v_cache = ref.to_cache(case.v_cache, kv_scales[1]).to(ref.FP8)
-    return case
+    return to_fp8_cache(case, kv_scales)
 
 
 @pytest.mark.parametrize("decode", [True, False])
@@ -238,13 +236,8 @@ def test_gpu_fused_quantization_matches_reference(quant):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("decode", [True, False])
 def test_gpu_attention_over_an_fp8_cache(decode):
-    lens = [1000, 37, 2049, 512, 1, 700]
-    q_lens = [1] * 6 if decode else [300, 37, 1, 512, 1, 129]
-    case = make_case(q_lens, lens, q_heads=32, kv_heads=8, head_dim=128, dtype=torch.bfloat16, pad_rows=3,
-                     device="cuda")  # fmt: skip
     kv_scales = (0.25, 0.5)
-    case.k_cache = ref.to_cache(case.k_cache, kv_scales[0]).to(ref.FP8)
-    case.v_cache = ref.to_cache(case.v_cache, kv_scales[1]).to(ref.FP8)
+    case = llama_fp8_case(decode, kv_scales)
     out = paged_attention_triton(
         *case.attn_args(), decode_only=decode, max_seq_len=4096, max_q_len=512, kv_scales=kv_scales
     )

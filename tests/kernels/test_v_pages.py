@@ -15,7 +15,7 @@ from batchgen.engine import kv_cache
 from batchgen.kernels import fp8_reference as ref
 from batchgen.kernels import reference
 from batchgen.kernels.attn_tile import v_pages_hold_tokens
-from batchgen.kernels.cases import make_case, rel_error
+from batchgen.kernels.cases import llama_fp8_case, make_case, rel_error
 from batchgen.kernels.decode import decode_attention
 from batchgen.kernels.kv_write import write_kv
 from batchgen.kernels.prefill import prefill_attention
@@ -149,13 +149,8 @@ def test_gpu_fp8_v_pages_at_llama_shapes(decode):
     give (the same values, another path through shared memory), and both what the reference gives."""
     from batchgen.kernels.dispatch import paged_attention_triton
 
-    lens = [1000, 37, 2049, 512, 1, 700]
-    q_lens = [1] * 6 if decode else [300, 37, 1, 512, 1, 129]
-    case = make_case(q_lens, lens, q_heads=32, kv_heads=8, head_dim=128, dtype=torch.bfloat16, pad_rows=3,
-                     device="cuda")  # fmt: skip
     kv_scales = (0.25, 0.5)
-    case.k_cache = ref.to_cache(case.k_cache, kv_scales[0]).to(ref.FP8)
-    case.v_cache = ref.to_cache(case.v_cache, kv_scales[1]).to(ref.FP8)
+    case = llama_fp8_case(decode, kv_scales)
     _poison_tails(case, 400.0)
     bounds = dict(decode_only=decode, max_seq_len=4096, max_q_len=512, kv_scales=kv_scales)
     pages = paged_attention_triton(*_with_pages(case), **bounds)
