@@ -38,6 +38,7 @@ from batchgen.testing.models import tokenizer_path  # noqa: E402
 
 PRESETS = {  # name -> (arch, batch, context, GPUs): B1 at 4K context, B3, B5, B6 at their mean context
     "B1": ("llama3-8b", 32, 4096, 1),
+    "B2": ("llama3-8b", 256, 768, 1),  # one wave of B2 (max_num_seqs 256) halfway through its decode
     "B3": ("qwen3-0.6b", 256, 640, 1),
     "B5": ("llama3-70b", 64, 1024, 2),
     "B6": ("qwen3-30b-a3b", 256, 768, 1),  # one wave of B6 (max_num_seqs 256) halfway through its decode
@@ -65,12 +66,14 @@ def decode_inputs(step_id: int, batch: int, context: int, block_size: int) -> St
 def time_steps(llm: LLM, batch: int, context: int, steps: int) -> dict:
     runner = llm._engine.runner
     block = llm.config.block_size
-    handles = [runner.launch(decode_inputs(i, batch, context, block)) for i in range(2)]
-    for h in handles:
-        runner.fetch(h)  # warm-up
+    # Warm-up until each slot's key is captured: its first ``capture_after`` uses run eagerly (the engine
+    # captures on demand), and timing those would measure Python launches, not the step.
+    warm = 2 * (getattr(runner, "capture_after", 0) + 2)
+    for i in range(warm):
+        runner.fetch(runner.launch(decode_inputs(i, batch, context, block)))
     busy0, t0 = runner.gpu_busy_s, time.perf_counter()
     prev = None
-    for i in range(2, 2 + steps):  # the engine's pattern: launch step N, then fetch step N - 1
+    for i in range(warm, warm + steps):  # the engine's pattern: launch step N, then fetch step N - 1
         handle = runner.launch(decode_inputs(i, batch, context, block))
         if prev is not None:
             runner.fetch(prev)
@@ -159,8 +162,9 @@ def roofline_ms(model, sizes: dict, batch: int, context: int, bandwidth: float, 
     return (weights + batch * context * sizes["kv_per_token"]) / bandwidth * 1e3
 
 
-def print_kernels(llm: LLM, batch: int, context: int, steps: int) -> None:
-    """Where a step's GPU time goes: the kernels of ``steps`` graph replays by their total time."""
+def print_kernels(llm: LLM, batch: int, context: int, steps: int, trace: str | None = None) -> None:
+    """Where a step's GPU time goes: the kernels of ``steps`` graph replays by their total time; with
+    ``trace``, also the timeline (Chrome trace) and the GPU's largest gaps between kernels."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -169,6 +173,30 @@ def print_kernels(llm: LLM, batch: int, context: int, steps: int) -> None:
         sort_by="self_device_time_total", row_limit=30, max_name_column_width=70
     )
     print(table, flush=True)
+    if trace:
+        prof.export_chrome_trace(trace)
+        print_gaps(trace)
+
+
+def print_gaps(trace: str, top: int = 15) -> None:
+    """The GPU's idle time between consecutive kernels (any stream) and the largest gaps, by neighbours."""
+    events = json.loads(Path(trace).read_text())["traceEvents"]
+    kernels = sorted(
+        (e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")), key=lambda e: e["ts"]
+    )
+    if not kernels:
+        return
+    gaps, end = [], kernels[0]["ts"]
+    for prev, cur in zip(kernels, kernels[1:], strict=False):
+        end = max(end, prev["ts"] + prev["dur"])
+        if cur["ts"] > end:
+            gaps.append((cur["ts"] - end, prev["name"][:50], cur["name"][:50]))
+    span = kernels[-1]["ts"] + kernels[-1]["dur"] - kernels[0]["ts"]
+    busy = sum(k["dur"] for k in kernels)
+    idle = sum(g[0] for g in gaps)
+    print(f"timeline {span / 1e3:.3f} ms, kernels {busy / 1e3:.3f} ms, gaps {idle / 1e3:.3f} ms", flush=True)
+    for gap, before, after in sorted(gaps, reverse=True)[:top]:
+        print(f"  gap {gap:9.1f} us  after {before}  before {after}", flush=True)
 
 
 def main() -> int:
@@ -184,6 +212,7 @@ def main() -> int:
     ap.add_argument("--json", action="store_true", help="also print the results as JSON")
     ap.add_argument("--dump-after", type=float, default=280, help="print every thread's stack after S s")
     ap.add_argument("--profile", type=int, default=0, metavar="N", help="then print the kernels of N steps")
+    ap.add_argument("--trace", help="with --profile: write the Chrome trace here and print the GPU's gaps")
     args = ap.parse_args()
     import faulthandler
 
@@ -231,7 +260,7 @@ def main() -> int:
                 line += f"; routed experts per layer {r['routed_experts_mean']}"
             print(line, flush=True)
             if args.profile:
-                print_kernels(llm, batch, context, args.profile)
+                print_kernels(llm, batch, context, args.profile, args.trace)
             results.append(r)
             del llm
             gc.collect()

@@ -6,7 +6,6 @@
 # The mixture-of-experts stage (~4 minutes) runs only when asked: STAGES="moe" (its GPU tests, the
 # B6 decode step against its roofline, B6 async beside transformers' forward); STAGES="fp8" the FP8 ones
 # (fp8-tests, fp8-bench; fp8-b1 runs B1 alone); STAGES="startup startup-newest startup-8b" the start-up A/Bs;
-# STAGES=fp8-vpages the A/B of an FP8 cache's V page layout (BATCHGEN_FP8_V_PAGES);
 # STAGES=b7-idle where B7's GPU waits (B7_IDLE_OLD=DIR: against another checkout, interleaved;
 # B7_IDLE_ARGS="--staggered": B7s).
 #   bash scripts/gpu_check.sh OUTDIR        (or: make gpu-check OUT=OUTDIR)
@@ -138,23 +137,6 @@ fp8 bench && stage fp8-bench 300 "$RUN/fp8-bench.log" "$PY" -m batchgen.bench --
 # shellcheck disable=SC2086
 has fp8-b1 && stage fp8-b1 200 "$RUN/fp8-b1.log" "$PY" -m batchgen.bench --workload B1 --mode async --no-compare-hf \
     $FP8 --out "$RUN/fp8-b1"
-# STAGES=fp8-vpages: an FP8 cache's V pages with tokens contiguous (BATCHGEN_FP8_V_PAGES=1, off by default
-# until this A/B says otherwise; docs/kernels.md): their GPU tests, the decode attention in both layouts, the
-# B1 FP8 step with each (about 4 minutes).
-if has fp8-vpages; then
-    # Every test of test_v_pages.py on the GPU (its interpreter-sized ones too: splits, windows); the FP8
-    # engine tests with V pages on, and rows against pages through the engine.
-    stage fp8-vpages-kernels 120 "$RUN/fp8-vpages-kernels.log" "$PY" -m pytest -q -m "" tests/kernels/test_v_pages.py \
-        -p no:cacheprovider
-    stage fp8-vpages-engine 200 "$RUN/fp8-vpages-engine.log" env BATCHGEN_FP8_V_PAGES=1 "$PY" -m pytest -q -m gpu \
-        tests/engine/test_fp8_engine.py -p no:cacheprovider -o faulthandler_timeout=150
-    stage fp8-vpages-tune 200 "$RUN/fp8-vpages-tune.log" "$PY" scripts/tune_fp8.py --skip matmul --v-layouts rows pages
-    for v in 0 1; do
-        # shellcheck disable=SC2086
-        stage "fp8-vpages-step-$v" 150 "$RUN/fp8-vpages-step-$v.log" env BATCHGEN_FP8_V_PAGES=$v "$PY" \
-            scripts/bench_step.py --preset B1 --impl batchgen $FP8 --out "$RUN/fp8-vpages-step-$v.json"
-    done
-fi
 
 tar czf "$OUT/logs.tgz" -C "$RUN" . && rm -rf "$RUN"
 if [ "${#FAILED[@]}" -gt 0 ]; then

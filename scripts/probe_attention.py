@@ -21,18 +21,13 @@ Q_HEADS, KV_HEADS, HEAD_DIM, BLOCK = 32, 8, 128, 16
 DEFAULT_HEADS = (Q_HEADS, KV_HEADS, HEAD_DIM)
 
 
-def inputs(
-    batch: int, ctx: int, cache: str, heads: tuple[int, int, int] = DEFAULT_HEADS, v_pages: bool = False
-) -> tuple:
+def inputs(batch: int, ctx: int, cache: str, heads: tuple[int, int, int] = DEFAULT_HEADS) -> tuple:
     """Random query, K/V caches in pages shuffled over the pool, block tables, cu_seqlens, lengths.
-    heads: (query heads, KV heads, head dim); v_pages: V's tokens contiguous in a page (kv_cache.allocate)."""
+    heads: (query heads, KV heads, head dim)."""
     q_heads, kv_heads, head_dim = heads
     blocks = batch * -(-ctx // BLOCK)
     dtype = FP8 if cache == "fp8" else torch.bfloat16
     caches = [torch.randn((blocks, BLOCK, kv_heads, head_dim), device="cuda").to(dtype) for _ in range(2)]
-    if v_pages:
-        pages = torch.empty((blocks, kv_heads, head_dim, BLOCK), dtype=dtype, device="cuda")
-        caches[1] = pages.permute(0, 3, 1, 2).copy_(caches[1])
     tables = torch.randperm(blocks, device="cuda", dtype=torch.int64).to(torch.int32).view(batch, -1)
     query = torch.randn((batch, q_heads, head_dim), device="cuda", dtype=torch.bfloat16)
     cu = torch.arange(batch + 1, dtype=torch.int32, device="cuda")
@@ -55,10 +50,9 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=4096)
     ap.add_argument("--launches", type=int, default=6)
     ap.add_argument("--heads", default=",".join(map(str, DEFAULT_HEADS)), help="QUERY,KV,DIM heads")
-    ap.add_argument("--v-pages", action="store_true", help="V's tokens contiguous in each page")
     args = ap.parse_args()
     heads = parse_heads(args.heads)
-    run_args = inputs(args.batch, args.context, args.cache, heads, args.v_pages)
+    run_args = inputs(args.batch, args.context, args.cache, heads)
     for _ in range(args.launches):
         decode_attention(*run_args, max_seq_len=args.context)
     torch.cuda.synchronize()

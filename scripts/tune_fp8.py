@@ -22,14 +22,12 @@ from scripts.probe_attention import DEFAULT_HEADS, inputs, parse_heads
 GEMMS = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 
 
-def attention(
-    batch: int, ctx: int, cache: str, bandwidth: float, heads: tuple[int, int, int], v_pages: bool
-) -> None:
+def attention(batch: int, ctx: int, cache: str, bandwidth: float, heads: tuple[int, int, int]) -> None:
     """Paged decode attention over tiles x warps x stages x splits, beside decode_attention's defaults.
 
     Stages matter through Triton's pipeliner: the page lookup and the K/V tile it addresses form a chain
     of two loads, so ``num_stages = s`` keeps (s - 1) // 2 K/V tiles in flight per program (3 keeps one)."""
-    args = inputs(batch, ctx, cache, heads, v_pages)
+    args = inputs(batch, ctx, cache, heads)
     _, kv_heads, head_dim = heads
     kv_bytes = 2 * batch * ctx * kv_heads * head_dim * args[1].element_size()
     base_splits = choose_num_splits(batch, kv_heads, ctx, num_sms(args[0].device))
@@ -51,8 +49,7 @@ def attention(
                     rows.append((us, cfg, err))
     default_us = do_bench(partial(decode_attention, *args, max_seq_len=ctx), warmup=10, rep=50) * 1e3
     pct = 100 * kv_bytes / (default_us * 1e-6) / bandwidth
-    what = f"attn {batch} x {ctx} {cache} cache, V {'pages' if v_pages else 'rows'}"
-    print(f"{what}: default {default_us:.1f} us ({pct:.0f} % of copy bandwidth)")
+    print(f"attn {batch} x {ctx} {cache} cache: default {default_us:.1f} us ({pct:.0f} % of copy bandwidth)")
     for us, cfg, err in sorted(rows)[:12]:
         print(f"  {us:7.1f} us {kv_bytes / us / 1e3:5.0f} GB/s  {cfg}  rel err {err:.1e}")
 
@@ -84,8 +81,6 @@ def main() -> None:
     ap.add_argument("--caches", nargs="+", choices=["fp8", "bf16"], default=["fp8"])
     ap.add_argument("--skip", choices=["attention", "matmul"], action="append", default=[])
     ap.add_argument("--heads", default=",".join(map(str, DEFAULT_HEADS)), help="QUERY,KV,DIM heads")
-    ap.add_argument("--v-layouts", nargs="+", choices=["rows", "pages"], default=["rows"],
-                    help="V's pages as K's, or tokens contiguous (kv_cache.allocate's v_pages)")  # fmt: skip
     args = ap.parse_args()
     src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
@@ -95,8 +90,7 @@ def main() -> None:
         for shape in args.attention_shapes:
             batch, ctx = (int(x) for x in shape.split("x"))
             for cache in args.caches:
-                for layout in args.v_layouts:
-                    attention(batch, ctx, cache, bandwidth, parse_heads(args.heads), layout == "pages")
+                attention(batch, ctx, cache, bandwidth, parse_heads(args.heads))
     if "matmul" not in args.skip:
         matmul(args.rows, bandwidth)
 

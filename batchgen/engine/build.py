@@ -7,7 +7,6 @@ before graph capture) pair up across processes.
 
 from __future__ import annotations
 
-import os
 import time
 from typing import NamedTuple
 
@@ -75,8 +74,7 @@ def build_rank(
     clock.mark("model_s")
     cache_dtype = kv_cache.cache_dtype(options.kv_cache_dtype, dtype)
     num_blocks = group.min_int(_num_blocks(options, bundle.kv_shape, device, cache_dtype, limit), device)
-    v_pages = _fp8_v_pages(options, device, cache_dtype)
-    caches = kv_cache.allocate(bundle.kv_shape, num_blocks, options.block_size, cache_dtype, device, v_pages)
+    caches = kv_cache.allocate(bundle.kv_shape, num_blocks, options.block_size, cache_dtype, device)
     clock.mark("kv_cache_s")
     async_mode = options.async_mode if options.async_mode is not None else device.type == "cuda"
     # transformers' tp_plan (parallel/hf_plan.py) runs DTensor code whose capture in CUDA graphs is not
@@ -89,15 +87,6 @@ def build_rank(
     runner = _runner(options, bundle, caches, device, limit, async_mode, progress, governor, graphs, group)
     clock.mark("graphs_s" if device.type == "cuda" else "runner_s")
     return RankEngine(bundle, runner, num_blocks, device, dtype, limit, async_mode, clock.phases)
-
-
-def _fp8_v_pages(options: EngineConfig, device: torch.device, cache_dtype: torch.dtype) -> bool:
-    """An FP8 cache's V pages with tokens contiguous (kv_cache.allocate), for the Triton kernels only. Off
-    until measured on the H200 (docs/kernels.md): ``BATCHGEN_FP8_V_PAGES=1`` turns it on for that A/B.
-    The kernels read V by whole pages, so a page must divide every tile they pick (32 tokens at least)."""
-    triton = device.type == "cuda" and options.attention_backend != "torch"
-    wanted = os.environ.get("BATCHGEN_FP8_V_PAGES", "0") == "1"
-    return wanted and triton and cache_dtype == torch.float8_e4m3fn and 32 % options.block_size == 0
 
 
 def _triton_warmup(options: EngineConfig, device: torch.device):

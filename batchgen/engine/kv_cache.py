@@ -67,27 +67,15 @@ def default_cpu_budget() -> int:
 
 
 def allocate(
-    shape: KVShape,
-    num_blocks: int,
-    block_size: int,
-    dtype: torch.dtype,
-    device: torch.device,
-    v_pages: bool = False,
+    shape: KVShape, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Per layer (K, V), each seen as [num_blocks, block_size, kv_heads, head_dim]. ``v_pages``: V's memory
-    is [num_blocks, kv_heads, head_dim, block_size] (tokens contiguous in a page, read page by page by the
-    Triton kernels: an e4m3 cache's P @ V then skips byte loads; docs/kernels.md), behind the same view."""
     dims = (num_blocks, block_size, shape.num_kv_heads, shape.head_dim)
-    # Zero-filled: kernels mask unwritten slots, but NaN garbage must never reach a matmul (and the kernels
-    # reading V by pages read the unwritten tail of a sequence's last page, weighted 0).
+    # Zero-filled: kernels mask unwritten slots, but NaN garbage must never reach a matmul.
     zeros = _lazy_zeros if device.type == "cpu" else torch.zeros
-
-    def value_cache() -> torch.Tensor:
-        if not v_pages:
-            return zeros(dims, dtype=dtype, device=device)
-        return zeros((num_blocks, *dims[2:], block_size), dtype=dtype, device=device).permute(0, 3, 1, 2)
-
-    return [(zeros(dims, dtype=dtype, device=device), value_cache()) for _ in range(shape.num_layers)]
+    return [
+        (zeros(dims, dtype=dtype, device=device), zeros(dims, dtype=dtype, device=device))
+        for _ in range(shape.num_layers)
+    ]
 
 
 def _lazy_zeros(dims: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:

@@ -41,40 +41,6 @@ def load_rows(cache_ptr, rows, valid, d, MASKED: tl.constexpr):
 
 
 @triton.jit
-def load_v_pages(
-    v_ptr,  # V pages with tokens contiguous: [num_blocks, Hkv, D, block_size] in memory
-    bt_row_ptr,  # this sequence's block-table row, int32
-    start,  # the tile's first token, a multiple of BLOCK_SIZE
-    end,  # pages from here on are not read (their values come back 0)
-    kv_head,
-    stride_vb,
-    stride_vh,
-    stride_vd,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
-):
-    """The V tile of tokens [start, start + BLOCK_N) as [D, BLOCK_N], read page by page.
-
-    Tokens run contiguously within a page (16 bytes at e4m3 and block size 16) and the mask is per page,
-    so the copy stays asynchronous and vectorized, and P @ V reads token pairs from shared memory with
-    ``ldmatrix`` instead of one byte at a time (an e4m3 cache: docs/kernels.md). A page that starts before
-    ``end`` is read whole: its tail holds zeros from allocation or an older sequence's values, finite either
-    way (the FP8 write clamps to +-448, and the clamp maps NaN to a bound), and callers mask those tokens'
-    scores, so they weigh 0."""
-    PAGES: tl.constexpr = BLOCK_N // BLOCK_SIZE
-    pi = tl.arange(0, PAGES)
-    page_ok = start + pi * BLOCK_SIZE < end  # [PAGES]
-    pages = tl.load(bt_row_ptr + start // BLOCK_SIZE + pi, mask=page_ok, other=0).to(tl.int64)
-    base = pages * stride_vb + kv_head * stride_vh  # [PAGES]
-    d = tl.arange(0, HEAD_DIM) * stride_vd
-    t = tl.arange(0, BLOCK_SIZE)
-    ptrs = v_ptr + base[None, :, None] + d[:, None, None] + t[None, None, :]  # [D, PAGES, BLOCK_SIZE]
-    vt = tl.load(ptrs, mask=page_ok[None, :, None], other=0.0)
-    return tl.reshape(vt, (HEAD_DIM, BLOCK_N))
-
-
-@triton.jit
 def online_softmax_step(
     q,  # [M, D]
     k,  # [N, D]
@@ -121,17 +87,6 @@ def needs_f32_dot(tensor: torch.Tensor) -> bool:
     """Triton 3.9's interpreter multiplies bf16 operands of tl.dot as their raw uint16 bits: off-GPU,
     upcast bf16 tiles (already rounded to bf16, so only the summation order differs from the GPU)."""
     return tensor.device.type != "cuda" and tensor.dtype == torch.bfloat16
-
-
-def v_pages_hold_tokens(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
-    """Whether V's pages hold each head-dim lane's tokens contiguously ([blocks, Hkv, D, block_size] in
-    memory, seen as a [blocks, block_size, Hkv, D] view: ``kv_cache.allocate``); else V is laid out as K."""
-    assert k_cache.shape == v_cache.shape and k_cache.stride(-1) == 1
-    if v_cache.stride() == k_cache.stride():
-        return False
-    size, dim = v_cache.shape[1], v_cache.shape[3]
-    assert v_cache.stride()[1:] == (1, dim * size, size), "V pages: as K's or [blocks, Hkv, D, block_size]"
-    return True
 
 
 def check_head_dim(head_dim: int) -> None:

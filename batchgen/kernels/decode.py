@@ -23,9 +23,7 @@ from batchgen.kernels.attn_tile import (
     group_pad,
     kv_rows,
     load_rows,
-    load_v_pages,
     needs_f32_dot,
-    v_pages_hold_tokens,
 )
 from batchgen.kernels.attn_tile import online_softmax_step as _step
 
@@ -60,9 +58,6 @@ def _decode_split_kernel(
     stride_co,
     stride_ch,
     stride_bt,
-    stride_vb,  # V's own strides, read when V_PAGES (else V is laid out as K)
-    stride_vh,
-    stride_vd,
     NUM_Q_HEADS: tl.constexpr,
     GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr,
@@ -74,7 +69,6 @@ def _decode_split_kernel(
     DOT_PREC: tl.constexpr,
     DOT_F32: tl.constexpr,
     KV_F16: tl.constexpr = False,  # an FP8 cache: tiles (and q) in fp16, the e4m3 -> fp16 convert is native
-    V_PAGES: tl.constexpr = False,  # V pages hold tokens contiguously (attn_tile.load_v_pages)
 ):
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -94,12 +88,8 @@ def _decode_split_kernel(
     split_tokens = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N  # this sequence's share
     lo = split * split_tokens
     hi = tl.minimum(lo + split_tokens, seq_len)
-    first = lo
     if USE_WINDOW:
-        first = tl.maximum(lo, seq_len - window)  # decode query sits at seq_len - 1
-        lo = first
-        if V_PAGES:  # V read by pages starts on a page; the tokens before the window are masked below
-            lo = first // BLOCK_SIZE * BLOCK_SIZE
+        lo = tl.maximum(lo, seq_len - window)  # decode query sits at seq_len - 1
     bt_row = bt_ptr + b.to(tl.int64) * stride_bt
 
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], dtype=tl.float32)
@@ -108,17 +98,9 @@ def _decode_split_kernel(
     for start in range(lo, hi, BLOCK_N):
         offs = start + tl.arange(0, BLOCK_N)
         valid = offs < hi
-        if USE_WINDOW:  # noqa: SIM102 (constexpr branches, compiled out)
-            if V_PAGES:  # the first page may start before the window
-                valid = valid & (offs >= first)
         rows = kv_rows(bt_row, offs, valid, kv_head, stride_cb, stride_co, stride_ch, BLOCK_SIZE, True)
         k = load_rows(k_ptr, rows, valid, d, True).to(q.dtype)  # [BLOCK_N, D]
-        if V_PAGES:
-            vt = load_v_pages(v_ptr, bt_row, start, hi, kv_head, stride_vb, stride_vh, stride_vd, HEAD_DIM,
-                              BLOCK_N, BLOCK_SIZE)  # fmt: skip
-            v = tl.trans(vt.to(q.dtype))  # [BLOCK_N, D]
-        else:
-            v = load_rows(v_ptr, rows, valid, d, True).to(q.dtype)
+        v = load_rows(v_ptr, rows, valid, d, True).to(q.dtype)
         acc, l_i, m_i = _step(q, k, v, acc, l_i, m_i, valid[None, :], qk_scale, True, DOT_PREC, DOT_F32)
 
     has_keys = l_i > 0
@@ -214,15 +196,13 @@ def decode_attention(
     batch = seq_lens.shape[0]
     kv_heads = k_cache.shape[2]
     check_head_dim(head_dim)
-    assert q_heads % kv_heads == 0
-    v_pages = v_pages_hold_tokens(k_cache, v_cache)
+    assert q_heads % kv_heads == 0 and k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1
     fp8_cache = k_cache.element_size() == 1
     if block_n is None:
         # 64 tokens of K and V per stage (32 KiB at bf16/D=128); wider rows halve it to fit 3 stages in smem.
         # An FP8 cache holds 128 tokens in those bytes (H200, 32 x 4K: 149 vs 178 us at 64).
         block_n = 64 if head_dim * query.element_size() <= 256 else 32
         block_n = 2 * block_n if fp8_cache else block_n
-    assert not v_pages or block_n % k_cache.shape[1] == 0, "V read by pages: tiles of whole pages"
     if kv_f16 is None:
         # An FP8 cache's tiles go to fp16 (one native convert; bf16 takes three) and q with them: 127 vs
         # 149 us there. q's magnitudes stay far inside fp16's range (~6.5e4) in the models served.
@@ -248,11 +228,10 @@ def decode_attention(
         scale * LOG2E * kv_scales[0], kv_scales[1], sliding_window or 0, num_splits,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
-        v_cache.stride(0), v_cache.stride(2), v_cache.stride(3),
         NUM_Q_HEADS=q_heads, GROUP=group, GROUP_PAD=group_pad(group), HEAD_DIM=head_dim,
         BLOCK_N=block_n, BLOCK_SIZE=k_cache.shape[1], SPLIT=num_splits > 1,
         USE_WINDOW=sliding_window is not None, DOT_PREC=dot_precision(query), DOT_F32=needs_f32_dot(query),
-        KV_F16=kv_f16, V_PAGES=v_pages, num_warps=num_warps, num_stages=num_stages,
+        KV_F16=kv_f16, num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     if num_splits > 1:
         _decode_merge_kernel[(batch, q_heads)](

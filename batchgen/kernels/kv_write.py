@@ -11,8 +11,6 @@ import torch
 import triton
 import triton.language as tl
 
-from batchgen.kernels.attn_tile import v_pages_hold_tokens
-
 
 @triton.jit
 def _write_kv_kernel(
@@ -25,13 +23,9 @@ def _write_kv_kernel(
     stride_kh,
     stride_vt,
     stride_vh,
-    stride_cb,  # K cache strides: block, offset, head
+    stride_cb,  # cache strides (k and v caches share them): block, offset, head
     stride_co,
     stride_ch,
-    stride_wb,  # V cache strides: block, offset, head, head-dim lane (K's, or tokens contiguous in a page)
-    stride_wo,
-    stride_wh,
-    stride_wd,
     block_size,
     NUM_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -46,12 +40,11 @@ def _write_kv_kernel(
     blk = tl.maximum(slot, 0) // block_size
     off = tl.maximum(slot, 0) % block_size
     dst = blk * stride_cb + off * stride_co + h * stride_ch + d  # [HEADS_PAD, D]
-    v_dst = blk * stride_wb + off * stride_wo + h * stride_wh + d * stride_wd
     mask = mask & (d < HEAD_DIM)  # full [HEADS_PAD, D] mask
     k = tl.load(key_ptr + t * stride_kt + h * stride_kh + d, mask=mask)
     v = tl.load(value_ptr + t * stride_vt + h * stride_vh + d, mask=mask)
     tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
-    tl.store(v_cache_ptr + v_dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
 
 def write_kv(
@@ -63,8 +56,8 @@ def write_kv(
 ) -> None:
     """Scatter ``key``/``value`` rows into the paged cache in place (CUDA-graph capturable)."""
     num_tokens, num_heads, head_dim = key.shape
-    v_pages_hold_tokens(k_cache, v_cache)  # checks V's layout: K's, or tokens contiguous in a page
-    assert head_dim == k_cache.shape[-1]
+    assert k_cache.shape == v_cache.shape and k_cache.stride() == v_cache.stride()
+    assert k_cache.stride(-1) == 1 and head_dim == k_cache.shape[-1]
     assert head_dim >= 16 and head_dim & (head_dim - 1) == 0, "head_dim must be a power of two >= 16"
     if num_tokens == 0:
         return
@@ -74,7 +67,7 @@ def write_kv(
     _write_kv_kernel[(num_tokens,)](
         key, value, k_cache, v_cache, slot_mapping,
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), *v_cache.stride(),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         k_cache.shape[1],
         NUM_HEADS=num_heads, HEAD_DIM=head_dim, HEADS_PAD=triton.next_power_of_2(num_heads),
         num_warps=4 if num_heads * head_dim >= 1024 else 1,

@@ -18,15 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from batchgen.kernels.attn_tile import (
-    check_head_dim,
-    dot_precision,
-    kv_rows,
-    load_rows,
-    load_v_pages,
-    needs_f32_dot,
-    v_pages_hold_tokens,
-)
+from batchgen.kernels.attn_tile import check_head_dim, dot_precision, kv_rows, load_rows, needs_f32_dot
 from batchgen.kernels.attn_tile import online_softmax_step as _step
 
 LOG2E = 1.4426950408889634
@@ -72,9 +64,6 @@ def _prefill_kernel(
     stride_co,
     stride_ch,
     stride_bt,
-    stride_vb,  # V's own strides, read when V_PAGES (else V is laid out as K)
-    stride_vh,
-    stride_vd,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -84,7 +73,6 @@ def _prefill_kernel(
     USE_WINDOW: tl.constexpr,
     DOT_PREC: tl.constexpr,
     DOT_F32: tl.constexpr,
-    V_PAGES: tl.constexpr = False,  # V pages hold tokens contiguously (attn_tile.load_v_pages)
 ):
     # Last tiles first: within a sequence they see the most keys, so the long programs start early.
     tile = num_tiles - 1 - tl.program_id(0)
@@ -115,8 +103,6 @@ def _prefill_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     if USE_WINDOW:
         kv_lo = tl.maximum(ctx + tok_lo - window + 1, 0)
-        if V_PAGES:  # V read by pages starts on a page; the window mask hides the keys before it
-            kv_lo = kv_lo // BLOCK_SIZE * BLOCK_SIZE
         full_hi = kv_lo  # every tile needs the window mask
     else:
         kv_lo = 0
@@ -125,24 +111,14 @@ def _prefill_kernel(
         offs = start + tl.arange(0, BLOCK_N)
         rows = kv_rows(bt_row, offs, offs, kv_head, stride_cb, stride_co, stride_ch, BLOCK_SIZE, False)
         k = load_rows(k_ptr, rows, offs, d, False).to(q.dtype)  # [BLOCK_N, D]
-        if V_PAGES:
-            vt = load_v_pages(v_ptr, bt_row, start, full_hi, kv_head, stride_vb, stride_vh, stride_vd,
-                              HEAD_DIM, BLOCK_N, BLOCK_SIZE)  # fmt: skip
-            v = tl.trans(vt.to(q.dtype))  # [BLOCK_N, D]
-        else:
-            v = load_rows(v_ptr, rows, offs, d, False).to(q.dtype)
+        v = load_rows(v_ptr, rows, offs, d, False).to(q.dtype)
         acc, l_i, m_i = _step(q, k, v, acc, l_i, m_i, q, qk_scale, False, DOT_PREC, DOT_F32)
     for start in range(full_hi, kv_hi, BLOCK_N):
         offs = start + tl.arange(0, BLOCK_N)
         valid = offs < kv_hi
         rows = kv_rows(bt_row, offs, valid, kv_head, stride_cb, stride_co, stride_ch, BLOCK_SIZE, True)
         k = load_rows(k_ptr, rows, valid, d, True).to(q.dtype)  # [BLOCK_N, D]
-        if V_PAGES:
-            vt = load_v_pages(v_ptr, bt_row, start, kv_hi, kv_head, stride_vb, stride_vh, stride_vd, HEAD_DIM,
-                              BLOCK_N, BLOCK_SIZE)  # fmt: skip
-            v = tl.trans(vt.to(q.dtype))  # [BLOCK_N, D]
-        else:
-            v = load_rows(v_ptr, rows, valid, d, True).to(q.dtype)
+        v = load_rows(v_ptr, rows, valid, d, True).to(q.dtype)
         mask = valid[None, :] & (offs[None, :] <= q_pos[:, None])  # [BLOCK_M, BLOCK_N]
         if USE_WINDOW:
             mask &= offs[None, :] > q_pos[:, None] - window
@@ -185,12 +161,10 @@ def prefill_attention(
     batch = seq_lens.shape[0]
     kv_heads = k_cache.shape[2]
     check_head_dim(head_dim)
-    assert q_heads % kv_heads == 0
-    v_pages = v_pages_hold_tokens(k_cache, v_cache)
+    assert q_heads % kv_heads == 0 and k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1
     cfg = default_prefill_config(head_dim, query.dtype, block_m)
     given = dict(block_n=block_n, num_warps=num_warps, num_stages=num_stages)
     cfg.update({key: val for key, val in given.items() if val is not None})
-    assert not v_pages or cfg["block_n"] % k_cache.shape[1] == 0, "V read by pages: tiles of whole pages"
     query = query if query.stride(-1) == 1 else query.contiguous()
     block_tables = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()
     out = torch.empty(query.shape, dtype=query.dtype, device=query.device) if out is None else out
@@ -203,10 +177,9 @@ def prefill_attention(
         scale * LOG2E * kv_scales[0], kv_scales[1], sliding_window or 0, batch, num_tiles,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
-        v_cache.stride(0), v_cache.stride(2), v_cache.stride(3),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_M=cfg["block_m"], BLOCK_N=cfg["block_n"],
         BLOCK_SIZE=k_cache.shape[1], SEQS_PAD=max(MIN_SEQS_PAD, triton.next_power_of_2(batch + 1)),
         USE_WINDOW=sliding_window is not None, DOT_PREC=dot_precision(query), DOT_F32=needs_f32_dot(query),
-        V_PAGES=v_pages, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip
     return out

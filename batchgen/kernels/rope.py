@@ -13,7 +13,6 @@ import torch
 import triton
 import triton.language as tl
 
-from batchgen.kernels.attn_tile import v_pages_hold_tokens
 from batchgen.kernels.fp8_quant import exact_rounding, to_fp8
 
 
@@ -50,13 +49,9 @@ def _rope_kv_kernel(
     v_cache_ptr,
     slot_ptr,  # [T] int64, -1 = padding row: nothing written to the cache
     stride_t,
-    stride_cb,  # K cache strides: block, offset, head
+    stride_cb,
     stride_co,
     stride_ch,
-    stride_vb,  # V cache strides: block, offset, head, head-dim lane (K's, or tokens contiguous in a page)
-    stride_vo,
-    stride_vh,
-    stride_vd,
     block_size,
     eps,
     k_scale,
@@ -100,9 +95,7 @@ def _rope_kv_kernel(
     # A padding row is a fully masked store, which keeps the launch branch-free.
     w_mask = kv_mask & (hk < tl.where(slot >= 0, KV_HEADS, 0))
     slot = tl.maximum(slot, 0)
-    blk, off = slot // block_size, slot % block_size
-    dst = blk * stride_cb + off * stride_co + hk * stride_ch + j[None, :]
-    v_dst = blk * stride_vb + off * stride_vo + hk * stride_vh + j[None, :] * stride_vd
+    dst = (slot // block_size) * stride_cb + (slot % block_size) * stride_co + hk * stride_ch + j[None, :]
     cache_dt = k_cache_ptr.dtype.element_ty
     if FP8_CACHE:
         k1 = to_fp8(k1.to(tl.float32) / k_scale, cache_dt, ROUND)
@@ -111,8 +104,8 @@ def _rope_kv_kernel(
         v2 = to_fp8(v2.to(tl.float32) / v_scale, cache_dt, ROUND)
     tl.store(k_cache_ptr + dst, k1.to(cache_dt), mask=w_mask)
     tl.store(k_cache_ptr + dst + HALF, k2.to(cache_dt), mask=w_mask)
-    tl.store(v_cache_ptr + v_dst, v1.to(cache_dt), mask=w_mask)
-    tl.store(v_cache_ptr + v_dst + HALF * stride_vd, v2.to(cache_dt), mask=w_mask)
+    tl.store(v_cache_ptr + dst, v1.to(cache_dt), mask=w_mask)
+    tl.store(v_cache_ptr + dst + HALF, v2.to(cache_dt), mask=w_mask)
 
 
 def rope_write_kv(
@@ -133,16 +126,14 @@ def rope_write_kv(
     tokens, half = qkv.shape[0], cos.shape[-1]
     dim = 2 * half
     assert qkv.stride(-1) == 1 and qkv.shape[1] == (q_heads + 2 * kv_heads) * dim
-    assert cos.is_contiguous() and sin.is_contiguous()
-    v_pages_hold_tokens(k_cache, v_cache)  # checks V's layout: K's, or tokens contiguous in a page
+    assert cos.is_contiguous() and sin.is_contiguous() and k_cache.stride() == v_cache.stride()
     assert half >= 8 and half & (half - 1) == 0, "head_dim must be a power of two >= 16"
     if tokens:
         norm = q_norm is not None
         _rope_kv_kernel[(tokens,)](
             qkv, positions, cos, sin, q_norm if norm else cos, k_norm if norm else cos,
             k_cache, v_cache, slot_mapping, qkv.stride(0),
-            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), *v_cache.stride(), k_cache.shape[1], eps,
-            *kv_scales,
+            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), k_cache.shape[1], eps, *kv_scales,
             Q_HEADS=q_heads, KV_HEADS=kv_heads, Q_PAD=triton.next_power_of_2(q_heads),
             KV_PAD=triton.next_power_of_2(kv_heads), HALF=half, QK_NORM=norm,
             FP8_CACHE=k_cache.dtype == torch.float8_e4m3fn, ROUND=exact_rounding(qkv),

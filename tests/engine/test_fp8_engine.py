@@ -105,26 +105,3 @@ def test_gpu_fp8_engine_graphs_equal_eager(tiny_llama):
             splits[i] = why
     bad = [i for i, why in splits.items() if why is None]
     assert not bad and len(splits) <= 2, f"prompts {bad} differ at decisive tokens (near-ties: {splits})"
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_gpu_fp8_v_pages_generate_what_v_rows_do(tiny_llama, monkeypatch):
-    """An FP8 cache with V pages holding tokens contiguously (BATCHGEN_FP8_V_PAGES=1, kv_cache.allocate)
-    holds the same values as one laid out as K: the same tokens, or a split at an FP8 near-tie."""
-    from transformers import AutoTokenizer
-
-    prompts = make_prompts(AutoTokenizer.from_pretrained(tiny_llama), count=12, max_tokens=200, seed=5)
-    options = dict(dtype="bfloat16", quantization="fp8", kv_cache_dtype="fp8", max_num_seqs=8)
-    params = SamplingParams(max_new_tokens=24, ignore_eos=True, logprobs=True)
-    runs = {}
-    for pages in ("0", "1"):
-        monkeypatch.setenv("BATCHGEN_FP8_V_PAGES", pages)
-        llm = LLM(tiny_llama, **options)
-        v_cache = llm._engine.runner.kv_caches[0][1]
-        assert (v_cache.stride(1) == 1) is (pages == "1")
-        runs[pages] = llm.generate(prompts, params)
-    splits = {i: _first_split(a, b) for i, (a, b) in enumerate(zip(runs["0"], runs["1"], strict=True))}
-    differ = {i: why for i, why in splits.items() if runs["0"][i].token_ids != runs["1"][i].token_ids}
-    bad = [i for i, why in differ.items() if why is None]
-    assert not bad and len(differ) <= 2, f"prompts {bad} differ at decisive tokens (near-ties: {differ})"
