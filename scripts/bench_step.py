@@ -22,6 +22,8 @@ import gc
 import json
 import sys
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -61,6 +63,36 @@ def decode_inputs(step_id: int, batch: int, context: int, block_size: int) -> St
         np.zeros(batch, np.float32), np.ones(batch, np.float32), zeros, zeros, zeros,
         False, False, 1, context,
     )  # fmt: skip
+
+
+def prefill_inputs(step_id: int, seqs: int, length: int, block_size: int) -> StepInputs:
+    """``seqs`` prompts of ``length`` tokens, each prefilled whole into its own run of blocks (B2's
+    steps: 16 x 512 = the 8192-token budget); the last token of each is sampled (greedy)."""
+    per_seq = -(-length // block_size)
+    tables = np.arange(seqs * per_seq, dtype=np.int32).reshape(seqs, per_seq)
+    positions = np.tile(np.arange(length, dtype=np.int64), seqs)
+    rows = np.repeat(np.arange(seqs), length)
+    slots = tables[rows, positions // block_size].astype(np.int64) * block_size + positions % block_size
+    cu = np.arange(seqs + 1, dtype=np.int32) * length
+    tokens = 100 + (np.arange(seqs * length, dtype=np.int64) * 7919) % 30000
+    zeros = np.zeros(seqs, np.int64)
+    return StepInputs(
+        step_id, tokens, np.full(seqs * length, -1, np.int64), positions, slots, cu,
+        np.full(seqs, length, np.int32), tables, (cu[1:] - 1).astype(np.int64), np.zeros(seqs, np.float32),
+        np.ones(seqs, np.float32), zeros, zeros, zeros, False, False, length, length,
+    )  # fmt: skip
+
+
+def time_prefill(llm: LLM, seqs: int, length: int, steps: int) -> dict:
+    """GPU ms of a prefill step (eager, as the engine runs a step of whole prompts), after 2 warm-ups."""
+    runner, block = llm._engine.runner, llm.config.block_size
+    for i in range(2):
+        runner.fetch(runner.launch(prefill_inputs(i, seqs, length, block)))
+    busy0, t0 = runner.gpu_busy_s, time.perf_counter()
+    for i in range(2, 2 + steps):
+        runner.fetch(runner.launch(prefill_inputs(i, seqs, length, block)))
+    wall = time.perf_counter() - t0
+    return {"gpu_ms": (runner.gpu_busy_s - busy0) / steps * 1e3, "wall_ms": wall / steps * 1e3}
 
 
 def time_steps(llm: LLM, batch: int, context: int, steps: int) -> dict:
@@ -162,13 +194,13 @@ def roofline_ms(model, sizes: dict, batch: int, context: int, bandwidth: float, 
     return (weights + batch * context * sizes["kv_per_token"]) / bandwidth * 1e3
 
 
-def print_kernels(llm: LLM, batch: int, context: int, steps: int, trace: str | None = None) -> None:
-    """Where a step's GPU time goes: the kernels of ``steps`` graph replays by their total time; with
-    ``trace``, also the timeline (Chrome trace) and the GPU's largest gaps between kernels."""
+def print_kernels(run: Callable[[], object], trace: str | None = None) -> None:
+    """Where a step's GPU time goes: the kernels ``run`` launches by their total time; with ``trace``,
+    also the timeline (Chrome trace) and the GPU's largest gaps between kernels."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        time_steps(llm, batch, context, steps)
+        run()
     table = prof.key_averages().table(
         sort_by="self_device_time_total", row_limit=30, max_name_column_width=70
     )
@@ -199,6 +231,24 @@ def print_gaps(trace: str, top: int = 15) -> None:
         print(f"  gap {gap:9.1f} us  after {before}  before {after}", flush=True)
 
 
+def prefill_line(llm: LLM, model, shape: str, label: str, profile: int) -> dict:
+    """Time prefill steps of ``shape`` (SEQSxLEN) and print their GPU ms and the projections' TFLOP/s;
+    ``profile``: then the kernels of that many prefill steps."""
+    seqs, length = (int(x) for x in shape.lower().split("x"))
+    r = time_prefill(llm, seqs, length, steps=5)
+    linear = sum(
+        m.weight.numel()
+        for n, m in model.named_modules()
+        if isinstance(m, torch.nn.Linear) and "lm_head" not in n
+    )
+    r["tflops"] = 2 * linear * seqs * length / (r["gpu_ms"] * 1e-3) / 1e12
+    line = f"{label} prefill {seqs} x {length}: GPU {r['gpu_ms']:.2f} ms/step, wall {r['wall_ms']:.2f}; "
+    print(line + f"{r['tflops']:.0f} TFLOP/s in the projections", flush=True)
+    if profile:
+        print_kernels(partial(time_prefill, llm, seqs, length, profile))
+    return r
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", action="append", choices=list(PRESETS), help="repeatable [B1 B3]; B5: 2 GPUs")
@@ -213,6 +263,9 @@ def main() -> int:
     ap.add_argument("--dump-after", type=float, default=280, help="print every thread's stack after S s")
     ap.add_argument("--profile", type=int, default=0, metavar="N", help="then print the kernels of N steps")
     ap.add_argument("--trace", help="with --profile: write the Chrome trace here and print the GPU's gaps")
+    ap.add_argument(
+        "--prefill", metavar="SEQSxLEN", help="also time prefill steps of SEQS prompts of LEN tokens"
+    )
     args = ap.parse_args()
     import faulthandler
 
@@ -260,7 +313,9 @@ def main() -> int:
                 line += f"; routed experts per layer {r['routed_experts_mean']}"
             print(line, flush=True)
             if args.profile:
-                print_kernels(llm, batch, context, args.profile, args.trace)
+                print_kernels(partial(time_steps, llm, batch, context, args.profile), args.trace)
+            if args.prefill:
+                r["prefill"] = prefill_line(llm, model, args.prefill, f"{name} {impl:12s}{tag}", args.profile)
             results.append(r)
             del llm
             gc.collect()

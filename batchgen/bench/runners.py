@@ -103,6 +103,8 @@ def run_batchgen(
     if llm.device.type != "cuda":
         step["gpu_busy_s"] = None  # no device stream to be busy: the CPU runner reports 0
     engine_fields(record, step)
+    if llm.stats.gpu_idle:  # idle and busy time by step kind (whole life of the LLM: the warm-up too)
+        record["gpu_idle"] = llm.stats.gpu_idle
     graphs = getattr(llm._engine.runner, "graph_memory", {})  # what the decode graphs cost, by slot count
     record.update({f"graph_mib_{k}": round(v / 2**20, 1) for k, v in graphs.items()})
     return finish(record, tokens)

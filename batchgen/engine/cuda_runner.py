@@ -204,7 +204,7 @@ class CudaRunner(GraphCaptures):
         self.gpu_busy_s += busy / 1000.0
         decode = handle.bucket > 0 and not handle.mixed
         kind = "graph" if decode else "mixed" if handle.replayed else "eager"
-        gap = self.idle.fetched(handle.step_id, kind, handle.samples)
+        gap = self.idle.fetched(handle.step_id, kind, handle.samples, busy)
         if not handle.masked and not handle.captured:
             self._measured(handle, kind, busy, gap)
         tokens = slot.host_tokens[: handle.samples].tolist()

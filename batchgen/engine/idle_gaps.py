@@ -27,6 +27,7 @@ class IdleGaps:
         self._last_fetched: int | None = None
         self.idle_ms = {"graph": 0.0, "eager": 0.0, "mixed": 0.0}
         self.steps = {"graph": 0, "eager": 0, "mixed": 0}
+        self.busy_ms = {"graph": 0.0, "eager": 0.0, "mixed": 0.0}  # compute time, by the same kinds
         self.long_gaps = 0  # gaps over LONG_GAP_MS
         self._largest: list[tuple[float, int, str, int]] = []  # min-heap of (ms, step, kind, samples)
 
@@ -37,10 +38,12 @@ class IdleGaps:
         """After the step's last compute work (a masked step's sampling part re-marks its end)."""
         self._marks[step_id % RING][1].record(stream)
 
-    def fetched(self, step_id: int, kind: str, samples: int) -> float:
-        """Step ``step_id``'s tokens reached the host: its start and its predecessor's end have happened.
-        Returns the idle ms before it (0 when its predecessor was not fetched just before)."""
+    def fetched(self, step_id: int, kind: str, samples: int, busy_ms: float = 0.0) -> float:
+        """Step ``step_id``'s tokens reached the host: its start and its predecessor's end have happened
+        (``busy_ms``: its compute time). Returns the idle ms before it (0 when its predecessor was not
+        fetched just before)."""
         self.steps[kind] += 1
+        self.busy_ms[kind] += busy_ms
         gap = 0.0
         if self._last_fetched == step_id - 1:
             gap = self._marks[(step_id - 1) % RING][1].elapsed_time(self._marks[step_id % RING][0])
@@ -61,6 +64,9 @@ class IdleGaps:
             "graph_steps": self.steps["graph"],
             "eager_steps": self.steps["eager"],
             "mixed_steps": self.steps["mixed"],
+            "busy_ms_graph_steps": round(self.busy_ms["graph"], 1),
+            "busy_ms_eager_steps": round(self.busy_ms["eager"], 1),
+            "busy_ms_mixed_steps": round(self.busy_ms["mixed"], 1),
             f"gaps_over_{LONG_GAP_MS:g}_ms": self.long_gaps,
             "largest": [{"ms": round(ms, 2), "step": s, "kind": k, "rows": n} for ms, s, k, n in largest],
         }

@@ -37,9 +37,11 @@ def test_gaps_are_filed_under_the_step_that_waited():
     for step, (idle, _) in enumerate(plan):  # one step in flight ahead, as the async engine runs
         _run(gaps, clock, step, idle, 1.0)
         if step:
-            gaps.fetched(step - 1, plan[step - 1][1], 256)
-    gaps.fetched(len(plan) - 1, "graph", 3)
+            gaps.fetched(step - 1, plan[step - 1][1], 256, busy_ms=float(step))
+    gaps.fetched(len(plan) - 1, "graph", 3, busy_ms=1.0)
     out = gaps.summary()
+    # compute time by kind (step k: k + 1 ms, the last 1): graph 0, 1, 3, 4, 6; eager 2; mixed 5
+    assert (out["busy_ms_graph_steps"], out["busy_ms_eager_steps"], out["busy_ms_mixed_steps"]) == (13, 3, 6)
     assert out["idle_ms_before_graph_steps"] == round(0.2 + 0.1 + 1.5, 1)
     assert (out["idle_ms_before_eager_steps"], out["idle_ms_before_mixed_steps"]) == (5.0, 0.3)
     assert (out["graph_steps"], out["eager_steps"], out["mixed_steps"], out["gaps_over_1_ms"]) == (5, 1, 1, 2)
