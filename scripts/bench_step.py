@@ -83,14 +83,39 @@ def prefill_inputs(step_id: int, seqs: int, length: int, block_size: int) -> Ste
     )  # fmt: skip
 
 
-def time_prefill(llm: LLM, seqs: int, length: int, steps: int) -> dict:
-    """GPU ms of a prefill step (eager, as the engine runs a step of whole prompts), after 2 warm-ups."""
-    runner, block = llm._engine.runner, llm.config.block_size
+SAMPLE_FIELDS = ("temperature", "top_p", "top_k", "rng_keys", "rng_steps")
+
+
+def join_steps(first: StepInputs, second: StepInputs, block_size: int) -> StepInputs:
+    """One step of both steps' rows (``first``'s, e.g. decodes, then ``second``'s), ``second``'s blocks
+    moved past ``first``'s."""
+    offset = int(first.block_tables.max()) + 1
+    width = max(first.block_tables.shape[1], second.block_tables.shape[1])
+    tables = [np.pad(t, ((0, 0), (0, width - t.shape[1]))) for t in (first.block_tables, second.block_tables)]
+    cat = np.concatenate
+    return first._replace(
+        input_ids=cat([first.input_ids, second.input_ids]),
+        carry_rows=cat([first.carry_rows, second.carry_rows]),
+        positions=cat([first.positions, second.positions]),
+        slot_mapping=cat([first.slot_mapping, second.slot_mapping + offset * block_size]),
+        cu_seqlens_q=cat([first.cu_seqlens_q, second.cu_seqlens_q[1:] + first.cu_seqlens_q[-1]]),
+        seq_lens=cat([first.seq_lens, second.seq_lens]),
+        block_tables=cat([tables[0], tables[1] + offset]),
+        logits_indices=cat([first.logits_indices, second.logits_indices + len(first.input_ids)]),
+        **{f: cat([getattr(first, f), getattr(second, f)]) for f in SAMPLE_FIELDS},
+        max_q_len=max(first.max_q_len, second.max_q_len),
+        max_seq_len=max(first.max_seq_len, second.max_seq_len),
+    )
+
+
+def time_prefill(llm: LLM, make: Callable[[int], StepInputs], steps: int) -> dict:
+    """GPU ms of an eager step of prompts (``make(step_id)``), as the engine runs it, after 2 warm-ups."""
+    runner = llm._engine.runner
     for i in range(2):
-        runner.fetch(runner.launch(prefill_inputs(i, seqs, length, block)))
+        runner.fetch(runner.launch(make(i)))
     busy0, t0 = runner.gpu_busy_s, time.perf_counter()
     for i in range(2, 2 + steps):
-        runner.fetch(runner.launch(prefill_inputs(i, seqs, length, block)))
+        runner.fetch(runner.launch(make(i)))
     wall = time.perf_counter() - t0
     return {"gpu_ms": (runner.gpu_busy_s - busy0) / steps * 1e3, "wall_ms": wall / steps * 1e3}
 
@@ -232,20 +257,28 @@ def print_gaps(trace: str, top: int = 15) -> None:
 
 
 def prefill_line(llm: LLM, model, shape: str, label: str, profile: int) -> dict:
-    """Time prefill steps of ``shape`` (SEQSxLEN) and print their GPU ms and the projections' TFLOP/s;
-    ``profile``: then the kernels of that many prefill steps."""
-    seqs, length = (int(x) for x in shape.lower().split("x"))
-    r = time_prefill(llm, seqs, length, steps=5)
-    linear = sum(
-        m.weight.numel()
-        for n, m in model.named_modules()
-        if isinstance(m, torch.nn.Linear) and "lm_head" not in n
-    )
-    r["tflops"] = 2 * linear * seqs * length / (r["gpu_ms"] * 1e-3) / 1e12
-    line = f"{label} prefill {seqs} x {length}: GPU {r['gpu_ms']:.2f} ms/step, wall {r['wall_ms']:.2f}; "
+    """Time eager steps of ``shape``: SEQSxLEN prompts prefilled whole, optionally ``+ROWSxCONTEXT``
+    decoding rows in the same step (a B2 step where a wave's new prompts join its decodes); print their
+    GPU ms and the projections' TFLOP/s. ``profile``: then the kernels of that many steps."""
+    prompts, _, decodes = shape.lower().partition("+")
+    seqs, length = (int(x) for x in prompts.split("x"))
+    block = llm.config.block_size
+
+    def make(i: int) -> StepInputs:
+        step = prefill_inputs(i, seqs, length, block)
+        if decodes:
+            rows, context = (int(x) for x in decodes.split("x"))
+            step = join_steps(decode_inputs(i, rows, context, block), step, block)
+        return step
+
+    r = time_prefill(llm, make, steps=5)
+    linear = sum(m.weight.numel() for n, m in model.named_modules() if isinstance(m, torch.nn.Linear))
+    linear -= model.lm_head.weight.numel()  # the LM head reads only the sampled rows
+    r["tflops"] = 2 * linear * len(make(0).input_ids) / max(r["gpu_ms"] * 1e-3, 1e-9) / 1e12
+    line = f"{label} prefill {shape}: GPU {r['gpu_ms']:.2f} ms/step, wall {r['wall_ms']:.2f}; "
     print(line + f"{r['tflops']:.0f} TFLOP/s in the projections", flush=True)
     if profile:
-        print_kernels(partial(time_prefill, llm, seqs, length, profile))
+        print_kernels(partial(time_prefill, llm, make, profile))
     return r
 
 
@@ -264,7 +297,10 @@ def main() -> int:
     ap.add_argument("--profile", type=int, default=0, metavar="N", help="then print the kernels of N steps")
     ap.add_argument("--trace", help="with --profile: write the Chrome trace here and print the GPU's gaps")
     ap.add_argument(
-        "--prefill", metavar="SEQSxLEN", help="also time prefill steps of SEQS prompts of LEN tokens"
+        "--prefill",
+        action="append",
+        metavar="SEQSxLEN[+ROWSxCONTEXT]",
+        help="also time eager steps of prompts [+ decodes]",
     )
     args = ap.parse_args()
     import faulthandler
@@ -314,8 +350,10 @@ def main() -> int:
             print(line, flush=True)
             if args.profile:
                 print_kernels(partial(time_steps, llm, batch, context, args.profile), args.trace)
-            if args.prefill:
-                r["prefill"] = prefill_line(llm, model, args.prefill, f"{name} {impl:12s}{tag}", args.profile)
+            for shape in args.prefill or []:
+                r[f"prefill {shape}"] = prefill_line(
+                    llm, model, shape, f"{name} {impl:12s}{tag}", args.profile
+                )
             results.append(r)
             del llm
             gc.collect()

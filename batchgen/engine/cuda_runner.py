@@ -250,7 +250,9 @@ class CudaRunner(GraphCaptures):
 
     # --- the step body: eager or captured ---------------------------------------------------------
 
-    def _run(self, part: str, slot_id: int, shape: Shape, flags: tuple[bool, bool], bounds: tuple[int, int]):
+    def _run(
+        self, part: str, slot_id: int, shape: Shape, flags: tuple[bool, bool], bounds: tuple[int, int, int]
+    ):
         """A step's device work from the slot's buffers into its output buffers (no host sync). part:
         "step" (or "mixed": new prompts, padded to a token bucket) = forward + sampling; a masked step's
         "logits" = the forward into the logits buffer, then its "sample" = sampling those logits under the
@@ -273,12 +275,14 @@ class CudaRunner(GraphCaptures):
         if logprobs is not None:
             slot.out_logprobs[:samples].copy_(logprobs)
 
-    def _model_logits(self, slot_id: int, shape: Shape, bounds: tuple[int, int]) -> torch.Tensor:
+    def _model_logits(self, slot_id: int, shape: Shape, bounds: tuple[int, int, int]) -> torch.Tensor:
         slot, other = self.slots[slot_id], self.slots[(slot_id - 1) % len(self.slots)]
         dev = slot.views(shape).dev  # each field holds exactly its rows for this shape
+        max_q_len, max_seq_len, decodes = bounds
+        cu = dev["cu_seqlens_q"]
         ctx = PagedContext(
-            self.kv_caches, dev["slot_mapping"], dev["cu_seqlens_q"], dev["seq_lens"], dev["block_tables"],
-            *bounds, self.backend,
+            self.kv_caches, dev["slot_mapping"], cu, dev["seq_lens"], dev["block_tables"], max_q_len,
+            max_seq_len, self.backend, decodes, cu[decodes:] - decodes if decodes else None,
         )  # fmt: skip
         ids = apply_carry_over(dev["input_ids"], dev["carry_rows"], other.out_tokens)
         return self.forward(ids, dev["positions"], dev["logits_indices"], ctx)

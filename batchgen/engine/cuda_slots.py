@@ -50,19 +50,21 @@ def mixed_shape(tokens: int, max_seqs: int) -> Shape:
 class Layout(NamedTuple):
     """How the CUDA runner lays a step out: ``bucket`` > 0 pads it to a graph's shape (``part`` names
     the graph: "step" a decode, "mixed" new prompts, "logits" a masked decode's forward); 0 runs it at
-    its own shape. ``bounds``: (max query length, max sequence length) its kernels are launched for."""
+    its own shape. ``bounds``: (max query length, max sequence length, leading decode rows) its kernels
+    are launched for; the decode rows (sequences of one query row ahead of the prompts' chunks) of an
+    eager step with prompts run the decode attention kernel, 0 in graphs (their rows change per step)."""
 
     bucket: int
     part: str
     shape: Shape
-    bounds: tuple[int, int]
+    bounds: tuple[int, int, int]
 
 
 def graph_layout(bucket: int, part: str, max_seqs: int, max_model_len: int) -> Layout:
     """A graph's shape and bounds: the same for its eager uses, its capture and every replay."""
     if part == "mixed":
-        return Layout(bucket, part, mixed_shape(bucket, max_seqs), (bucket, max_model_len))
-    return Layout(bucket, part, decode_shape(bucket), (1, max_model_len))
+        return Layout(bucket, part, mixed_shape(bucket, max_seqs), (bucket, max_model_len, 0))
+    return Layout(bucket, part, decode_shape(bucket), (1, max_model_len, 0))
 
 
 def step_layout(
@@ -81,7 +83,16 @@ def step_layout(
     if bucket:
         return graph_layout(bucket, part, max_seqs, max_model_len)
     shape = Shape(inputs.num_tokens, len(inputs.seq_lens), len(inputs.logits_indices))
-    return Layout(0, part, shape, (inputs.max_q_len, inputs.max_seq_len))
+    return Layout(0, part, shape, (inputs.max_q_len, inputs.max_seq_len, leading_decodes(inputs)))
+
+
+def leading_decodes(inputs: StepInputs) -> int:
+    """How many sequences before the first of more than one query row (the engine puts decodes first);
+    0 for a decode-only step (it runs the decode kernel whole)."""
+    if inputs.decode_only:
+        return 0
+    longer = np.flatnonzero(np.diff(inputs.cu_seqlens_q) != 1)
+    return int(longer[0]) if len(longer) else 0
 
 
 class Slot:

@@ -29,6 +29,10 @@ class PagedContext(NamedTuple):
     max_q_len: int  # host-side bounds, fixed per CUDA-graph bucket
     max_seq_len: int
     backend: KernelBackend
+    # An eager step with prompts: its first ``decode_rows`` sequences have one query row each and run
+    # the decode kernel; the prompts' chunks run the varlen kernel on cu_seqlens_q from their first row.
+    decode_rows: int = 0
+    prompt_cu_seqlens_q: torch.Tensor | None = None  # [B - decode_rows + 1] int32, from 0
 
 
 def paged_attention_forward(

@@ -130,5 +130,5 @@ class TritonBackend:
         return self._kernels.paged_attention_triton(
             query, k_cache, v_cache, ctx.cu_seqlens_q, ctx.seq_lens, ctx.block_tables, scale, sliding_window,
             decode_only=ctx.max_q_len == 1, max_seq_len=ctx.max_seq_len, max_q_len=ctx.max_q_len,
-            kv_scales=kv_scales,
+            kv_scales=kv_scales, decode_rows=ctx.decode_rows, prompt_cu_seqlens_q=ctx.prompt_cu_seqlens_q,
         )  # fmt: skip

@@ -78,3 +78,20 @@ def test_reset_makes_every_row_inert():
     cuda_slots.reset_inputs(views)
     assert (views.dev["slot_mapping"].numpy() == -1).all() and (views.dev["carry_rows"].numpy() == -1).all()
     assert (views.dev["top_p"].numpy() == 1.0).all() and (views.dev["seq_lens"].numpy() == 0).all()
+
+
+def test_an_eager_step_bounds_its_leading_decode_rows():
+    """The decode rows the engine puts ahead of a step's prompt chunks are the attention's decode-kernel
+    rows (``Layout.bounds[2]``); a chunk of one token after a longer chunk is not among them, and graphed
+    layouts (decodes, token buckets) carry none."""
+    inputs = _step()  # q lengths 1, 5, 3: one leading decode
+    no_mixed_graphs = lambda tokens: 0  # noqa: E731
+    layout = cuda_slots.step_layout(inputs, [1, 2, 4, 8], no_mixed_graphs, MAX_SEQS, 16)
+    assert (layout.bucket, layout.bounds) == (0, (5, inputs.max_seq_len, 1))
+    cu = np.array([0, 1, 2, 7, 8], np.int32)  # decode, decode, chunk of 5, chunk of 1
+    assert cuda_slots.leading_decodes(inputs._replace(cu_seqlens_q=cu, max_q_len=5)) == 2
+    assert cuda_slots.leading_decodes(inputs._replace(cu_seqlens_q=np.array([0, 4, 5], np.int32))) == 0
+    decode = inputs._replace(cu_seqlens_q=np.array([0, 1, 2], np.int32), max_q_len=1)
+    assert cuda_slots.leading_decodes(decode) == 0  # decode-only: the decode kernel runs it whole
+    assert cuda_slots.graph_layout(8, "mixed", MAX_SEQS, 16).bounds[2] == 0
+    assert cuda_slots.step_layout(inputs, [1, 2, 4, 8], lambda tokens: 16, MAX_SEQS, 16).bounds[2] == 0

@@ -44,7 +44,7 @@ class PaddedRunner(EagerRunner):
     def _pad(self, inputs: StepInputs) -> StepInputs:
         """The CUDA runner's layout and bounds (``cuda_slots.step_layout``), every bucket graphed."""
         decode_buckets = cuda_slots.decode_buckets(MAX_SEQS)
-        _, part, shape, (max_q_len, max_seq_len) = cuda_slots.step_layout(
+        _, part, shape, (max_q_len, max_seq_len, _) = cuda_slots.step_layout(
             inputs, decode_buckets, self.mixed.bucket, MAX_SEQS, self.max_model_len
         )
         kind = "mixed" if part == "mixed" else "decode"

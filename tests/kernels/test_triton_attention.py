@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from batchgen.kernels import reference
+from batchgen.kernels import dispatch, reference
 from batchgen.kernels.cases import make_case, rel_error
 from batchgen.kernels.decode import choose_num_splits, decode_attention
 from batchgen.kernels.dispatch import paged_attention_triton, write_kv
@@ -123,6 +123,38 @@ def test_dispatcher_bf16(decode_only):
     _check(out, case, TOL[torch.bfloat16])
 
 
+@pytest.mark.parametrize("window", [None, 7])
+def test_dispatcher_decode_rows_ahead_of_prompts(window, monkeypatch):
+    """A step with prompts whose first sequences decode: those rows run the decode kernel, the chunks the
+    varlen kernel on cu_seqlens from their first row; padding rows stay as ``out`` held them."""
+    rows = {}  # kernel -> query rows it was given
+
+    def recording(name: str):
+        kernel = getattr(dispatch, name)
+
+        def run(query, *args, **kwargs):
+            rows[name] = len(query)
+            return kernel(query, *args, **kwargs)
+
+        return run
+
+    for name in ("decode_attention", "prefill_attention"):
+        monkeypatch.setattr(dispatch, name, recording(name))
+    q_lens = [1, 1, 1, 6, 1, 3]  # 3 leading decodes; a chunk of 1 later is still the varlen kernel's
+    case = make_case(q_lens, [20, 45, 9, 30, 12, 3], q_heads=8, kv_heads=2, head_dim=32, dtype=torch.bfloat16,
+                     pad_rows=2, sliding_window=window, device=DEVICE)  # fmt: skip
+    cu = case.cu_seqlens_q
+    out = torch.full_like(case.query, 7.0)
+    got = paged_attention_triton(
+        *case.attn_args(), decode_only=False, max_seq_len=64, max_q_len=6, out=out, decode_rows=3,
+        prompt_cu_seqlens_q=cu[3:] - 3,
+    )  # fmt: skip
+    assert got.data_ptr() == out.data_ptr()
+    _check(got, case, TOL[torch.bfloat16])
+    assert bool((got[case.num_valid_rows :] == 7.0).all())
+    assert rows == {"decode_attention": 3, "prefill_attention": len(case.query) - 3}
+
+
 def test_num_splits_fill_the_gpu_and_stay_bounded():
     assert choose_num_splits(32, 8, 8192, 132) * 32 * 8 >= 2 * 132
     assert choose_num_splits(256, 8, 1024, 132) == 1
@@ -146,6 +178,12 @@ def test_gpu_moderate_shapes(dtype, q_heads, kv_heads, head_dim):
                         block_size=32, pad_rows=5, sliding_window=None, device="cuda")  # fmt: skip
     out = paged_attention_triton(*prefill.attn_args(), decode_only=False, max_seq_len=4096, max_q_len=512)
     _check(out, prefill, TOL[dtype])
+    mixed = make_case([1] * 5 + [300, 129], lens + [1200], q_heads=q_heads, kv_heads=kv_heads,
+                      head_dim=head_dim, dtype=dtype, pad_rows=5, device="cuda")  # fmt: skip
+    cu = mixed.cu_seqlens_q
+    out = paged_attention_triton(*mixed.attn_args(), decode_only=False, max_seq_len=4096, max_q_len=300,
+                                 decode_rows=5, prompt_cu_seqlens_q=cu[5:] - 5)  # fmt: skip
+    _check(out, mixed, TOL[dtype])
 
 
 @pytest.mark.gpu
