@@ -122,15 +122,17 @@ moe tests && stage moe-tests 180 "$RUN/moe-tests.log" "$PY" -m pytest -q -m gpu 
 moe step && stage moe-step 200 "$RUN/moe-step.log" "$PY" scripts/bench_step.py --preset B6 --out "$RUN/moe-step.json"
 moe bench && stage moe-bench 420 "$RUN/moe-bench.log" "$PY" -m batchgen.bench --workload B6 --mode async \
     --out "$RUN/moe"
-# STAGES="fp8" = fp8-tests fp8-bench (FP8 weights + KV: kernels, matmul choices, B1 step vs the FP8
-# roofline, B1s and B2, then B1 alone: about 6 minutes).
+# STAGES="fp8" = fp8-tests fp8-bench (FP8 weights + KV: kernels, matmul choices, the B1 and B2 decode
+# steps vs the FP8 roofline and B2's eager steps (prompts, prompts + decodes), B1s and B2; fp8-b1 runs B1
+# alone: about 7 minutes).
 fp8() { has fp8 || has "fp8-$1"; }
 fp8 tests && stage fp8-tests 200 "$RUN/fp8-tests.log" "$PY" -m pytest -q -m gpu tests/kernels/test_fp8_kernels.py \
     tests/engine/test_fp8_engine.py -p no:cacheprovider -o faulthandler_timeout=150
 fp8 tests && stage fp8-kernels 120 "$RUN/fp8-kernels.log" "$PY" scripts/bench_fp8.py --out "$RUN/fp8.json"
 FP8="--quantization fp8 --kv-cache-dtype fp8"
 # shellcheck disable=SC2086
-fp8 bench && stage fp8-step 150 "$RUN/fp8-step.log" "$PY" scripts/bench_step.py --preset B1 --impl batchgen $FP8
+fp8 bench && stage fp8-step 200 "$RUN/fp8-step.log" "$PY" scripts/bench_step.py --preset B1 --preset B2 \
+    --impl batchgen $FP8 --prefill 16x497+240x768 --prefill 16x512 --out "$RUN/fp8-step.json"
 # shellcheck disable=SC2086
 fp8 bench && stage fp8-bench 300 "$RUN/fp8-bench.log" "$PY" -m batchgen.bench --workload B1s --workload B2 \
     --mode async --no-compare-hf $FP8 --out "$RUN/fp8"
