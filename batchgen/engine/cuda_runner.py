@@ -179,7 +179,7 @@ class CudaRunner(GraphCaptures):
             if graph is not None:
                 graph.replay()
             else:
-                self._run("sample", handle.slot, handle.shape, flags, (1, 1))
+                self._run("sample", handle.slot, handle.shape, flags, (1, 1, 0))
             slot.compute_done.record(self.compute)
             self.idle.end(handle.step_id, self.compute)
         self._copy_outputs(slot, handle.samples, handle.want_logprobs)

@@ -2,7 +2,9 @@
 
 Every choice here is made from Python values fixed per CUDA-graph bucket (``decode_only``, the
 ``max_seq_len`` / ``max_q_len`` bounds, tensor shapes and dtypes), never from tensor contents, so both
-calls are graph capturable: no ``.item()``, ``.tolist()`` or device-dependent branching.
+calls are graph capturable: no ``.item()``, ``.tolist()`` or device-dependent branching. The one value
+that changes per step, ``decode_rows``, is 0 in every graph (``cuda_slots.graph_layout``) and refused
+during a capture.
 """
 
 from __future__ import annotations
@@ -64,6 +66,8 @@ def paged_attention_triton(
             block_m=block_m, out=out, kv_scales=kv_scales,
         )  # fmt: skip
     assert prompt_cu_seqlens_q is not None
+    capturing = query.is_cuda and torch.cuda.is_current_stream_capturing()
+    assert not capturing, "decode_rows change per step: never in a graph"
     out = torch.empty(query.shape, dtype=query.dtype, device=query.device) if out is None else out
     d = decode_rows
     decode_attention(

@@ -123,8 +123,8 @@ def test_dispatcher_bf16(decode_only):
     _check(out, case, TOL[torch.bfloat16])
 
 
-@pytest.mark.parametrize("window", [None, 7])
-def test_dispatcher_decode_rows_ahead_of_prompts(window, monkeypatch):
+@pytest.mark.parametrize(("window", "max_seq_len"), [(None, 64), (7, 64), (None, 2048)])  # 2048: 2 splits
+def test_dispatcher_decode_rows_ahead_of_prompts(window, max_seq_len, monkeypatch):
     """A step with prompts whose first sequences decode: those rows run the decode kernel, the chunks the
     varlen kernel on cu_seqlens from their first row; padding rows stay as ``out`` held them."""
     rows = {}  # kernel -> query rows it was given
@@ -146,7 +146,7 @@ def test_dispatcher_decode_rows_ahead_of_prompts(window, monkeypatch):
     cu = case.cu_seqlens_q
     out = torch.full_like(case.query, 7.0)
     got = paged_attention_triton(
-        *case.attn_args(), decode_only=False, max_seq_len=64, max_q_len=6, out=out, decode_rows=3,
+        *case.attn_args(), decode_only=False, max_seq_len=max_seq_len, max_q_len=6, out=out, decode_rows=3,
         prompt_cu_seqlens_q=cu[3:] - 3,
     )  # fmt: skip
     assert got.data_ptr() == out.data_ptr()
