@@ -10,6 +10,11 @@ mixture-of-experts model the weights are those of the experts the step actually 
     PYTHONPATH=. python3 scripts/bench_step.py --preset B1 --out out/step.json
     PYTHONPATH=. python3 scripts/bench_step.py --preset B6        # Qwen3-30B-A3B shape, 256 x 768
     PYTHONPATH=. python3 scripts/bench_step.py --preset B1 --quantization fp8 --kv-cache-dtype fp8
+    PYTHONPATH=. python3 scripts/bench_step.py --preset B2 --prefill 16x512 --prefill 16x497+240x768
+
+``--prefill`` also times eager steps: whole prompts, optionally beside decoding rows (B2's steps where a
+wave's new prompts join its decodes). Timing starts once both slots' graphs are captured (the engine
+captures a key on demand after eager uses, which would otherwise be timed as Python launches).
 
 With FP8 (batchgen's forward) the roofline counts the projections at one byte a weight and the cache at
 one byte an element.
