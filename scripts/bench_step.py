@@ -11,6 +11,7 @@ mixture-of-experts model the weights are those of the experts the step actually 
     PYTHONPATH=. python3 scripts/bench_step.py --preset B6        # Qwen3-30B-A3B shape, 256 x 768
     PYTHONPATH=. python3 scripts/bench_step.py --preset B1 --quantization fp8 --kv-cache-dtype fp8
     PYTHONPATH=. python3 scripts/bench_step.py --preset B2 --prefill 16x512 --prefill 16x497+240x768
+    PYTHONPATH=. python3 scripts/bench_step.py --preset B2 --kv-pool-gib 100 --scatter-blocks  # a run's pool
 
 ``--prefill`` also times eager steps: whole prompts, optionally beside decoding rows (B2's steps where a
 wave's new prompts join its decodes). Timing starts once both slots' graphs are captured (the engine
@@ -54,10 +55,14 @@ PRESETS = {  # name -> (arch, batch, context, GPUs): B1 at 4K context, B3, B5, B
 }
 
 
-def decode_inputs(step_id: int, batch: int, context: int, block_size: int) -> StepInputs:
-    """Every sequence decodes its token number ``context`` over its own run of blocks (greedy)."""
+def decode_inputs(
+    step_id: int, batch: int, context: int, block_size: int, blocks: np.ndarray | None = None
+) -> StepInputs:
+    """Every sequence decodes its token number ``context`` over its own run of blocks (greedy): the first
+    of ``blocks`` (a run's blocks, in the order it hands them out), else consecutive ones."""
     per_seq = -(-context // block_size)
-    tables = np.arange(batch * per_seq, dtype=np.int32).reshape(batch, per_seq)
+    blocks = np.arange(batch * per_seq, dtype=np.int32) if blocks is None else blocks
+    tables = blocks[: batch * per_seq].reshape(batch, per_seq)
     last = context - 1
     slots = tables[:, last // block_size].astype(np.int64) * block_size + last % block_size
     zeros = np.zeros(batch, np.int64)
@@ -125,18 +130,22 @@ def time_prefill(llm: LLM, make: Callable[[int], StepInputs], steps: int) -> dic
     return {"gpu_ms": (runner.gpu_busy_s - busy0) / steps * 1e3, "wall_ms": wall / steps * 1e3}
 
 
-def time_steps(llm: LLM, batch: int, context: int, steps: int) -> dict:
+def time_steps(llm: LLM, batch: int, context: int, steps: int, scatter: bool = False) -> dict:
+    """``scatter``: the sequences' blocks drawn at random from the whole KV pool, as a long run's blocks
+    end up (handed out least recently freed first), instead of one consecutive run."""
     runner = llm._engine.runner
     block = llm.config.block_size
+    pool = runner.kv_caches[0][0].shape[0]
+    blocks = np.random.default_rng(0).permutation(pool).astype(np.int32) if scatter else None
     # Warm-up until each slot's key is captured: its first ``capture_after`` uses run eagerly (the engine
     # captures on demand), and timing those would measure Python launches, not the step.
     warm = 2 * (getattr(runner, "capture_after", 0) + 2)
     for i in range(warm):
-        runner.fetch(runner.launch(decode_inputs(i, batch, context, block)))
+        runner.fetch(runner.launch(decode_inputs(i, batch, context, block, blocks)))
     busy0, t0 = runner.gpu_busy_s, time.perf_counter()
     prev = None
     for i in range(warm, warm + steps):  # the engine's pattern: launch step N, then fetch step N - 1
-        handle = runner.launch(decode_inputs(i, batch, context, block))
+        handle = runner.launch(decode_inputs(i, batch, context, block, blocks))
         if prev is not None:
             runner.fetch(prev)
         prev = handle
@@ -302,6 +311,10 @@ def main() -> int:
     ap.add_argument("--profile", type=int, default=0, metavar="N", help="then print the kernels of N steps")
     ap.add_argument("--trace", help="with --profile: write the Chrome trace here and print the GPU's gaps")
     ap.add_argument(
+        "--kv-pool-gib", type=float, default=0, help="a KV pool this large (a run's: most of the GPU)"
+    )
+    ap.add_argument("--scatter-blocks", action="store_true", help="sequences' blocks at random over the pool")
+    ap.add_argument(
         "--prefill",
         action="append",
         metavar="SEQSxLEN[+ROWSxCONTEXT]",
@@ -333,12 +346,13 @@ def main() -> int:
             )
             sizes = metrics.model_bytes(model, **fp8)
             kv_bytes = int(batch * (context + 64) * sizes["kv_per_token"] * 1.05) + (64 << 20)
+            kv_bytes = max(kv_bytes, int(args.kv_pool_gib * (1 << 30)))
             with RouteRecorder() as recorder:
                 llm = LLM.from_model(
                     model, tokenizer, max_num_seqs=batch, max_model_len=context + 64, kv_cache_bytes=kv_bytes,
                     model_impl=impl, extra={"progress": False}, **fp8,
                 )  # fmt: skip
-                r = time_steps(llm, batch, context, args.steps)
+                r = time_steps(llm, batch, context, args.steps, args.scatter_blocks)
             if moe_layers and recorder.ids:
                 routed = recorder.routed_experts(batch, moe_layers)
             ideal = roofline_ms(model, sizes, batch, context, bandwidth, routed)
