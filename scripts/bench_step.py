@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from batchgen.bench import metrics  # noqa: E402
 from batchgen.bench.workloads import ARCHS, build_random_model  # noqa: E402
 from batchgen.engine.batch import StepInputs  # noqa: E402
+from batchgen.engine.cuda_slots import SAMPLE_FIELDS, TOKEN_FIELDS  # noqa: E402
 from batchgen.llm import LLM  # noqa: E402
 from batchgen.model.moe import MoEMLP  # noqa: E402
 from batchgen.testing.models import tokenizer_path  # noqa: E402
@@ -93,26 +94,21 @@ def prefill_inputs(step_id: int, seqs: int, length: int, block_size: int) -> Ste
     )  # fmt: skip
 
 
-SAMPLE_FIELDS = ("temperature", "top_p", "top_k", "rng_keys", "rng_steps")
-
-
 def join_steps(first: StepInputs, second: StepInputs, block_size: int) -> StepInputs:
     """One step of both steps' rows (``first``'s, e.g. decodes, then ``second``'s), ``second``'s blocks
     moved past ``first``'s."""
     offset = int(first.block_tables.max()) + 1
     width = max(first.block_tables.shape[1], second.block_tables.shape[1])
     tables = [np.pad(t, ((0, 0), (0, width - t.shape[1]))) for t in (first.block_tables, second.block_tables)]
-    cat = np.concatenate
+    second = second._replace(  # its indices as they read after first's rows and blocks
+        slot_mapping=second.slot_mapping + offset * block_size,
+        logits_indices=second.logits_indices + len(first.input_ids),
+        cu_seqlens_q=second.cu_seqlens_q[1:] + first.cu_seqlens_q[-1],
+    )
+    rows = TOKEN_FIELDS + SAMPLE_FIELDS + ("cu_seqlens_q", "seq_lens")
     return first._replace(
-        input_ids=cat([first.input_ids, second.input_ids]),
-        carry_rows=cat([first.carry_rows, second.carry_rows]),
-        positions=cat([first.positions, second.positions]),
-        slot_mapping=cat([first.slot_mapping, second.slot_mapping + offset * block_size]),
-        cu_seqlens_q=cat([first.cu_seqlens_q, second.cu_seqlens_q[1:] + first.cu_seqlens_q[-1]]),
-        seq_lens=cat([first.seq_lens, second.seq_lens]),
-        block_tables=cat([tables[0], tables[1] + offset]),
-        logits_indices=cat([first.logits_indices, second.logits_indices + len(first.input_ids)]),
-        **{f: cat([getattr(first, f), getattr(second, f)]) for f in SAMPLE_FIELDS},
+        **{f: np.concatenate([getattr(first, f), getattr(second, f)]) for f in rows},
+        block_tables=np.concatenate([tables[0], tables[1] + offset]),
         max_q_len=max(first.max_q_len, second.max_q_len),
         max_seq_len=max(first.max_seq_len, second.max_seq_len),
     )
@@ -276,14 +272,12 @@ def prefill_line(llm: LLM, model, shape: str, label: str, profile: int) -> dict:
     GPU ms and the projections' TFLOP/s. ``profile``: then the kernels of that many steps."""
     prompts, _, decodes = shape.lower().partition("+")
     seqs, length = (int(x) for x in prompts.split("x"))
+    rows, context = (int(x) for x in decodes.split("x")) if decodes else (0, 0)
     block = llm.config.block_size
 
     def make(i: int) -> StepInputs:
         step = prefill_inputs(i, seqs, length, block)
-        if decodes:
-            rows, context = (int(x) for x in decodes.split("x"))
-            step = join_steps(decode_inputs(i, rows, context, block), step, block)
-        return step
+        return join_steps(decode_inputs(i, rows, context, block), step, block) if rows else step
 
     r = time_prefill(llm, make, steps=5)
     linear = sum(m.weight.numel() for n, m in model.named_modules() if isinstance(m, torch.nn.Linear))
