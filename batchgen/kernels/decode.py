@@ -18,7 +18,6 @@ import triton
 import triton.language as tl
 
 from batchgen.kernels.attn_tile import (
-    P_FP8_MUL,
     check_head_dim,
     dot_precision,
     group_pad,
@@ -27,8 +26,6 @@ from batchgen.kernels.attn_tile import (
     needs_f32_dot,
 )
 from batchgen.kernels.attn_tile import online_softmax_step as _step
-from batchgen.kernels.attn_tile import softmax_accumulate as _accumulate
-from batchgen.kernels.fp8_quant import exact_rounding, to_fp8
 
 LOG2E = 1.4426950408889634
 # Fewer tokens per split than this and the merge costs more than the extra parallelism gains.
@@ -72,9 +69,6 @@ def _decode_split_kernel(
     DOT_PREC: tl.constexpr,
     DOT_F32: tl.constexpr,
     KV_F16: tl.constexpr = False,  # an FP8 cache: tiles (and q) in fp16, the e4m3 -> fp16 convert is native
-    QK_FP8: tl.constexpr = False,  # an FP8 cache: q to e4m3 (a scale per head), K's tiles stay e4m3
-    PV_FP8: tl.constexpr = False,  # with QK_FP8: P to e4m3 too, V's tiles stay e4m3
-    ROUND: tl.constexpr = False,  # off-GPU e4m3 rounding (fp8_quant.round_e4m3)
 ):
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -88,11 +82,7 @@ def _decode_split_kernel(
     d = tl.arange(0, HEAD_DIM)
     heads = kv_head * GROUP + g  # [GROUP_PAD]
     q = tl.load(q_ptr + row * stride_qt + heads[:, None] * stride_qh + d[None, :], mask=g[:, None] < GROUP)
-    if QK_FP8:  # one scale per q head: its amax over head_dim
-        q_f32 = q.to(tl.float32)
-        q_scale = tl.maximum(tl.max(tl.abs(q_f32), 1) / 448.0, 1e-30)  # [GROUP_PAD]
-        q = to_fp8(q_f32 / q_scale[:, None], k_ptr.dtype.element_ty, ROUND)
-    elif KV_F16:  # saturate: a bf16 q past fp16's range must not become inf (and NaN scores)
+    if KV_F16:  # saturate: a bf16 q past fp16's range must not become inf (and NaN scores)
         q = tl.minimum(tl.maximum(q.to(tl.float32), -65504.0), 65504.0).to(tl.float16)
 
     split_tokens = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N  # this sequence's share
@@ -109,22 +99,11 @@ def _decode_split_kernel(
         offs = start + tl.arange(0, BLOCK_N)
         valid = offs < hi
         rows = kv_rows(bt_row, offs, valid, kv_head, stride_cb, stride_co, stride_ch, BLOCK_SIZE, True)
-        if QK_FP8:
-            k = load_rows(k_ptr, rows, valid, d, True)  # [BLOCK_N, D] e4m3
-            v = load_rows(v_ptr, rows, valid, d, True)
-            v = v if PV_FP8 else v.to(tl.float16)
-            s = tl.dot(q, tl.trans(k)) * q_scale[:, None]  # [GROUP_PAD, BLOCK_N]
-            acc, l_i, m_i = _accumulate(
-                s, v, acc, l_i, m_i, valid[None, :], qk_scale, True, DOT_PREC, DOT_F32, PV_FP8, ROUND
-            )
-        else:
-            k = load_rows(k_ptr, rows, valid, d, True).to(q.dtype)  # [BLOCK_N, D]
-            v = load_rows(v_ptr, rows, valid, d, True).to(q.dtype)
-            acc, l_i, m_i = _step(q, k, v, acc, l_i, m_i, valid[None, :], qk_scale, True, DOT_PREC, DOT_F32)
+        k = load_rows(k_ptr, rows, valid, d, True).to(q.dtype)  # [BLOCK_N, D]
+        v = load_rows(v_ptr, rows, valid, d, True).to(q.dtype)
+        acc, l_i, m_i = _step(q, k, v, acc, l_i, m_i, valid[None, :], qk_scale, True, DOT_PREC, DOT_F32)
 
     has_keys = l_i > 0
-    if PV_FP8:
-        v_scale = v_scale / P_FP8_MUL  # acc carries P's factor
     out = acc * (v_scale / tl.where(has_keys, l_i, 1.0))[:, None]  # [GROUP_PAD, D]; an empty split: zeros
     row_mask = g[:, None] < GROUP
     if not SPLIT:
@@ -212,8 +191,6 @@ def decode_attention(
     out: torch.Tensor | None = None,
     kv_scales: tuple[float, float] = (1.0, 1.0),
     kv_f16: bool | None = None,
-    fp8_dots: str = "none",  # an FP8 cache: "qk" (q to e4m3, K unconverted), "qkpv" (P and V too)
-    maxnreg: int | None = None,
 ) -> torch.Tensor:  # [T, Hq, D]; rows with no sequence are left as they were in ``out``
     num_tokens, q_heads, head_dim = query.shape
     batch = seq_lens.shape[0]
@@ -254,9 +231,7 @@ def decode_attention(
         NUM_Q_HEADS=q_heads, GROUP=group, GROUP_PAD=group_pad(group), HEAD_DIM=head_dim,
         BLOCK_N=block_n, BLOCK_SIZE=k_cache.shape[1], SPLIT=num_splits > 1,
         USE_WINDOW=sliding_window is not None, DOT_PREC=dot_precision(query), DOT_F32=needs_f32_dot(query),
-        KV_F16=kv_f16, QK_FP8=fp8_cache and fp8_dots != "none", PV_FP8=fp8_cache and fp8_dots == "qkpv",
-        ROUND=exact_rounding(query), num_warps=num_warps, num_stages=num_stages,
-        **({"maxnreg": maxnreg} if maxnreg else {})
+        KV_F16=kv_f16, num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     if num_splits > 1:
         _decode_merge_kernel[(batch, q_heads)](
