@@ -63,13 +63,17 @@ def matmul(m: int, bandwidth: float) -> None:
         ref = partial(torch._scaled_mm, a.data, w.t(), scale_a=a.scale, scale_b=scale.view(1, n),
                       out_dtype=torch.bfloat16)  # fmt: skip
         want = ref().float()
-        rows = [(do_bench(ref, warmup=10, rep=50) * 1e3, "scaled_mm", 0.0)]
-        for split in (None, 1, 2, 3, 4, 6):
-            run = partial(triton_fp8_matmul, a, w, scale, torch.bfloat16, split_k=split)
+        rows = [(sorted(do_bench(ref, warmup=10, rep=40) * 1e3 for _ in range(3))[1], "scaled_mm", 0.0)]
+        for block_n, stages, split in [(None, None, None)] + [
+            (bn, st, sp) for bn in (16, 32) for st in (4, 6) for sp in (1, 2, 3, 4)
+        ]:
+            run = partial(triton_fp8_matmul, a, w, scale, torch.bfloat16, split_k=split, block_n=block_n,
+                          num_stages=stages)  # fmt: skip
             err = float((run().float() - want).norm() / want.norm())
-            rows.append((do_bench(run, warmup=10, rep=50) * 1e3, f"split_k={split}", err))
+            times = [do_bench(run, warmup=10, rep=40) * 1e3 for _ in range(3)]
+            rows.append((sorted(times)[1], f"block_n={block_n} stages={stages} split_k={split}", err))
         print(f"gemm {name} M={m} N={n} K={k}: weights {n * k / 1e6:.1f} MB")
-        for us, cfg, err in sorted(rows):
+        for us, cfg, err in sorted(rows)[:10]:
             share = n * k / (us * 1e-6) / bandwidth
             print(f"  {us:7.1f} us {n * k / us / 1e3:5.0f} GB/s ({share:4.0%})  {cfg}  rel err {err:.1e}")
 

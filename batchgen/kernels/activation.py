@@ -17,6 +17,7 @@ from batchgen.kernels import fp8_quant
 from batchgen.kernels.fp8_quant import quantize_tile, to_fp8
 from batchgen.kernels.fp8_reference import MIN_SCALE, ActQuant, Fp8Act
 from batchgen.kernels.fp8_reference import quantize_act as quantize_static
+from batchgen.kernels.pdl import pdl_options, wait_for_producer
 
 _BLOCK = 1024
 
@@ -32,7 +33,10 @@ def _silu_mul_tile(x_row, cols, n_cols, dt: tl.constexpr):
 
 
 @triton.jit
-def _silu_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, n_cols, BLOCK: tl.constexpr):
+def _silu_mul_kernel(
+    x_ptr, out_ptr, stride_x, stride_o, n_cols, BLOCK: tl.constexpr, PDL: tl.constexpr = False
+):
+    wait_for_producer(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     y = _silu_mul_tile(x_ptr + row * stride_x, cols, n_cols, out_ptr.dtype.element_ty)
@@ -40,8 +44,11 @@ def _silu_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, n_cols, BLOCK: tl.const
 
 
 @triton.jit
-def _silu_mul_amax_kernel(x_ptr, amax_ptr, stride_x, n_cols, n_blocks, BLOCK: tl.constexpr):
+def _silu_mul_amax_kernel(
+    x_ptr, amax_ptr, stride_x, n_cols, n_blocks, BLOCK: tl.constexpr, PDL: tl.constexpr = False
+):
     """Per-row quantization, first pass: each program's largest |silu(gate) * up| over its columns."""
+    wait_for_producer(PDL)
     row = tl.program_id(0).to(tl.int64)
     blk = tl.program_id(1)
     cols = blk * BLOCK + tl.arange(0, BLOCK)
@@ -65,7 +72,9 @@ def _silu_mul_quant_kernel(
     BLOCK: tl.constexpr,
     BLOCKS_PAD: tl.constexpr,
     ROUND: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    wait_for_producer(PDL)
     row = tl.program_id(0).to(tl.int64)
     blk = tl.program_id(1)
     cols = blk * BLOCK + tl.arange(0, BLOCK)
@@ -93,7 +102,7 @@ def silu_mul(x: torch.Tensor, quant: ActQuant | None = None) -> torch.Tensor | F
     out = torch.empty((rows, cols), dtype=x.dtype, device=x.device)
     if rows:
         _silu_mul_kernel[(rows, triton.cdiv(cols, _BLOCK))](
-            x, out, x.stride(0), out.stride(0), cols, BLOCK=_BLOCK, num_warps=4
+            x, out, x.stride(0), out.stride(0), cols, BLOCK=_BLOCK, num_warps=4, **pdl_options(x)
         )
     return out if quant is None else quantize_static(out, quant)
 
@@ -112,11 +121,11 @@ def _silu_mul_quant(x: torch.Tensor, group: int | None) -> Fp8Act:
     if group is None:
         amax = torch.empty((rows, n_blocks), dtype=torch.float32, device=x.device)
         _silu_mul_amax_kernel[(rows, n_blocks)](
-            x, amax, x.stride(0), cols, n_blocks, BLOCK=block, num_warps=4
+            x, amax, x.stride(0), cols, n_blocks, BLOCK=block, num_warps=4, **pdl_options(x)
         )
     _silu_mul_quant_kernel[(rows, n_blocks)](
         x, amax, out.data, out.scale, x.stride(0), out.data.stride(0), cols, n_blocks, out.scale.shape[1],
         MIN_SCALE, GROUP=group or 0, BLOCK=block, BLOCKS_PAD=triton.next_power_of_2(n_blocks),
-        ROUND=fp8_quant.exact_rounding(x), num_warps=4,
+        ROUND=fp8_quant.exact_rounding(x), num_warps=4, **pdl_options(x)
     )  # fmt: skip
     return out

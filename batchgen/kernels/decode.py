@@ -26,6 +26,7 @@ from batchgen.kernels.attn_tile import (
     needs_f32_dot,
 )
 from batchgen.kernels.attn_tile import online_softmax_step as _step
+from batchgen.kernels.pdl import pdl_options, wait_for_producer
 
 LOG2E = 1.4426950408889634
 # Fewer tokens per split than this and the merge costs more than the extra parallelism gains.
@@ -69,7 +70,9 @@ def _decode_split_kernel(
     DOT_PREC: tl.constexpr,
     DOT_F32: tl.constexpr,
     KV_F16: tl.constexpr = False,  # an FP8 cache: tiles (and q) in fp16, the e4m3 -> fp16 convert is native
+    PDL: tl.constexpr = False,
 ):
+    wait_for_producer(PDL)
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -129,7 +132,9 @@ def _decode_merge_kernel(
     NUM_Q_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     SPLITS_PAD: tl.constexpr,  # num_splits' power of two: split counts 5-8 share a variant, ...
+    PDL: tl.constexpr = False,
 ):
+    wait_for_producer(PDL)
     b = tl.program_id(0)
     head = tl.program_id(1)
     row = tl.load(cu_q_ptr + b)
@@ -231,12 +236,13 @@ def decode_attention(
         NUM_Q_HEADS=q_heads, GROUP=group, GROUP_PAD=group_pad(group), HEAD_DIM=head_dim,
         BLOCK_N=block_n, BLOCK_SIZE=k_cache.shape[1], SPLIT=num_splits > 1,
         USE_WINDOW=sliding_window is not None, DOT_PREC=dot_precision(query), DOT_F32=needs_f32_dot(query),
-        KV_F16=kv_f16, num_warps=num_warps, num_stages=num_stages,
+        KV_F16=kv_f16, num_warps=num_warps, num_stages=num_stages, **pdl_options(query),
     )  # fmt: skip
     if num_splits > 1:
         _decode_merge_kernel[(batch, q_heads)](
             out, part_acc, part_lse, cu_seqlens_q, out.stride(0), out.stride(1), num_splits,
             NUM_Q_HEADS=q_heads, HEAD_DIM=head_dim,
             SPLITS_PAD=triton.next_power_of_2(num_splits), num_warps=1 if head_dim <= 64 else 2,
+            **pdl_options(out),
         )  # fmt: skip
     return out

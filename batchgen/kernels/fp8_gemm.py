@@ -18,6 +18,7 @@ import triton.language as tl
 
 from batchgen.kernels.decode import num_sms
 from batchgen.kernels.fp8_reference import Fp8Act
+from batchgen.kernels.pdl import pdl_options, wait_for_producer
 
 
 @triton.jit
@@ -42,7 +43,9 @@ def _fp8_matmul_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    wait_for_producer(PDL)
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     split = tl.program_id(2)
@@ -77,8 +80,11 @@ def _fp8_matmul_kernel(
 
 
 @triton.jit
-def _sum_splits_kernel(p_ptr, c_ptr, numel, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
+def _sum_splits_kernel(
+    p_ptr, c_ptr, numel, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False
+):
     """c = the sum of the SPLIT_K partial products [SPLIT_K, M, N], in split order (deterministic)."""
+    wait_for_producer(PDL)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < numel
     acc = tl.zeros([BLOCK], dtype=tl.float32)
@@ -108,7 +114,8 @@ def choose_split_k(programs: int, k_tiles: int, sms: int, waves: int = 2) -> int
 
 def triton_fp8_matmul(
     act: Fp8Act, weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, *,
-    group: int | None = None, scale_rows: int = 1, split_k: int | None = None,
+    group: int | None = None, scale_rows: int = 1, split_k: int | None = None, block_n: int | None = None,
+    num_stages: int | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """[M, K] x [N, K] -> [M, N]. ``group`` set: block scales (``scale`` [cdiv(N, scale_rows), cdiv(K,
     group)], activation scales per ``group`` columns); else per-token x per-channel (``scale`` [N]).
@@ -120,6 +127,7 @@ def triton_fp8_matmul(
         return out
     block_k = group or (256 if m <= 64 else 128)  # block scales: one K tile per scale group
     cfg = _config(m, k)
+    cfg.update({key: v for key, v in (("BLOCK_N", block_n), ("num_stages", num_stages)) if v})
     if block_k > 128 and cfg["BLOCK_M"] > 64:
         cfg["num_stages"] = 2
     grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n, cfg["BLOCK_N"]))
@@ -134,11 +142,13 @@ def triton_fp8_matmul(
         act.data, weight, dest, act.scale, scale, m, n, k,
         act.data.stride(0), weight.stride(0), n if split_k > 1 else out.stride(0), act.scale.stride(0),
         scale.stride(0) if group else 0, m * n, per_split,
-        BLOCKWISE=group is not None, SCALE_ROWS=scale_rows, BLOCK_K=block_k, **cfg,
+        BLOCKWISE=group is not None, SCALE_ROWS=scale_rows, BLOCK_K=block_k, **cfg, **pdl_options(act.data)
     )  # fmt: skip
     if split_k > 1:
         block = 1024
-        _sum_splits_kernel[(triton.cdiv(m * n, block),)](dest, out, m * n, SPLIT_K=split_k, BLOCK=block)
+        _sum_splits_kernel[(triton.cdiv(m * n, block),)](
+            dest, out, m * n, SPLIT_K=split_k, BLOCK=block, **pdl_options(dest)
+        )
     return out
 
 

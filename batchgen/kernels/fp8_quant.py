@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from batchgen.kernels.fp8_reference import FP8_MAX, MIN_SCALE, ActQuant, Fp8Act
+from batchgen.kernels.pdl import pdl_options, wait_for_producer
 
 
 @triton.jit
@@ -62,7 +63,9 @@ def _quant_kernel(
     GROUP: tl.constexpr,  # 0: one scale per row
     BLOCK: tl.constexpr,
     ROUND: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    wait_for_producer(PDL)
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_x
     q_row = q_ptr + row * stride_q
@@ -118,7 +121,7 @@ def quantize_act(x: torch.Tensor, quant: ActQuant) -> Fp8Act:
         block = max(block, group)
         _quant_kernel[(rows,)](
             x, out.data, out.scale, x.stride(0), out.data.stride(0), cols, out.scale.shape[1], MIN_SCALE,
-            GROUP=group, BLOCK=block, ROUND=exact_rounding(x), num_warps=4,
+            GROUP=group, BLOCK=block, ROUND=exact_rounding(x), num_warps=4, **pdl_options(x)
         )  # fmt: skip
     return out
 

@@ -17,6 +17,7 @@ from batchgen.kernels import fp8_quant
 from batchgen.kernels.fp8_quant import quantize_tile, to_fp8
 from batchgen.kernels.fp8_reference import MIN_SCALE, ActQuant, Fp8Act
 from batchgen.kernels.fp8_reference import quantize_act as quantize_static
+from batchgen.kernels.pdl import pdl_options, wait_for_producer
 
 
 @triton.jit
@@ -38,7 +39,9 @@ def _rms_norm_kernel(
     QUANT: tl.constexpr,
     GROUP: tl.constexpr,  # columns per scale when QUANT (BLOCK: the whole row)
     ROUND: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    wait_for_producer(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -84,7 +87,7 @@ def rms_norm(
             x.stride(0), residual.stride(0) if residual is not None else 0, out.data.stride(0), cols,
             out.scale.shape[-1] if fused else 1, eps, MIN_SCALE,
             HAS_RESIDUAL=residual is not None, BLOCK=block, QUANT=fused, GROUP=group,
-            ROUND=fp8_quant.exact_rounding(x), num_warps=max(1, min(16, block // 512)),
+            ROUND=fp8_quant.exact_rounding(x), num_warps=max(1, min(16, block // 512)), **pdl_options(x)
         )  # fmt: skip
     summed = x if residual is None else residual
     if fused:

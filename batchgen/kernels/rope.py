@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from batchgen.kernels.fp8_quant import exact_rounding, to_fp8
+from batchgen.kernels.pdl import pdl_options, wait_for_producer
 
 
 @triton.jit
@@ -64,7 +65,9 @@ def _rope_kv_kernel(
     QK_NORM: tl.constexpr,
     FP8_CACHE: tl.constexpr,
     ROUND: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    wait_for_producer(PDL)
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + t)
     j = tl.arange(0, HALF)
@@ -139,5 +142,6 @@ def rope_write_kv(
             FP8_CACHE=k_cache.dtype == torch.float8_e4m3fn, ROUND=exact_rounding(qkv),
             num_warps=4 if q_heads * dim >= 2048 else 2,
             enable_fp_fusion=False,  # an FMA would skip rounding a * cos, unlike transformers
+            **pdl_options(qkv),
         )  # fmt: skip
     return qkv[:, : q_heads * dim].view(tokens, q_heads, dim)
