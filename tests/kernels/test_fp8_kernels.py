@@ -84,6 +84,19 @@ def test_silu_mul_quantizes_its_output(quant):
     _same(silu_mul(x, quant), ref.quantize_act(silu_mul(x), quant))
 
 
+@pytest.mark.parametrize("whole_rows", [False, True])
+def test_silu_mul_row_scales_in_one_or_two_passes(whole_rows):
+    """Per-row scales by (row, block) programs in two kernels, or one program per whole row in one pass
+    (what many rows take): the same bits as quantizing the plain product."""
+    from batchgen.kernels.activation import _silu_mul_quant
+
+    torch.manual_seed(5)
+    x = torch.randn(5, 2 * 2500, device=DEVICE)
+    x[2, 2499] = x[2, 2500 + 2499] = 9.0  # row 2's largest product is its last column
+    x[3] = 0.0  # an all-zero row: the minimum scale, zeros
+    _same(_silu_mul_quant(x, None, whole_rows), ref.quantize_act(silu_mul(x), ActQuant()))
+
+
 def test_static_scale_quantizes_after_the_op():
     torch.manual_seed(4)
     x, weight = torch.randn(3, 64, device=DEVICE), torch.randn(64, device=DEVICE)
