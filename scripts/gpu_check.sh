@@ -139,6 +139,8 @@ fp8 bench && stage fp8-bench 300 "$RUN/fp8-bench.log" "$PY" -m batchgen.bench --
 # shellcheck disable=SC2086
 has fp8-b1 && stage fp8-b1 200 "$RUN/fp8-b1.log" "$PY" -m batchgen.bench --workload B1 --mode async --no-compare-hf \
     $FP8 --out "$RUN/fp8-b1"
+# STAGES=b2-why: B2's FP8 decode kernels in bench_step against the whole run, under nsys (~6 minutes).
+has b2-why && stage b2-why 560 "$RUN/b2-why.log" bash scripts/b2_why.sh "$RUN"
 
 tar czf "$OUT/logs.tgz" -C "$RUN" . && rm -rf "$RUN"
 if [ "${#FAILED[@]}" -gt 0 ]; then
