@@ -10,6 +10,7 @@ PY="${PY:-python3}"
 NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -n 1)
 [ -n "$NSYS" ] || { echo "nsys: not found"; exit 1; }
 REPS=$(mktemp -d)  # the reports hold every kernel of ~2000 steps: not for the device tool's return
+trap 'rm -rf "$REPS"' EXIT
 FP8="--quantization fp8 --kv-cache-dtype fp8"
 
 profile() {  # NAME CMD...: the command under nsys with nvidia-smi sampling beside it
@@ -18,11 +19,12 @@ profile() {  # NAME CMD...: the command under nsys with nvidia-smi sampling besi
     nvidia-smi --query-gpu=clocks.sm,power.draw,temperature.gpu --format=csv,noheader,nounits -lms 500 \
         >"$OUT/smi-$name.csv" &
     local smi=$!
-    "$NSYS" profile -q -t cuda --cuda-graph-trace=node -f true -o "$REPS/$name" "$@"
-    kill "$smi"
+    "$NSYS" profile -t cuda --cuda-graph-trace=node -f true -o "$REPS/$name" "$@"
+    kill "$smi" && wait "$smi" 2>/dev/null
     "$NSYS" stats -q --report cuda_gpu_kern_sum --format csv -o "$OUT/$name" "$REPS/$name.nsys-rep" >/dev/null
     # busy samples only (power over 300 W): their mean SM clock and power
-    awk -F', *' '$2 > 300 { c += $1; p += $2; n++ } END { if (n) printf "%s: %d busy samples, SM %.0f MHz, %.0f W\n", name, n, c / n, p / n }' \
+    awk -F', *' '$2 > 300 { c += $1; p += $2; n++ } END { if (n) printf "%s: %d busy samples, SM %.0f MHz, %.0f W\n", name, n, c / n, p / n
+        else printf "%s: no sample over 300 W\n", name }' \
         name="$name" "$OUT/smi-$name.csv"
 }
 
@@ -31,4 +33,3 @@ profile step "$PY" scripts/bench_step.py --preset B2 --impl batchgen $FP8 --step
 # shellcheck disable=SC2086
 profile run "$PY" -m batchgen.bench --workload B2 --mode async --no-compare-hf $FP8 --out "$OUT/b2"
 "$PY" scripts/kernel_sums.py "$OUT/step_cuda_gpu_kern_sum.csv" "$OUT/run_cuda_gpu_kern_sum.csv"
-rm -rf "$REPS"

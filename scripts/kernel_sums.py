@@ -32,7 +32,9 @@ def read_sums(path: str) -> dict[str, KernelSum]:
     """Kernel name -> (instances, total ns); rows of one name (several launch configs) are added up."""
     with open(path, newline="") as f:
         rows = [r for r in csv.reader(f) if r]
-    header = next(i for i, r in enumerate(rows) if any("Total Time" in c for c in r))
+    header = next((i for i, r in enumerate(rows) if any("Total Time" in c for c in r)), None)
+    if header is None:
+        raise SystemExit(f"{path}: no kernel summary header (nsys stats cuda_gpu_kern_sum)")
     cols = rows[header]
     total, count, name = _column(cols, "Total Time"), _column(cols, "Instances"), _column(cols, "Name")
     sums: dict[str, KernelSum] = {}

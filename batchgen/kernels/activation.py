@@ -151,6 +151,7 @@ def _silu_mul_quant(x: torch.Tensor, group: int | None, whole_rows: bool | None 
     if whole_rows is None:
         whole_rows = rows >= 2 * num_sms(x.device) and row_block <= MAX_ROW_BLOCK
     if group is None and whole_rows:
+        assert row_block <= MAX_ROW_BLOCK, f"{cols} columns: too wide for one program"
         _silu_mul_row_quant_kernel[(rows,)](
             x, out.data, out.scale, x.stride(0), out.data.stride(0), cols, MIN_SCALE, BLOCK=row_block,
             ROUND=fp8_quant.exact_rounding(x), num_warps=max(4, min(16, row_block // 1024)), **pdl_options(x)
