@@ -73,6 +73,7 @@ def _prefill_kernel(
     USE_WINDOW: tl.constexpr,
     DOT_PREC: tl.constexpr,
     DOT_F32: tl.constexpr,
+    KV_F16: tl.constexpr = False,  # an FP8 cache: tiles (and q) in fp16, the e4m3 -> fp16 convert is native
 ):
     # Last tiles first: within a sequence they see the most keys, so the long programs start early.
     tile = num_tiles - 1 - tl.program_id(0)
@@ -92,6 +93,8 @@ def _prefill_kernel(
     d = tl.arange(0, HEAD_DIM)
     q_rows = (q_start + tok) * stride_qt + (kv_head * GROUP + vr % GROUP) * stride_qh  # [BLOCK_M]
     q = tl.load(q_ptr + q_rows[:, None] + d[None, :], mask=row_ok[:, None], other=0.0)
+    if KV_F16:  # saturate: a bf16 q past fp16's range must not become inf (and NaN scores)
+        q = tl.minimum(tl.maximum(q.to(tl.float32), -65504.0), 65504.0).to(tl.float16)
     q_pos = ctx + tok  # [BLOCK_M]
 
     tok_lo = local * BLOCK_M // GROUP
@@ -156,6 +159,7 @@ def prefill_attention(
     num_stages: int | None = None,
     out: torch.Tensor | None = None,
     kv_scales: tuple[float, float] = (1.0, 1.0),
+    kv_f16: bool | None = None,
 ) -> torch.Tensor:  # [T, Hq, D]; padding rows are left as they were in ``out``
     num_tokens, q_heads, head_dim = query.shape
     batch = seq_lens.shape[0]
@@ -171,6 +175,9 @@ def prefill_attention(
     if batch == 0 or num_tokens == 0:
         return out
     group = q_heads // kv_heads
+    if kv_f16 is None:
+        # An FP8 cache's tiles go to fp16 (one native convert; bf16 takes three), as in decode_attention.
+        kv_f16 = k_cache.element_size() == 1 and query.dtype == torch.bfloat16
     num_tiles = triton.cdiv(num_tokens * group, cfg["block_m"]) + batch
     _prefill_kernel[(num_tiles, kv_heads)](
         query, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_tables,
@@ -180,6 +187,6 @@ def prefill_attention(
         GROUP=group, HEAD_DIM=head_dim, BLOCK_M=cfg["block_m"], BLOCK_N=cfg["block_n"],
         BLOCK_SIZE=k_cache.shape[1], SEQS_PAD=max(MIN_SEQS_PAD, triton.next_power_of_2(batch + 1)),
         USE_WINDOW=sliding_window is not None, DOT_PREC=dot_precision(query), DOT_F32=needs_f32_dot(query),
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        KV_F16=kv_f16, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip
     return out

@@ -174,6 +174,22 @@ def test_attention_reads_an_fp8_cache(decode, dtype):
     assert rel_error(out, want, case.num_valid_rows) < (1e-5 if dtype == torch.float32 else 2e-2)
 
 
+@pytest.mark.parametrize("decode", [True, False])
+def test_fp16_tiles_saturate_a_query_past_fp16s_range(decode):
+    """A bf16 query over an FP8 cache runs in fp16 tiles; entries past fp16's 65504 saturate there
+    instead of becoming inf (and NaN scores): the output is the reference's for the saturated query."""
+    q_lens = [1, 1, 1] if decode else [5, 1, 17]
+    case = _fp8_cache_case(q_lens, [40, 7, 70], torch.bfloat16, (1.0, 1.0), pad_rows=2)
+    case.query[0, 0, :4] = torch.tensor([1e5, -1e5, 7e4, 3.0])  # row 0, head 0
+    out = paged_attention_triton(
+        *case.attn_args(), decode_only=decode, max_seq_len=70, max_q_len=max(q_lens), kv_scales=(1.0, 1.0)
+    )
+    case.query = case.query.clamp(-65504, 65504)
+    want = ref.paged_attention(*case.attn_args(), (1.0, 1.0))
+    assert out[: case.num_valid_rows].isfinite().all()
+    assert rel_error(out, want, case.num_valid_rows) < 2e-2
+
+
 def test_fp8_cache_attention_is_close_to_a_full_precision_cache():
     """What an e4m3 cache costs: attention over the rounded cache stays within a few % of fp32's."""
     case = make_case([4, 1], [50, 33], q_heads=8, kv_heads=2, head_dim=32, device=DEVICE)
