@@ -12,6 +12,7 @@ mixture-of-experts model the weights are those of the experts the step actually 
     PYTHONPATH=. python3 scripts/bench_step.py --preset B1 --quantization fp8 --kv-cache-dtype fp8
     PYTHONPATH=. python3 scripts/bench_step.py --preset B2 --prefill 16x512 --prefill 16x497+240x768
     PYTHONPATH=. python3 scripts/bench_step.py --preset B2 --kv-pool-gib 100 --scatter-blocks  # a run's pool
+    PYTHONPATH=. python3 scripts/bench_step.py --preset B2 --context 769  # 7 tiles of 128 where 768 is 6
 
 ``--prefill`` also times eager steps: whole prompts, optionally beside decoding rows (B2's steps where a
 wave's new prompts join its decodes). Timing starts once both slots' graphs are captured (the engine
@@ -295,6 +296,7 @@ def main() -> int:
     ap.add_argument("--preset", action="append", choices=list(PRESETS), help="repeatable [B1 B3]; B5: 2 GPUs")
     ap.add_argument("--impl", action="append", choices=["batchgen", "transformers"])
     ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--context", type=int, help="each preset's decode context instead of its own")
     ap.add_argument("--quantization", choices=["fp8"], help="batchgen's forward only")
     ap.add_argument(
         "--kv-cache-dtype", choices=["auto", "fp8"], default="auto", help="batchgen's forward only"
@@ -326,6 +328,7 @@ def main() -> int:
     results = []
     for name in args.preset or ["B1", "B3"]:
         arch, batch, context, gpus = PRESETS[name]
+        context = args.context or context
         if gpus > 1:
             results.append(sharded_step(name, arch, batch, context, gpus, args.steps, bandwidth))
             continue
