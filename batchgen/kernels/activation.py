@@ -157,7 +157,7 @@ def _silu_mul_quant(x: torch.Tensor, group: int | None, whole_rows: bool | None 
             ROUND=fp8_quant.exact_rounding(x), num_warps=max(4, min(16, row_block // 1024)), **pdl_options(x)
         )  # fmt: skip
         return out
-    block = max(min(triton.next_power_of_2(cols), _BLOCK), group or 1)
+    block = max(min(row_block, _BLOCK), group or 1)
     n_blocks = triton.cdiv(cols, block)
     amax = out.scale  # unused by per-group scales
     if group is None:

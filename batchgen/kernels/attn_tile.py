@@ -41,6 +41,13 @@ def load_rows(cache_ptr, rows, valid, d, MASKED: tl.constexpr):
 
 
 @triton.jit
+def saturate_f16(x):
+    """``x`` in fp16 for tiles read from an FP8 cache: a bf16 value past fp16's range (65504) saturates
+    instead of becoming inf (and NaN scores)."""
+    return tl.minimum(tl.maximum(x.to(tl.float32), -65504.0), 65504.0).to(tl.float16)
+
+
+@triton.jit
 def online_softmax_step(
     q,  # [M, D]
     k,  # [N, D]

@@ -24,6 +24,7 @@ from batchgen.kernels.attn_tile import (
     kv_rows,
     load_rows,
     needs_f32_dot,
+    saturate_f16,
 )
 from batchgen.kernels.attn_tile import online_softmax_step as _step
 from batchgen.kernels.pdl import pdl_options, wait_for_producer
@@ -85,8 +86,8 @@ def _decode_split_kernel(
     d = tl.arange(0, HEAD_DIM)
     heads = kv_head * GROUP + g  # [GROUP_PAD]
     q = tl.load(q_ptr + row * stride_qt + heads[:, None] * stride_qh + d[None, :], mask=g[:, None] < GROUP)
-    if KV_F16:  # saturate: a bf16 q past fp16's range must not become inf (and NaN scores)
-        q = tl.minimum(tl.maximum(q.to(tl.float32), -65504.0), 65504.0).to(tl.float16)
+    if KV_F16:
+        q = saturate_f16(q)
 
     split_tokens = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N  # this sequence's share
     lo = split * split_tokens

@@ -18,7 +18,14 @@ import torch
 import triton
 import triton.language as tl
 
-from batchgen.kernels.attn_tile import check_head_dim, dot_precision, kv_rows, load_rows, needs_f32_dot
+from batchgen.kernels.attn_tile import (
+    check_head_dim,
+    dot_precision,
+    kv_rows,
+    load_rows,
+    needs_f32_dot,
+    saturate_f16,
+)
 from batchgen.kernels.attn_tile import online_softmax_step as _step
 
 LOG2E = 1.4426950408889634
@@ -93,8 +100,8 @@ def _prefill_kernel(
     d = tl.arange(0, HEAD_DIM)
     q_rows = (q_start + tok) * stride_qt + (kv_head * GROUP + vr % GROUP) * stride_qh  # [BLOCK_M]
     q = tl.load(q_ptr + q_rows[:, None] + d[None, :], mask=row_ok[:, None], other=0.0)
-    if KV_F16:  # saturate: a bf16 q past fp16's range must not become inf (and NaN scores)
-        q = tl.minimum(tl.maximum(q.to(tl.float32), -65504.0), 65504.0).to(tl.float16)
+    if KV_F16:
+        q = saturate_f16(q)
     q_pos = ctx + tok  # [BLOCK_M]
 
     tok_lo = local * BLOCK_M // GROUP
