@@ -54,6 +54,11 @@ def attention(batch: int, ctx: int, cache: str, bandwidth: float, heads: tuple[i
         print(f"  {us:7.1f} us {kv_bytes / us / 1e3:5.0f} GB/s  {cfg}  rel err {err:.1e}")
 
 
+def _median_us(fn) -> float:
+    """The median of 3 timings: a matmul of ~10-40 us moves by several us from one do_bench to the next."""
+    return sorted(do_bench(fn, warmup=10, rep=40) * 1e3 for _ in range(3))[1]
+
+
 def matmul(m: int, bandwidth: float) -> None:
     """The Triton FP8 product at its default tiles over K splits (None: ``choose_split_k``'s pick)."""
     for name, (n, k) in GEMMS.items():
@@ -63,15 +68,14 @@ def matmul(m: int, bandwidth: float) -> None:
         ref = partial(torch._scaled_mm, a.data, w.t(), scale_a=a.scale, scale_b=scale.view(1, n),
                       out_dtype=torch.bfloat16)  # fmt: skip
         want = ref().float()
-        rows = [(sorted(do_bench(ref, warmup=10, rep=40) * 1e3 for _ in range(3))[1], "scaled_mm", 0.0)]
+        rows = [(_median_us(ref), "scaled_mm", 0.0)]
         for block_n, stages, split in [(None, None, None)] + [
             (bn, st, sp) for bn in (16, 32) for st in (4, 6) for sp in (1, 2, 3, 4)
         ]:
             run = partial(triton_fp8_matmul, a, w, scale, torch.bfloat16, split_k=split, block_n=block_n,
                           num_stages=stages)  # fmt: skip
             err = float((run().float() - want).norm() / want.norm())
-            times = [do_bench(run, warmup=10, rep=40) * 1e3 for _ in range(3)]
-            rows.append((sorted(times)[1], f"block_n={block_n} stages={stages} split_k={split}", err))
+            rows.append((_median_us(run), f"block_n={block_n} stages={stages} split_k={split}", err))
         print(f"gemm {name} M={m} N={n} K={k}: weights {n * k / 1e6:.1f} MB")
         for us, cfg, err in sorted(rows)[:10]:
             share = n * k / (us * 1e-6) / bandwidth
