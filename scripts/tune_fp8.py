@@ -9,12 +9,15 @@ today (decode_attention's defaults; torch._scaled_mm). Prints one line per confi
 from __future__ import annotations
 
 import argparse
+import time
 from functools import partial
 
 import torch
-from triton.testing import do_bench
+from triton.testing import do_bench, do_bench_cudagraph
 
+from batchgen.kernels import fp8_decode_cuda
 from batchgen.kernels.decode import choose_num_splits, decode_attention, num_sms
+from batchgen.kernels.fp8_decode_cuda import LaunchShape
 from batchgen.kernels.fp8_gemm import triton_fp8_matmul
 from batchgen.kernels.fp8_reference import FP8, Fp8Act
 from scripts.probe_attention import DEFAULT_HEADS, inputs, parse_heads
@@ -22,8 +25,11 @@ from scripts.probe_attention import DEFAULT_HEADS, inputs, parse_heads
 GEMMS = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 
 
-def attention(batch: int, ctx: int, cache: str, bandwidth: float, heads: tuple[int, int, int]) -> None:
-    """Paged decode attention over tiles x warps x stages x splits, beside decode_attention's defaults.
+def attention(
+    batch: int, ctx: int, cache: str, bandwidth: float, heads: tuple[int, int, int], impls: list[str]
+) -> None:
+    """Paged decode attention over tiles x warps x stages x splits (Triton) and launch shapes x splits
+    (the CUDA FP8 kernel), beside decode_attention's defaults.
 
     Stages matter through Triton's pipeliner: the page lookup and the K/V tile it addresses form a chain
     of two loads, so ``num_stages = s`` keeps (s - 1) // 2 K/V tiles in flight per program (3 keeps one)."""
@@ -33,25 +39,56 @@ def attention(batch: int, ctx: int, cache: str, bandwidth: float, heads: tuple[i
     base_splits = choose_num_splits(batch, kv_heads, ctx, num_sms(args[0].device))
     want = decode_attention(*args, max_seq_len=ctx, num_stages=3)
     rows = []
+    for cfg, run in _configs(args, ctx, base_splits, head_dim, cache, impls):
+        try:
+            err = float((run().float() - want.float()).norm() / want.float().norm())
+            us = _graph_us(run)
+        except Exception as e:  # noqa: BLE001 (a tile that does not fit shared memory)
+            print(f"attn {cfg}: {type(e).__name__}: {str(e)[:200]}")
+            continue
+        rows.append((us, cfg, err))
+    default_us = _graph_us(partial(decode_attention, *args, max_seq_len=ctx))
+    pct = 100 * kv_bytes / (default_us * 1e-6) / bandwidth
+    print(f"attn {batch} x {ctx} {cache} cache: default {default_us:.1f} us ({pct:.0f} % of copy bandwidth)")
+    for us, cfg, err in sorted(rows)[:24]:
+        print(f"  {us:7.1f} us {kv_bytes / us / 1e3:5.0f} GB/s  {cfg}  rel err {err:.1e}")
+
+
+def _configs(args: tuple, ctx: int, base_splits: int, head_dim: int, cache: str, impls: list[str]):
+    """(label, launch) pairs: the Triton kernel's tiles, and the CUDA kernel's shapes on an FP8 cache."""
+    if "cuda" in impls and cache == "fp8":
+        yield "triton default", partial(decode_attention, *args, max_seq_len=ctx, num_stages=5)
+        t0 = time.perf_counter()  # a shape never compiled in this process (NVRTC, then the module load)
+        fresh = LaunchShape(defines=f"// {args[0].shape[0]} x {ctx}\n")
+        fp8_decode_cuda._kernel(args[0].get_device(), True, fresh)
+        print(f"cuda kernel compile + load: {time.perf_counter() - t0:.2f} s")
+        rows, bulk, no_math = "#define WHOLE_ROWS\n", "#define BULK\n", "#define NO_MATH\n"
+        shapes = [LaunchShape(4, 3, 3), LaunchShape(4, 3, 4, defines=no_math)]
+        shapes += [LaunchShape(4, 3, s, defines=rows) for s in (3, 4)] + [
+            LaunchShape(4, 3, 4, defines=rows + no_math)
+        ]
+        shapes += [LaunchShape(4, 3, s, defines=bulk) for s in (3, 4)] + [LaunchShape(4, 2, 6, defines=bulk)]
+        shapes += [LaunchShape(4, 3, 4, defines=bulk + no_math)]
+        for shape in shapes:
+            if shape.ring_bytes * shape.min_blocks > 228 * 1024:
+                continue
+            run = partial(decode_attention, *args, max_seq_len=ctx, num_splits=1, cuda_shape=shape)
+            yield f"cuda {shape} splits=1", run
+    if "triton" not in impls:
+        return
     for block_n in (32, 64, 128):
         for warps in (2, 4, 8) if head_dim <= 64 else (4, 8):
             for stages in (3, 5, 7, 9):
                 for splits in (base_splits, 2 * base_splits):
                     run = partial(decode_attention, *args, max_seq_len=ctx, block_n=block_n, num_warps=warps,
                                   num_stages=stages, num_splits=splits)  # fmt: skip
-                    cfg = f"block_n={block_n} warps={warps} stages={stages} splits={splits}"
-                    try:
-                        err = float((run().float() - want.float()).norm() / want.float().norm())
-                        us = do_bench(run, warmup=10, rep=50) * 1e3
-                    except Exception as e:  # noqa: BLE001 (a tile that does not fit shared memory)
-                        print(f"attn {cfg}: {type(e).__name__}")
-                        continue
-                    rows.append((us, cfg, err))
-    default_us = do_bench(partial(decode_attention, *args, max_seq_len=ctx), warmup=10, rep=50) * 1e3
-    pct = 100 * kv_bytes / (default_us * 1e-6) / bandwidth
-    print(f"attn {batch} x {ctx} {cache} cache: default {default_us:.1f} us ({pct:.0f} % of copy bandwidth)")
-    for us, cfg, err in sorted(rows)[:12]:
-        print(f"  {us:7.1f} us {kv_bytes / us / 1e3:5.0f} GB/s  {cfg}  rel err {err:.1e}")
+                    yield f"block_n={block_n} warps={warps} stages={stages} splits={splits}", run
+
+
+def _graph_us(fn) -> float:
+    """GPU time of one call, replayed from a CUDA graph as the engine runs it: no launch overhead (a
+    ctypes launch takes longer than a 100 us kernel, and do_bench would time that)."""
+    return do_bench_cudagraph(fn, rep=50) * 1e3
 
 
 def _median_us(fn) -> float:
@@ -87,6 +124,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=32, help="the matmuls' M (decode rows)")
     ap.add_argument("--attention-shapes", nargs="+", default=["32x4096", "256x1024"], help="BATCHxCONTEXT")
     ap.add_argument("--caches", nargs="+", choices=["fp8", "bf16"], default=["fp8"])
+    ap.add_argument("--attention-impls", nargs="+", choices=["triton", "cuda"], default=["triton", "cuda"])
     ap.add_argument("--skip", choices=["attention", "matmul"], action="append", default=[])
     ap.add_argument("--heads", default=",".join(map(str, DEFAULT_HEADS)), help="QUERY,KV,DIM heads")
     args = ap.parse_args()
@@ -98,7 +136,7 @@ def main() -> None:
         for shape in args.attention_shapes:
             batch, ctx = (int(x) for x in shape.split("x"))
             for cache in args.caches:
-                attention(batch, ctx, cache, bandwidth, parse_heads(args.heads))
+                attention(batch, ctx, cache, bandwidth, parse_heads(args.heads), args.attention_impls)
     if "matmul" not in args.skip:
         matmul(args.rows, bandwidth)
 

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
+from batchgen.kernels import fp8_decode_cuda
 from batchgen.kernels.attn_tile import (
     check_head_dim,
     dot_precision,
@@ -179,6 +181,33 @@ def choose_num_splits(batch: int, kv_heads: int, max_seq_len: int, sms: int, wav
     return max(1, min(wanted, max_useful))
 
 
+class TritonTiles(NamedTuple):
+    """The Triton kernel's launch choices; None picks the default for the step's dtypes."""
+
+    block_n: int | None = None
+    num_warps: int = 4
+    num_stages: int | None = None
+    kv_f16: bool | None = None  # an FP8 cache's tiles (and q) converted to fp16
+
+    def resolve(self, query: torch.Tensor, k_cache: torch.Tensor) -> TritonTiles:
+        fp8_cache = k_cache.element_size() == 1
+        block_n = self.block_n
+        if block_n is None:
+            # 64 tokens of K and V per stage (32 KiB at bf16/D=128); wider rows halve it to fit 3 stages in
+            # smem. An FP8 cache holds 128 tokens in those bytes (H200, 32 x 4K: 149 vs 178 us at 64).
+            block_n = 64 if query.shape[-1] * query.element_size() <= 256 else 32
+            block_n = 2 * block_n if fp8_cache else block_n
+        # An FP8 cache's tiles go to fp16 (one native convert; bf16 takes three) and q with them: 127 vs
+        # 149 us there. q's magnitudes stay far inside fp16's range (~6.5e4) in the models served.
+        kv_f16 = fp8_cache and query.dtype == torch.bfloat16 if self.kv_f16 is None else self.kv_f16
+        # The page lookup and the K/V tile it addresses are a chain of two loads, so Triton's pipeliner keeps
+        # (num_stages - 1) // 2 tiles in flight: 3 stages keep one. An FP8 program holds ~200 registers (2 per
+        # SM), too few loads in flight with one tile: 5 stages (two tiles) ran 32 x 4K in 110 vs 127 us and
+        # 256 x 1K in 208 vs 232 on the H200; bf16 (4-5 programs per SM) is fastest at 3 (tune_fp8.py).
+        num_stages = (5 if fp8_cache else 3) if self.num_stages is None else self.num_stages
+        return TritonTiles(block_n, self.num_warps, num_stages, kv_f16)
+
+
 def decode_attention(
     query: torch.Tensor,  # [T, Hq, D], one row per sequence (+ padding rows)
     k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
@@ -197,30 +226,23 @@ def decode_attention(
     out: torch.Tensor | None = None,
     kv_scales: tuple[float, float] = (1.0, 1.0),
     kv_f16: bool | None = None,
+    cuda_shape: fp8_decode_cuda.LaunchShape | None = None,
 ) -> torch.Tensor:  # [T, Hq, D]; rows with no sequence are left as they were in ``out``
+    """``cuda_shape``: forces the CUDA FP8 kernel with that launch shape (it runs by default where it
+    applies: ``fp8_decode_cuda.supports``); tile arguments force the Triton kernel."""
     num_tokens, q_heads, head_dim = query.shape
     batch = seq_lens.shape[0]
     kv_heads = k_cache.shape[2]
     check_head_dim(head_dim)
     assert q_heads % kv_heads == 0 and k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1
-    fp8_cache = k_cache.element_size() == 1
-    if block_n is None:
-        # 64 tokens of K and V per stage (32 KiB at bf16/D=128); wider rows halve it to fit 3 stages in smem.
-        # An FP8 cache holds 128 tokens in those bytes (H200, 32 x 4K: 149 vs 178 us at 64).
-        block_n = 64 if head_dim * query.element_size() <= 256 else 32
-        block_n = 2 * block_n if fp8_cache else block_n
-    if kv_f16 is None:
-        # An FP8 cache's tiles go to fp16 (one native convert; bf16 takes three) and q with them: 127 vs
-        # 149 us there. q's magnitudes stay far inside fp16's range (~6.5e4) in the models served.
-        kv_f16 = fp8_cache and query.dtype == torch.bfloat16
-    if num_stages is None:
-        # The page lookup and the K/V tile it addresses are a chain of two loads, so Triton's pipeliner keeps
-        # (num_stages - 1) // 2 tiles in flight: 3 stages keep one. An FP8 program holds ~200 registers (2 per
-        # SM), too few loads in flight with one tile: 5 stages (two tiles) ran 32 x 4K in 110 vs 127 us and
-        # 256 x 1K in 208 vs 232 on the H200; bf16 (4-5 programs per SM) is fastest at 3 (tune_fp8.py).
-        num_stages = 5 if fp8_cache else 3
+    triton_tiles = TritonTiles(block_n, num_warps, num_stages, kv_f16)
+    default_tiles = cuda_shape is None and triton_tiles == TritonTiles()
+    if default_tiles and fp8_decode_cuda.supports(query, k_cache, v_cache, sliding_window):
+        cuda_shape = fp8_decode_cuda.DEFAULT_SHAPE
     if num_splits is None:
-        num_splits = choose_num_splits(batch, kv_heads, max_seq_len, num_sms(query.device))
+        # Programs per SM: the CUDA kernel's register budget; Triton's FP8 and bf16 tiles fit 2.
+        waves = cuda_shape.min_blocks if cuda_shape is not None else 2
+        num_splits = choose_num_splits(batch, kv_heads, max_seq_len, num_sms(query.device), waves)
     query = query if query.stride(-1) == 1 else query.contiguous()
     block_tables = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()
     out = torch.empty(query.shape, dtype=query.dtype, device=query.device) if out is None else out
@@ -228,17 +250,25 @@ def decode_attention(
         return out
     part_acc = torch.empty((batch, q_heads, num_splits, head_dim), dtype=torch.float32, device=query.device)
     part_lse = torch.empty((batch, q_heads, num_splits), dtype=torch.float32, device=query.device)
-    group = q_heads // kv_heads
-    _decode_split_kernel[(batch, kv_heads, num_splits)](
-        query, k_cache, v_cache, out, part_acc, part_lse, cu_seqlens_q, seq_lens, block_tables,
-        scale * LOG2E * kv_scales[0], kv_scales[1], sliding_window or 0, num_splits,
-        query.stride(0), query.stride(1), out.stride(0), out.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
-        NUM_Q_HEADS=q_heads, GROUP=group, GROUP_PAD=group_pad(group), HEAD_DIM=head_dim,
-        BLOCK_N=block_n, BLOCK_SIZE=k_cache.shape[1], SPLIT=num_splits > 1,
-        USE_WINDOW=sliding_window is not None, DOT_PREC=dot_precision(query), DOT_F32=needs_f32_dot(query),
-        KV_F16=kv_f16, num_warps=num_warps, num_stages=num_stages, **pdl_options(query),
-    )  # fmt: skip
+    qk_scale = scale * LOG2E * kv_scales[0]
+    if cuda_shape is not None:
+        fp8_decode_cuda.launch(
+            query, k_cache, v_cache, out, part_acc, part_lse, cu_seqlens_q, seq_lens, block_tables,
+            qk_scale, kv_scales[1], num_splits, cuda_shape,
+        )  # fmt: skip
+    else:
+        tiles = triton_tiles.resolve(query, k_cache)
+        _decode_split_kernel[(batch, kv_heads, num_splits)](
+            query, k_cache, v_cache, out, part_acc, part_lse, cu_seqlens_q, seq_lens, block_tables,
+            qk_scale, kv_scales[1], sliding_window or 0, num_splits,
+            query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
+            NUM_Q_HEADS=q_heads, GROUP=q_heads // kv_heads, GROUP_PAD=group_pad(q_heads // kv_heads),
+            HEAD_DIM=head_dim, BLOCK_N=tiles.block_n, BLOCK_SIZE=k_cache.shape[1], SPLIT=num_splits > 1,
+            USE_WINDOW=sliding_window is not None, DOT_PREC=dot_precision(query),
+            DOT_F32=needs_f32_dot(query), KV_F16=tiles.kv_f16, num_warps=tiles.num_warps,
+            num_stages=tiles.num_stages, **pdl_options(query),
+        )  # fmt: skip
     if num_splits > 1:
         _decode_merge_kernel[(batch, q_heads)](
             out, part_acc, part_lse, cu_seqlens_q, out.stride(0), out.stride(1), num_splits,

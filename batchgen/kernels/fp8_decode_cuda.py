@@ -1,0 +1,149 @@
+"""The CUDA FP8 decode attention (``fp8_decode.cu``): compiled once per process with NVRTC, which torch's
+CUDA wheels ship (``torch.cuda._compile_kernel``), so no compiler needs to be installed.
+``decode.decode_attention`` runs it for the shapes it covers and the Triton kernel for the rest; its splits
+are merged by the Triton merge kernel (same partial layout).
+
+``BATCHGEN_CUDA_ATTENTION=0`` turns it off (the Triton kernel runs everywhere).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import threading
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+
+SOURCE = Path(__file__).with_name("fp8_decode.cu")
+HEAD_DIM = 128
+MAX_GROUP = 8  # q heads per KV head: the kernel's A operand uses rows 0..7 of mma's 16
+CHUNK = 16  # tokens per step of a warp: pages must hold a multiple of it
+
+
+class LaunchShape(NamedTuple):
+    warps: int = 4
+    min_blocks: int = 3  # programs per SM the register budget is cut for (168 registers at 3)
+    stages: int = 3  # chunks of 4 KiB per warp in the shared-memory ring: stages - 1 in flight
+    head_major: bool = False  # grid (KV head, sequence): a sequence's heads run side by side
+    cvt_bits: bool = False  # e4m3 -> fp16 by moving bits instead of the hardware convert
+    warp_heads: bool = False  # a warp per KV head, a program per WARPS heads: they read whole token rows
+    defines: str = ""  # more preprocessor lines, for experiments (scripts/tune_fp8.py)
+
+    @property
+    def ring_bytes(self) -> int:
+        if "BULK" in self.defines:  # 144-byte rows, and an 8-byte mbarrier per slot
+            return self.warps * self.stages * (32 * 144 + 8)
+        return self.warps * self.stages * 4096
+
+
+DEFAULT_SHAPE = LaunchShape()
+
+
+@functools.cache
+def _enabled() -> bool:
+    return os.environ.get("BATCHGEN_CUDA_ATTENTION", "1") != "0" and hasattr(torch.cuda, "_compile_kernel")
+
+
+@functools.cache
+def _has_fp8_converts(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index) >= (8, 9)
+
+
+def supports(
+    query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sliding_window: int | None
+) -> bool:
+    """Whether the CUDA kernel covers this decode step: an e4m3 cache on a GPU with fp8 converts (sm_89+),
+    head_dim 128, up to 8 q heads per KV head, pages of a multiple of 16 tokens, no sliding window, and the
+    16-byte alignment its loads assume."""
+    if not (query.is_cuda and _enabled() and torch.version.hip is None and sliding_window is None):
+        return False
+    if k_cache.dtype != torch.float8_e4m3fn or query.dtype not in (torch.bfloat16, torch.float16):
+        return False
+    if not _has_fp8_converts(query.get_device()):
+        return False
+    q_heads, head_dim = query.shape[1], query.shape[2]
+    kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
+    if head_dim != HEAD_DIM or q_heads % kv_heads or q_heads // kv_heads > MAX_GROUP or block_size % CHUNK:
+        return False
+    aligned_q = query.stride(-1) == 1 and query.stride(0) % 8 == 0 and query.stride(1) % 8 == 0
+    aligned_kv = k_cache.stride() == v_cache.stride() and all(s % 16 == 0 for s in k_cache.stride()[:3])
+    pointers = (query.data_ptr() | k_cache.data_ptr() | v_cache.data_ptr()) % 16 == 0
+    return aligned_q and aligned_kv and pointers and k_cache.stride(-1) == 1
+
+
+# The kernel's parameters after the 9 pointers: 2 doubles (the scales), then 12 ints.
+_ARG_TYPES = [ctypes.c_void_p] * 9 + [ctypes.c_double] * 2 + [ctypes.c_int] * 12
+
+
+class _Launcher:
+    """cuLaunchKernel through ctypes with the parameter block built once: torch's ``_CudaKernel.__call__``
+    reopens libcuda and wraps every argument on each call (~150 us), longer than the kernel itself."""
+
+    def __init__(self, kernel) -> None:
+        self._kernel = kernel  # keeps the module loaded
+        self._func = kernel.func
+        self._lib = ctypes.CDLL("libcuda.so.1")
+        self._values = [t() for t in _ARG_TYPES]
+        self._params = (ctypes.c_void_p * len(self._values))(*(ctypes.addressof(v) for v in self._values))
+        self._lock = threading.Lock()
+
+    def __call__(self, grid: tuple[int, int, int], threads: int, smem: int, stream: int, args: list) -> None:
+        with self._lock:
+            for slot, value in zip(self._values, args, strict=True):
+                slot.value = value
+            result = self._lib.cuLaunchKernel(
+                self._func, *grid, threads, 1, 1, smem, ctypes.c_void_p(stream), self._params, None
+            )
+        if result != 0:
+            raise RuntimeError(f"fp8_paged_decode launch failed: CUDA error {result}")
+
+
+@functools.cache
+def _kernel(device_index: int, q_bf16: bool, shape: LaunchShape) -> _Launcher:
+    values = {"WARPS": shape.warps, "MIN_BLOCKS": shape.min_blocks, "STAGES": shape.stages}
+    defines = "".join(f"#define {name} {value}\n" for name, value in values.items())
+    defines += "#define Q_BF16\n" if q_bf16 else ""
+    defines += "#define HEAD_MAJOR\n" if shape.head_major else ""
+    defines += "#define CVT_BITS\n" if shape.cvt_bits else ""
+    defines += "#define WARP_HEADS\n" if shape.warp_heads else ""
+    defines += shape.defines
+    with torch.cuda.device(device_index):
+        kernel = torch.cuda._compile_kernel(defines + SOURCE.read_text(), "fp8_paged_decode")
+        kernel.set_shared_memory_config(shape.ring_bytes)  # above 48 KiB it must be asked for
+    return _Launcher(kernel)
+
+
+def launch(
+    query: torch.Tensor,  # [T, Hq, 128]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, 128] e4m3
+    v_cache: torch.Tensor,
+    out: torch.Tensor,  # [T, Hq, 128], written when num_splits == 1
+    part_acc: torch.Tensor,  # [B, Hq, num_splits, 128] fp32
+    part_lse: torch.Tensor,  # [B, Hq, num_splits] fp32
+    cu_seqlens_q: torch.Tensor,  # [B + 1] int32
+    seq_lens: torch.Tensor,  # [B] int32
+    block_tables: torch.Tensor,  # [B, max_blocks] int32, last dim contiguous
+    qk_scale: float,  # softmax scale * log2(e) * k_scale
+    v_scale: float,
+    num_splits: int,
+    shape: LaunchShape,
+) -> None:
+    """One launch on the current stream (capturable: every argument is a pointer or a Python number)."""
+    batch, q_heads, kv_heads = seq_lens.shape[0], query.shape[1], k_cache.shape[2]
+    device = query.get_device()
+    kernel = _kernel(device, query.dtype == torch.bfloat16, shape)
+    grid = (kv_heads, batch, num_splits) if shape.head_major else (batch, kv_heads, num_splits)
+    if shape.warp_heads:
+        assert kv_heads % shape.warps == 0
+        grid = (kv_heads // shape.warps, batch, num_splits)
+    pointers = [
+        t.data_ptr() for t in (query, k_cache, v_cache, out, part_acc, part_lse, cu_seqlens_q, seq_lens)
+    ]
+    args = [*pointers, block_tables.data_ptr(), float(qk_scale), float(v_scale), num_splits]
+    args += [query.stride(0), query.stride(1), out.stride(0), out.stride(1), k_cache.stride(0)]
+    args += [k_cache.stride(1), k_cache.stride(2), block_tables.stride(0), q_heads, q_heads // kv_heads]
+    args.append(k_cache.shape[1])
+    kernel(grid, 32 * shape.warps, shape.ring_bytes, torch.cuda.current_stream(device).cuda_stream, args)
