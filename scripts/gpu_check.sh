@@ -127,7 +127,7 @@ moe bench && stage moe-bench 420 "$RUN/moe-bench.log" "$PY" -m batchgen.bench --
 # alone: about 7 minutes).
 fp8() { has fp8 || has "fp8-$1"; }
 fp8 tests && stage fp8-tests 200 "$RUN/fp8-tests.log" "$PY" -m pytest -q -m gpu tests/kernels/test_fp8_kernels.py \
-    tests/engine/test_fp8_engine.py -p no:cacheprovider -o faulthandler_timeout=150
+    tests/kernels/test_fp8_decode_cuda.py tests/engine/test_fp8_engine.py -p no:cacheprovider -o faulthandler_timeout=150
 fp8 tests && stage fp8-kernels 120 "$RUN/fp8-kernels.log" "$PY" scripts/bench_fp8.py --out "$RUN/fp8.json"
 FP8="--quantization fp8 --kv-cache-dtype fp8"
 # shellcheck disable=SC2086

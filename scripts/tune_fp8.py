@@ -62,18 +62,15 @@ def _configs(args: tuple, ctx: int, base_splits: int, head_dim: int, cache: str,
         fresh = LaunchShape(defines=f"// {args[0].shape[0]} x {ctx}\n")
         fp8_decode_cuda._kernel(args[0].get_device(), True, fresh)
         print(f"cuda kernel compile + load: {time.perf_counter() - t0:.2f} s")
-        rows, bulk, no_math = "#define WHOLE_ROWS\n", "#define BULK\n", "#define NO_MATH\n"
-        shapes = [LaunchShape(4, 3, 3), LaunchShape(4, 3, 4, defines=no_math)]
-        shapes += [LaunchShape(4, 3, s, defines=rows) for s in (3, 4)] + [
-            LaunchShape(4, 3, 4, defines=rows + no_math)
-        ]
-        shapes += [LaunchShape(4, 3, s, defines=bulk) for s in (3, 4)] + [LaunchShape(4, 2, 6, defines=bulk)]
-        shapes += [LaunchShape(4, 3, 4, defines=bulk + no_math)]
+        no_math = "#define NO_MATH\n"  # the copies alone: the ceiling of the kernel's access pattern
+        shapes = [LaunchShape(4, b, s) for b, s in ((3, 3), (3, 4), (4, 3), (2, 6))] + [LaunchShape(8, 1, 4)]
+        shapes += [LaunchShape(4, 3, 4, defines=no_math)]
         for shape in shapes:
             if shape.ring_bytes * shape.min_blocks > 228 * 1024:
                 continue
-            run = partial(decode_attention, *args, max_seq_len=ctx, num_splits=1, cuda_shape=shape)
-            yield f"cuda {shape} splits=1", run
+            for splits in sorted({1, 2, base_splits}):
+                run = partial(decode_attention, *args, max_seq_len=ctx, num_splits=splits, cuda_shape=shape)
+                yield f"cuda {shape} splits={splits}", run
     if "triton" not in impls:
         return
     for block_n in (32, 64, 128):

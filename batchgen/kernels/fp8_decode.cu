@@ -2,10 +2,12 @@
 // groups of up to 8 q heads. Compiled at run time with NVRTC (fp8_decode_cuda.py); no headers needed.
 //
 // Why CUDA: the Triton kernel converts K/V tiles out of shared memory into dot-operand layouts and holds
-// ~200 registers (2 programs per SM): it reads the cache at ~2.7 TB/s. Here each thread copies its own
-// bytes in 16-byte cp.async copies, in exactly the order mma.sync's fragments want them, into a ring of
-// STAGES chunks per warp in shared memory, and reads back only what it copied itself: no barrier, no
-// layout change, and STAGES - 1 chunks in flight per warp without holding them in registers.
+// ~200 registers (2 programs per SM): it reads the cache at ~2.5-2.7 TB/s. Here each thread copies its
+// own bytes in 16-byte cp.async copies, in exactly the order mma.sync's fragments want them, into a ring
+// of STAGES chunks per warp in shared memory, and reads back only what it copied itself: no barrier, no
+// layout change, and STAGES - 1 chunks in flight per warp without holding them in registers. On the H200
+// it reads ~2.9-3.0 TB/s, within 3-5 % of the same copies with no math at all (NO_MATH); see
+// docs/kernels.md for the variants measured.
 //
 // Fragment layout (mma.sync m16n8k16, f16 inputs, f32 sums). Lane = 4 * r + c (r in 0..7, c in 0..3).
 // Rows of the A operand are the group's q heads (rows 8..15 are always zero: their registers are a
@@ -45,28 +47,12 @@ __device__ __forceinline__ u32 word(const uint4& x, int i) {
   return i == 0 ? x.x : i == 1 ? x.y : i == 2 ? x.z : x.w;
 }
 
-#ifdef CVT_BITS
-// Four e4m3 values -> two f16x2 registers by moving bits: bytes 0,2 -> lo, bytes 1,3 -> hi, each value
-// times 2^-8 (e4m3's exponent bias is 7, fp16's 15; subnormals map to subnormals). KV_UNIT undoes it.
-#define KV_UNIT 256.f
-#define PAIR_01 0x5410  // byte_perm selectors pairing two tokens' bytes per dim (see attend_chunk)
-#define PAIR_23 0x7632
-__device__ __forceinline__ void e4m3x4_to_f16(u32 w, u32& lo, u32& hi) {
-  hi = ((w & 0x7F007F00u) >> 1) | (w & 0x80008000u);
-  const u32 x = w << 8;
-  lo = ((x & 0x7F007F00u) >> 1) | (x & 0x80008000u);
-}
-#else
 // Four e4m3 values -> two f16x2 registers: bytes 0,1 -> lo, bytes 2,3 -> hi (the lower byte in the low half).
-#define KV_UNIT 1.f
-#define PAIR_01 0x5140
-#define PAIR_23 0x7362
 __device__ __forceinline__ void e4m3x4_to_f16(u32 w, u32& lo, u32& hi) {
   asm("{\n .reg .b16 a, b;\n mov.b32 {a, b}, %2;\n cvt.rn.f16x2.e4m3x2 %0, a;\n cvt.rn.f16x2.e4m3x2 %1, b;\n}"
       : "=r"(lo), "=r"(hi)
       : "r"(w));
 }
-#endif
 
 __device__ __forceinline__ u32 pack_f16(float lo, float hi) {
   u32 d;
@@ -102,11 +88,13 @@ __device__ __forceinline__ u16 out_bits(float x) {
 
 // d0, d1 (row r of the 16 x 8 tile) += A (rows r: a0, a2; rows r + 8: zero) x B (b0, b1).
 __device__ __forceinline__ void mma_top(float& d0, float& d1, u32 a0, u32 a2, u32 b0, u32 b1) {
-  float s0, s1;
+  float s0, s1;  // rows r + 8: discarded
   asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%5}, {%7,%8}, "
       "{%0,%1,%9,%9};"
       : "+f"(d0), "+f"(d1), "=f"(s0), "=f"(s1)
       : "r"(a0), "r"(0u), "r"(a2), "r"(b0), "r"(b1), "f"(0.f));
+  (void)s0;
+  (void)s1;
 }
 
 __device__ __forceinline__ u32 shared_addr(const void* p) {
@@ -123,14 +111,7 @@ __device__ __forceinline__ void commit_copies() { asm volatile("cp.async.commit_
 
 // A chunk's slot in the ring: 8 pieces x 32 lanes x 16 bytes (a piece's 32 lanes are 512 contiguous
 // bytes, so the copies and the reads back are free of bank conflicts).
-#ifdef BULK
-// Bulk (TMA) copies of whole 128-byte rows: K rows 0..15 then V rows 0..15, padded to 144 bytes so
-// that the lanes' 16-byte reads of V (and of K, 2-way) spread over the banks. One mbarrier per slot.
-#define ROW_PITCH 144
-#define SLOT_BYTES (32 * ROW_PITCH)
-#else
 #define SLOT_BYTES (8 * 32 * 16)
-#endif
 // The ring, reused after the loop for the warps' merge: [WARPS][32][33] partial outputs, then m and l.
 #define RING_BYTES (WARPS * STAGES * SLOT_BYTES)
 
@@ -148,51 +129,6 @@ __device__ __forceinline__ void copy_chunk(u32 slot, const unsigned char* kc, co
 #pragma unroll
   for (int i = 0; i < 4; ++i) copy16(at + (4 + i) * 512, vc + base + (u64)toks[i] * stride_ct + 16 * r);
 }
-
-#ifdef WHOLE_ROWS
-// The same bytes to the same places, copied by whichever lane makes each instruction cover 4 whole
-// 128-byte rows (the reads back then need a __syncwarp: a lane reads what others copied).
-__device__ __forceinline__ void copy_chunk_rows(u32 slot, const unsigned char* kc, const unsigned char* vc,
-                                                u64 base, int stride_ct, int lane) {
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int row = 4 * i + lane / 8, q = lane % 8;  // token row of the chunk, 16-byte column
-    const u64 src = base + (u64)row * stride_ct + 16 * q;
-    // K: read by lane (row % 8, q % 4) as piece 2 * (row / 8) + q / 4.
-    copy16(slot + (2 * (row / 8) + q / 4) * 512 + (4 * (row % 8) + q % 4) * 16, kc + src);
-    // V: read by lane (q, (row % 8) / 2) as piece 4 + 2 * (row / 8) + row % 2.
-    copy16(slot + (4 + 2 * (row / 8) + row % 2) * 512 + (4 * q + (row % 8) / 2) * 16, vc + src);
-  }
-}
-#endif
-
-#ifdef BULK
-__device__ __forceinline__ void bulk_chunk(u32 slot, u32 bar, const unsigned char* kc, const unsigned char* vc,
-                                           u64 base, int stride_ct, int lane) {
-  __syncwarp();  // every lane has read the slot's previous chunk
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-  if (lane == 0) asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(4096) : "memory");
-  const int row = lane & 15;
-  const unsigned char* src = (lane < 16 ? kc : vc) + base + (u64)row * stride_ct;
-  const u32 dst = slot + (lane < 16 ? row : 16 + row) * ROW_PITCH;
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], 128, [%2];"
-               ::"r"(dst), "l"(src), "r"(bar) : "memory");
-}
-
-__device__ __forceinline__ void wait_bar(u32 bar, u32 parity) {
-  asm volatile("{\n .reg .pred p;\n WAIT:\n mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n @!p bra WAIT;\n}"
-               ::"r"(bar), "r"(parity) : "memory");
-}
-
-__device__ __forceinline__ void read_chunk_rows(Chunk& ch, const unsigned char* slot, int r, int c) {
-  const int toks[4] = {2 * c, 2 * c + 1, 2 * c + 8, 2 * c + 9};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    ch.k[i] = *reinterpret_cast<const uint4*>(slot + (r + 8 * (i / 2)) * ROW_PITCH + 64 * (i % 2) + 16 * c);
-    ch.v[i] = *reinterpret_cast<const uint4*>(slot + (16 + toks[i]) * ROW_PITCH + 16 * r);
-  }
-}
-#endif
 
 __device__ __forceinline__ void read_chunk(Chunk& ch, const unsigned char* slot, int lane) {
   const uint4* p = reinterpret_cast<const uint4*>(slot) + lane;
@@ -258,10 +194,10 @@ __device__ __forceinline__ void attend_chunk(RowState& st, const Chunk& ch, cons
 #pragma unroll
   for (int w = 0; w < 4; ++w) {
     // Tokens (2c, 2c+1) and (2c+8, 2c+9) paired per dim: byte t of word w is dim 16r + 4w + t.
-    const u32 a01 = __byte_perm(word(v[0], w), word(v[1], w), PAIR_01);
-    const u32 a23 = __byte_perm(word(v[0], w), word(v[1], w), PAIR_23);
-    const u32 b01 = __byte_perm(word(v[2], w), word(v[3], w), PAIR_01);
-    const u32 b23 = __byte_perm(word(v[2], w), word(v[3], w), PAIR_23);
+    const u32 a01 = __byte_perm(word(v[0], w), word(v[1], w), 0x5140);
+    const u32 a23 = __byte_perm(word(v[0], w), word(v[1], w), 0x7362);
+    const u32 b01 = __byte_perm(word(v[2], w), word(v[3], w), 0x5140);
+    const u32 b23 = __byte_perm(word(v[2], w), word(v[3], w), 0x7362);
     u32 lo0, hi0, lo1, hi1;
     e4m3x4_to_f16(a01, lo0, hi0);
     e4m3x4_to_f16(b01, lo1, hi1);
@@ -272,48 +208,6 @@ __device__ __forceinline__ void attend_chunk(RowState& st, const Chunk& ch, cons
     mma_top(st.o[4 * w + 2][0], st.o[4 * w + 2][1], pa0, pa2, lo0, lo1);
     mma_top(st.o[4 * w + 3][0], st.o[4 * w + 3][1], pa0, pa2, hi0, hi1);
   }
-}
-
-__device__ __forceinline__ u32 pack_out(float lo, float hi) {
-  u32 d;
-#ifdef Q_BF16
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
-#else
-  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
-#endif
-  return d;
-}
-
-// A warp that owns its rows writes them from registers: lane (r, c) holds dims [32c, 32c + 32) of row r.
-__device__ __forceinline__ void store_row(const RowState& st, u16* out, float* part_acc, float* part_lse,
-                                          int row, int q_len, int b, int head, bool real, int split,
-                                          int num_splits, int num_q_heads, int stride_ot, int stride_oh,
-                                          float v_scale, int c) {
-  if (!real) return;
-  const float inv = st.l > 0.f ? v_scale / st.l : 0.f;
-  if (num_splits == 1) {
-    if (q_len <= 0) return;
-    uint4* dst = reinterpret_cast<uint4*>(out + (u64)row * stride_ot + (u64)head * stride_oh + 32 * c);
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-#pragma unroll
-      for (int k = 0; k < 2; ++k) {
-        u32 w[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) w[i] = pack_out(st.o[8 * k + 2 * i][h] * inv, st.o[8 * k + 2 * i + 1][h] * inv);
-        dst[2 * h + k] = make_uint4(w[0], w[1], w[2], w[3]);
-      }
-    return;
-  }
-  const u64 part = ((u64)b * num_q_heads + head) * num_splits + split;
-  float4* dst = reinterpret_cast<float4*>(part_acc + part * HEAD_DIM + 32 * c);
-#pragma unroll
-  for (int h = 0; h < 2; ++h)
-#pragma unroll
-    for (int k = 0; k < 4; ++k)
-      dst[4 * h + k] = make_float4(st.o[4 * k][h] * inv, st.o[4 * k + 1][h] * inv, st.o[4 * k + 2][h] * inv,
-                                   st.o[4 * k + 3][h] * inv);
-  if (c == 0) part_lse[part] = st.l > 0.f ? st.m + __log2f(st.l) : NEG_INF;
 }
 
 // Grid (sequence, kv head, split), WARPS warps. A split's chunks go round-robin to its warps; each warp
@@ -331,17 +225,11 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) fp8_paged_d
     int stride_oh, int stride_cb, int stride_ct, int stride_ch, int stride_bt, int num_q_heads, int group,
     int block_size) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, r = lane >> 2, c = lane & 3;
-#if defined(WARP_HEADS)  // grid (KV heads / WARPS, sequence, split): warp w takes head WARPS * x + w
-  const int b = blockIdx.y, kv_head = blockIdx.x * WARPS + warp, split = blockIdx.z;
-#elif defined(HEAD_MAJOR)  // a sequence's KV heads run side by side: they read the same pages at the same time
-  const int b = blockIdx.y, kv_head = blockIdx.x, split = blockIdx.z;
-#else
   const int b = blockIdx.x, kv_head = blockIdx.y, split = blockIdx.z;
-#endif
   const int row = cu_q[b];
   const int q_len = cu_q[b + 1] - row;
   const int seq_len = q_len > 0 ? seq_lens[b] : 0;  // a padding sequence attends to nothing
-  const float qk_scale = (float)qk_scale_d * KV_UNIT;
+  const float qk_scale = (float)qk_scale_d;
   const int chunks = (seq_len + CHUNK - 1) / CHUNK;
   const int share = (chunks + num_splits - 1) / num_splits;
   const int c_lo = split * share;
@@ -363,13 +251,8 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) fp8_paged_d
     for (int ks = 0; ks < 8; ++ks) {
       const uint4& x = raw[ks / 2];
       const u32 w0 = word(x, 2 * (ks % 2)), w1 = word(x, 2 * (ks % 2) + 1);
-#ifdef CVT_BITS  // K's fragments pair the lane's bytes (0, 2) and (1, 3) of each word
-      qa[ks][0] = pack_f16(q_value(w0 & 0xffff), q_value(w1 & 0xffff));
-      qa[ks][1] = pack_f16(q_value(w0 >> 16), q_value(w1 >> 16));
-#else
       qa[ks][0] = pack_f16(q_value(w0 & 0xffff), q_value(w0 >> 16));
       qa[ks][1] = pack_f16(q_value(w1 & 0xffff), q_value(w1 >> 16));
-#endif
     }
   }
 
@@ -389,13 +272,8 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) fp8_paged_d
   extern __shared__ __align__(16) unsigned char ring[];  // RING_BYTES, set at launch
   unsigned char* my_ring = ring + warp * STAGES * SLOT_BYTES;
   const u32 my_ring_addr = shared_addr(my_ring);
-#ifdef WARP_HEADS  // every warp takes all the split's chunks, of its own head
-  const int n_mine = n_chunks;
-  auto chunk_of = [&](int j) { return j; };
-#else
   const int n_mine = warp < n_chunks ? (n_chunks - warp + WARPS - 1) / WARPS : 0;
   auto chunk_of = [&](int j) { return warp + j * WARPS; };
-#endif
   // Page numbers come 32 chunks at a time, lane i holding chunk base + i's: looking each one up just
   // before its copy put a dependent global load (~1 us under load) in every iteration.
   auto pages_from = [&](int base) -> int {
@@ -411,23 +289,10 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) fp8_paged_d
     }
     return __shfl_sync(0xffffffffu, pages, j - window);
   };
-#ifdef BULK
-  const u32 bars = shared_addr(ring + WARPS * STAGES * SLOT_BYTES) + warp * STAGES * 8;
-  if (lane == 0)
-    for (int i = 0; i < STAGES; ++i) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bars + 8 * i));
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  __syncwarp();
-#endif
   auto issue = [&](int j) {  // chunk j of this warp's into slot j % STAGES
     const u64 base = chunk_base(chunk_of(j), page_of_mine(j));
     const u32 slot = my_ring_addr + (j % STAGES) * SLOT_BYTES;
-#if defined(BULK)
-    bulk_chunk(slot, bars + 8 * (j % STAGES), kc, vc, base, stride_ct, lane);
-#elif defined(WHOLE_ROWS)
-    copy_chunk_rows(slot, kc, vc, base, stride_ct, lane);
-#else
     copy_chunk(slot, kc, vc, base, stride_ct, lane, r, c);
-#endif
   };
 #pragma unroll
   for (int j = 0; j < STAGES - 1; ++j) {
@@ -437,21 +302,10 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) fp8_paged_d
   for (int j = 0; j < n_mine; ++j) {
     if (j + STAGES - 1 < n_mine) issue(j + STAGES - 1);
     commit_copies();
-#ifdef BULK
-    wait_bar(bars + 8 * (j % STAGES), (j / STAGES) & 1);
-#else
-    asm volatile("cp.async.wait_group %0;" ::"n"(STAGES - 1) : "memory");
-#endif
-#ifdef WHOLE_ROWS
-    __syncwarp();
-#endif
+    asm volatile("cp.async.wait_group %0;" ::"n"(STAGES - 1) : "memory");  // chunk j has landed
 #ifndef NO_MATH  // an experiment (tune_fp8.py): the copies alone, for the access pattern's own ceiling
     Chunk cur;
-#ifdef BULK
-    read_chunk_rows(cur, my_ring + (j % STAGES) * SLOT_BYTES, r, c);
-#else
     read_chunk(cur, my_ring + (j % STAGES) * SLOT_BYTES, lane);
-#endif
     attend_chunk(st, cur, qa, (c_lo + chunk_of(j)) * CHUNK, hi, qk_scale, c);
 #endif
   }
@@ -459,11 +313,6 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) fp8_paged_d
   st.l += __shfl_xor_sync(0xffffffffu, st.l, 1);
   st.l += __shfl_xor_sync(0xffffffffu, st.l, 2);
 
-#ifdef WARP_HEADS
-  store_row(st, out, part_acc, part_lse, row, q_len, b, kv_head * group + r, r < group, split, num_splits,
-            num_q_heads, stride_ot, stride_oh, (float)v_scale_d * KV_UNIT, c);
-  return;
-#endif
   // Merge the warps: [warp][lane][33] keeps each lane's 32 dims on distinct banks.
   __syncthreads();  // every warp is done with the ring: its bytes now hold the partial outputs
   float(*sm_o)[32][33] = reinterpret_cast<float(*)[32][33]>(ring);
@@ -484,7 +333,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) fp8_paged_d
     sm_o[warp][lane][16 + t] = st.o[t][1] * own;
   }
   __syncthreads();
-  const float v_scale = (float)v_scale_d * KV_UNIT;
+  const float v_scale = (float)v_scale_d;
   const int heads0 = kv_head * group;
   for (int idx = threadIdx.x; idx < group * HEAD_DIM; idx += WARPS * 32) {
     const int g = idx / HEAD_DIM, d = idx % HEAD_DIM;  // row g, dim d: lane 4g + d / 32, slot d % 32

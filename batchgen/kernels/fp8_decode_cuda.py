@@ -27,15 +27,10 @@ class LaunchShape(NamedTuple):
     warps: int = 4
     min_blocks: int = 3  # programs per SM the register budget is cut for (168 registers at 3)
     stages: int = 3  # chunks of 4 KiB per warp in the shared-memory ring: stages - 1 in flight
-    head_major: bool = False  # grid (KV head, sequence): a sequence's heads run side by side
-    cvt_bits: bool = False  # e4m3 -> fp16 by moving bits instead of the hardware convert
-    warp_heads: bool = False  # a warp per KV head, a program per WARPS heads: they read whole token rows
-    defines: str = ""  # more preprocessor lines, for experiments (scripts/tune_fp8.py)
+    defines: str = ""  # more preprocessor lines, for experiments (scripts/tune_fp8.py: NO_MATH)
 
     @property
     def ring_bytes(self) -> int:
-        if "BULK" in self.defines:  # 144-byte rows, and an 8-byte mbarrier per slot
-            return self.warps * self.stages * (32 * 144 + 8)
         return self.warps * self.stages * 4096
 
 
@@ -106,9 +101,6 @@ def _kernel(device_index: int, q_bf16: bool, shape: LaunchShape) -> _Launcher:
     values = {"WARPS": shape.warps, "MIN_BLOCKS": shape.min_blocks, "STAGES": shape.stages}
     defines = "".join(f"#define {name} {value}\n" for name, value in values.items())
     defines += "#define Q_BF16\n" if q_bf16 else ""
-    defines += "#define HEAD_MAJOR\n" if shape.head_major else ""
-    defines += "#define CVT_BITS\n" if shape.cvt_bits else ""
-    defines += "#define WARP_HEADS\n" if shape.warp_heads else ""
     defines += shape.defines
     with torch.cuda.device(device_index):
         kernel = torch.cuda._compile_kernel(defines + SOURCE.read_text(), "fp8_paged_decode")
@@ -135,10 +127,7 @@ def launch(
     batch, q_heads, kv_heads = seq_lens.shape[0], query.shape[1], k_cache.shape[2]
     device = query.get_device()
     kernel = _kernel(device, query.dtype == torch.bfloat16, shape)
-    grid = (kv_heads, batch, num_splits) if shape.head_major else (batch, kv_heads, num_splits)
-    if shape.warp_heads:
-        assert kv_heads % shape.warps == 0
-        grid = (kv_heads // shape.warps, batch, num_splits)
+    grid = (batch, kv_heads, num_splits)
     pointers = [
         t.data_ptr() for t in (query, k_cache, v_cache, out, part_acc, part_lse, cu_seqlens_q, seq_lens)
     ]

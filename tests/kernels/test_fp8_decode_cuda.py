@@ -44,23 +44,15 @@ def test_cuda_decode_matches_reference(group, splits, block_size):
         assert rel_error(out[b : b + 1], want[b : b + 1], 1) < 2e-2, b
 
 
-@pytest.mark.parametrize(
-    "shape",
-    [
-        fp8_decode_cuda.LaunchShape(4, 2),
-        fp8_decode_cuda.LaunchShape(8, 1, 4),
-        fp8_decode_cuda.LaunchShape(4, 3, 3, True),
-        fp8_decode_cuda.LaunchShape(4, 3, 3, False, True),
-        fp8_decode_cuda.LaunchShape(4, 3, 4, True, True),
-    ],
-)
+@pytest.mark.parametrize("shape", [(4, 2, 6), (8, 1, 4), (4, 4, 3), (2, 3, 2)])
 @pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_cuda_decode_launch_shapes_agree(shape, splits, dtype):
     kv_scales = (0.5, 2.0)
     case = _case(4, 16, dtype, kv_scales)
     want = ref.paged_attention(*case.attn_args(), kv_scales)
-    assert rel_error(_cuda(case, kv_scales, splits, shape), want, case.num_valid_rows) < 1e-2
+    out = _cuda(case, kv_scales, splits, fp8_decode_cuda.LaunchShape(*shape))
+    assert rel_error(out, want, case.num_valid_rows) < 1e-2
 
 
 def test_cuda_decode_is_close_to_the_triton_kernel():
