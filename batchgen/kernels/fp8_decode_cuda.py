@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import logging
 import os
 import threading
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import NamedTuple
 
 import torch
 
+log = logging.getLogger("batchgen")
 SOURCE = Path(__file__).with_name("fp8_decode.cu")
 HEAD_DIM = 128
 MAX_GROUP = 8  # q heads per KV head: the kernel's A operand uses rows 0..7 of mma's 16
@@ -63,6 +65,8 @@ def supports(
     kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
     if head_dim != HEAD_DIM or q_heads % kv_heads or q_heads // kv_heads > MAX_GROUP or block_size % CHUNK:
         return False
+    if _kernel(query.get_device(), query.dtype == torch.bfloat16, DEFAULT_SHAPE) is None:
+        return False  # it did not compile here (said once, in the log)
     aligned_q = query.stride(-1) == 1 and query.stride(0) % 8 == 0 and query.stride(1) % 8 == 0
     aligned_kv = k_cache.stride() == v_cache.stride() and all(s % 16 == 0 for s in k_cache.stride()[:3])
     pointers = (query.data_ptr() | k_cache.data_ptr() | v_cache.data_ptr()) % 16 == 0
@@ -97,15 +101,20 @@ class _Launcher:
 
 
 @functools.cache
-def _kernel(device_index: int, q_bf16: bool, shape: LaunchShape) -> _Launcher:
+def _kernel(device_index: int, q_bf16: bool, shape: LaunchShape) -> _Launcher | None:
+    """The compiled kernel, or None where NVRTC or the driver refuses it (the Triton kernel runs then)."""
     values = {"WARPS": shape.warps, "MIN_BLOCKS": shape.min_blocks, "STAGES": shape.stages}
     defines = "".join(f"#define {name} {value}\n" for name, value in values.items())
     defines += "#define Q_BF16\n" if q_bf16 else ""
     defines += shape.defines
-    with torch.cuda.device(device_index):
-        kernel = torch.cuda._compile_kernel(defines + SOURCE.read_text(), "fp8_paged_decode")
-        kernel.set_shared_memory_config(shape.ring_bytes)  # above 48 KiB it must be asked for
-    return _Launcher(kernel)
+    try:
+        with torch.cuda.device(device_index):
+            kernel = torch.cuda._compile_kernel(defines + SOURCE.read_text(), "fp8_paged_decode")
+            kernel.set_shared_memory_config(shape.ring_bytes)  # above 48 KiB it must be asked for
+            return _Launcher(kernel)
+    except Exception as e:  # noqa: BLE001 (no NVRTC, an older torch, a driver too old for the PTX)
+        log.warning("FP8 decode attention: the CUDA kernel did not compile (%s); using Triton's", e)
+        return None
 
 
 def launch(
@@ -127,6 +136,8 @@ def launch(
     batch, q_heads, kv_heads = seq_lens.shape[0], query.shape[1], k_cache.shape[2]
     device = query.get_device()
     kernel = _kernel(device, query.dtype == torch.bfloat16, shape)
+    if kernel is None:
+        raise RuntimeError("the CUDA FP8 decode attention did not compile on this machine (see the log)")
     grid = (batch, kv_heads, num_splits)
     pointers = [
         t.data_ptr() for t in (query, k_cache, v_cache, out, part_acc, part_lse, cu_seqlens_q, seq_lens)
