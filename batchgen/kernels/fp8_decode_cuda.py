@@ -134,6 +134,11 @@ def launch(
 ) -> None:
     """One launch on the current stream (capturable: every argument is a pointer or a Python number)."""
     batch, q_heads, kv_heads = seq_lens.shape[0], query.shape[1], k_cache.shape[2]
+    assert (
+        out.dtype == query.dtype
+        and out.stride(-1) == 1
+        and cu_seqlens_q.dtype == seq_lens.dtype == torch.int32
+    )
     device = query.get_device()
     kernel = _kernel(device, query.dtype == torch.bfloat16, shape)
     if kernel is None:
