@@ -64,7 +64,7 @@ def build_rank(
     if device.type == "cuda" and device.index is not None:
         torch.cuda.set_device(device)
     dtype = dtype or resolve_dtype(options.dtype, device)
-    warmup = _triton_warmup(options, device)
+    warmup = _triton_warmup(options, device, dtype)
     governor = set_cpu_threads(options.threads, device, group.size)  # before loading: it computes
     if device.type == "cpu":
         keep_freed_memory()  # allocator.py: no page faults per op on the CPU path
@@ -89,13 +89,16 @@ def build_rank(
     return RankEngine(bundle, runner, num_blocks, device, dtype, limit, async_mode, clock.phases)
 
 
-def _triton_warmup(options: EngineConfig, device: torch.device):
-    """Triton's per-process start, on a thread while the model loads (kernels/warmup.py)."""
+def _triton_warmup(options: EngineConfig, device: torch.device, dtype: torch.dtype = torch.bfloat16):
+    """Triton's per-process start, and an FP8 cache's CUDA attention, on a thread while the model loads
+    (kernels/warmup.py)."""
     if device.type != "cuda" or options.attention_backend == "torch":
         return None
     from batchgen.kernels import warmup
 
-    return warmup.start()
+    fp8 = options.kv_cache_dtype == "fp8" and dtype in (torch.bfloat16, torch.float16)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return warmup.start((index, dtype == torch.bfloat16) if fp8 else None)
 
 
 class _Clock:

@@ -73,6 +73,12 @@ def supports(
     return aligned_q and aligned_kv and pointers and k_cache.stride(-1) == 1
 
 
+def prepare(device_index: int, q_bf16: bool) -> None:
+    """Compile the default kernel ahead of the first step (``kernels/warmup.py``, beside the model's load)."""
+    if _enabled() and torch.version.hip is None and _has_fp8_converts(device_index):
+        _kernel(device_index, q_bf16, DEFAULT_SHAPE)
+
+
 # The kernel's parameters after the 9 pointers: 2 doubles (the scales), then 12 ints.
 _ARG_TYPES = [ctypes.c_void_p] * 9 + [ctypes.c_double] * 2 + [ctypes.c_int] * 12
 

@@ -24,3 +24,25 @@ def test_only_a_cuda_run_with_triton_kernels_starts_it():
     assert _triton_warmup(EngineConfig(), torch.device("cpu")) is None
     torch_attention = EngineConfig(attention_backend="torch")
     assert _triton_warmup(torch_attention, torch.device("cuda")) is None
+
+
+def test_an_fp8_cache_compiles_the_cuda_attention_on_the_thread(monkeypatch):
+    from batchgen.kernels import fp8_decode_cuda
+
+    asked = []
+    monkeypatch.setattr(fp8_decode_cuda, "prepare", lambda *args: asked.append(args))
+    warmup.start((3, True)).join(timeout=120)
+    warmup.start(None).join(timeout=120)
+    assert asked == [(3, True)]  # only when asked for, with the device and the query's dtype
+
+
+def test_the_engine_asks_for_it_with_an_fp8_cache_only(monkeypatch):
+    started = []
+    monkeypatch.setattr(warmup, "start", lambda fp8=None: started.append(fp8))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    cuda = torch.device("cuda", 1)
+    _triton_warmup(EngineConfig(kv_cache_dtype="fp8"), cuda, torch.bfloat16)
+    _triton_warmup(EngineConfig(kv_cache_dtype="fp8"), torch.device("cuda"), torch.float16)
+    _triton_warmup(EngineConfig(), cuda, torch.bfloat16)
+    _triton_warmup(EngineConfig(kv_cache_dtype="fp8"), cuda, torch.float32)
+    assert started == [(1, True), (0, False), None, None]
