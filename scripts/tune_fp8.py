@@ -65,6 +65,8 @@ def _configs(args: tuple, ctx: int, base_splits: int, head_dim: int, cache: str,
         no_math = "#define NO_MATH\n"  # the copies alone: the ceiling of the kernel's access pattern
         shapes = [LaunchShape(4, b, s) for b, s in ((3, 3), (3, 4), (4, 3), (2, 6))] + [LaunchShape(8, 1, 4)]
         shapes += [LaunchShape(4, 3, 4, defines=no_math)]
+        shapes += [LaunchShape(4, 3, s, tma=True) for s in (3, 4)] + [LaunchShape(4, 2, 6, tma=True)]
+        shapes += [LaunchShape(4, 3, 4, defines=no_math, tma=True)]
         for shape in shapes:
             if shape.ring_bytes * shape.min_blocks > 228 * 1024:
                 continue

@@ -130,6 +130,44 @@ __device__ __forceinline__ void copy_chunk(u32 slot, const unsigned char* kc, co
   for (int i = 0; i < 4; ++i) copy16(at + (4 + i) * 512, vc + base + (u64)toks[i] * stride_ct + 16 * r);
 }
 
+#ifdef TMA
+// TMA variant (LaunchShape.tma, built in session 32, not yet measured): lane 0 loads a chunk with two
+// tensor-map copies (K and V: 16 rows x 128 bytes each, 128-byte swizzle: row R's 16-byte column q lands
+// at column q ^ (R % 8)) completing on the slot's mbarrier; no per-lane copy instructions at all. Session
+// 32's per-lane bulk copies moved the bytes alone at 3.4-3.5 TB/s (vs 3.0 for cp.async), but each lane's
+// copy compiled to a 32-turn loop (the bulk copy takes uniform operands).
+struct __align__(64) TmaDesc {
+  unsigned long long opaque[16];
+};
+
+__device__ __forceinline__ void tma_rows(u32 dst, const TmaDesc& map, int head, int offset, int page, u32 bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, "
+      "%5}], [%6];" ::"r"(dst),
+      "l"(reinterpret_cast<u64>(&map)), "r"(0), "r"(head), "r"(offset), "r"(page), "r"(bar)
+      : "memory");
+}
+
+__device__ __forceinline__ void wait_phase(u32 bar, u32 parity) {
+  asm volatile(
+      "{\n .reg .pred done;\n WAIT:\n mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n @!done bra WAIT;\n}" ::"r"(
+          bar),
+      "r"(parity)
+      : "memory");
+}
+
+// The lane's fragments from a slot of swizzled rows: K rows 0..15 at [0, 2048), V rows at [2048, 4096).
+__device__ __forceinline__ void read_chunk_swizzled(Chunk& ch, const unsigned char* slot, int r, int c) {
+  const int toks[4] = {2 * c, 2 * c + 1, 2 * c + 8, 2 * c + 9};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int row = r + 8 * (i / 2), col = 4 * (i % 2) + c;
+    ch.k[i] = *reinterpret_cast<const uint4*>(slot + row * 128 + 16 * (col ^ (row & 7)));
+    ch.v[i] = *reinterpret_cast<const uint4*>(slot + 2048 + toks[i] * 128 + 16 * (r ^ (toks[i] & 7)));
+  }
+}
+#endif
+
 __device__ __forceinline__ void read_chunk(Chunk& ch, const unsigned char* slot, int lane) {
   const uint4* p = reinterpret_cast<const uint4*>(slot) + lane;
 #pragma unroll
@@ -223,7 +261,13 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) fp8_paged_d
     const int* __restrict__ cu_q, const int* __restrict__ seq_lens, const int* __restrict__ block_tables,
     double qk_scale_d, double v_scale_d, int num_splits, int stride_qt, int stride_qh, int stride_ot,
     int stride_oh, int stride_cb, int stride_ct, int stride_ch, int stride_bt, int num_q_heads, int group,
-    int block_size) {
+    int block_size
+#ifdef TMA
+    ,
+    const __grid_constant__ TmaDesc k_map,  // [num_blocks, block_size, Hkv, 128] as 4D, box 16 rows of a head
+    const __grid_constant__ TmaDesc v_map
+#endif
+) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, r = lane >> 2, c = lane & 3;
   const int b = blockIdx.x, kv_head = blockIdx.y, split = blockIdx.z;
   const int row = cu_q[b];
@@ -269,7 +313,12 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) fp8_paged_d
     return (u64)page * stride_cb + (u64)(t0 % block_size) * stride_ct + head_off;
   };
   // This warp's chunks are warp, warp + WARPS, ...: n_mine of them; chunk j of them goes to slot j % STAGES.
+#ifdef TMA  // the swizzle follows address bits 4-9: slots start on 1 KiB boundaries (the launch adds 1 KiB)
+  extern __shared__ __align__(1024) unsigned char ring_raw[];
+  unsigned char* ring = ring_raw + ((1024 - (shared_addr(ring_raw) & 1023)) & 1023);
+#else
   extern __shared__ __align__(16) unsigned char ring[];  // RING_BYTES, set at launch
+#endif
   unsigned char* my_ring = ring + warp * STAGES * SLOT_BYTES;
   const u32 my_ring_addr = shared_addr(my_ring);
   const int n_mine = warp < n_chunks ? (n_chunks - warp + WARPS - 1) / WARPS : 0;
@@ -289,11 +338,29 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) fp8_paged_d
     }
     return __shfl_sync(0xffffffffu, pages, j - window);
   };
+#ifdef TMA
+  const u32 bars = shared_addr(ring + WARPS * STAGES * SLOT_BYTES) + 8 * STAGES * warp;
+  if (lane == 0)
+    for (int i = 0; i < STAGES; ++i) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bars + 8 * i));
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  __syncwarp();
+  auto issue = [&](int j) {  // chunk j of this warp's into slot j % STAGES
+    const int page = page_of_mine(j), offset = ((c_lo + chunk_of(j)) * CHUNK) % block_size;
+    const u32 slot = my_ring_addr + (j % STAGES) * SLOT_BYTES, bar = bars + 8 * (j % STAGES);
+    __syncwarp();  // every lane has read the slot's previous chunk
+    if (lane == 0) {
+      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(SLOT_BYTES) : "memory");
+      tma_rows(slot, k_map, kv_head, offset, page, bar);
+      tma_rows(slot + 2048, v_map, kv_head, offset, page, bar);
+    }
+  };
+#else
   auto issue = [&](int j) {  // chunk j of this warp's into slot j % STAGES
     const u64 base = chunk_base(chunk_of(j), page_of_mine(j));
     const u32 slot = my_ring_addr + (j % STAGES) * SLOT_BYTES;
     copy_chunk(slot, kc, vc, base, stride_ct, lane, r, c);
   };
+#endif
 #pragma unroll
   for (int j = 0; j < STAGES - 1; ++j) {
     if (j < n_mine) issue(j);
@@ -302,10 +369,18 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) fp8_paged_d
   for (int j = 0; j < n_mine; ++j) {
     if (j + STAGES - 1 < n_mine) issue(j + STAGES - 1);
     commit_copies();
+#ifdef TMA
+    wait_phase(bars + 8 * (j % STAGES), (j / STAGES) & 1);  // chunk j has landed
+#else
     asm volatile("cp.async.wait_group %0;" ::"n"(STAGES - 1) : "memory");  // chunk j has landed
+#endif
 #ifndef NO_MATH  // an experiment (tune_fp8.py): the copies alone, for the access pattern's own ceiling
     Chunk cur;
+#ifdef TMA
+    read_chunk_swizzled(cur, my_ring + (j % STAGES) * SLOT_BYTES, r, c);
+#else
     read_chunk(cur, my_ring + (j % STAGES) * SLOT_BYTES, lane);
+#endif
     attend_chunk(st, cur, qa, (c_lo + chunk_of(j)) * CHUNK, hi, qk_scale, c);
 #endif
   }

@@ -18,6 +18,8 @@ from typing import NamedTuple
 
 import torch
 
+from batchgen.kernels import tma
+
 log = logging.getLogger("batchgen")
 SOURCE = Path(__file__).with_name("fp8_decode.cu")
 HEAD_DIM = 128
@@ -30,10 +32,12 @@ class LaunchShape(NamedTuple):
     min_blocks: int = 3  # programs per SM the register budget is cut for (168 registers at 3)
     stages: int = 3  # chunks of 4 KiB per warp in the shared-memory ring: stages - 1 in flight
     defines: str = ""  # more preprocessor lines, for experiments (scripts/tune_fp8.py: NO_MATH)
+    tma: bool = False  # chunks copied by TMA (kernels/tma.py), not per-lane cp.async: not yet measured
 
     @property
     def ring_bytes(self) -> int:
-        return self.warps * self.stages * 4096
+        ring = self.warps * self.stages * 4096
+        return ring + 1024 + 8 * self.warps * self.stages if self.tma else ring  # alignment, mbarriers
 
 
 DEFAULT_SHAPE = LaunchShape()
@@ -79,26 +83,31 @@ def prepare(device_index: int, q_bf16: bool) -> None:
         _kernel(device_index, q_bf16, DEFAULT_SHAPE)
 
 
-# The kernel's parameters after the 9 pointers: 2 doubles (the scales), then 12 ints.
+# The kernel's parameters after the 9 pointers: 2 doubles (the scales), then 12 ints; with TMA, K's and
+# V's tensor maps (128 bytes each, passed by value).
 _ARG_TYPES = [ctypes.c_void_p] * 9 + [ctypes.c_double] * 2 + [ctypes.c_int] * 12
+_MAP_TYPE = ctypes.c_uint64 * (tma.MAP_BYTES // 8)
 
 
 class _Launcher:
     """cuLaunchKernel through ctypes with the parameter block built once: torch's ``_CudaKernel.__call__``
     reopens libcuda and wraps every argument on each call (~150 us), longer than the kernel itself."""
 
-    def __init__(self, kernel) -> None:
+    def __init__(self, kernel, arg_types: list) -> None:
         self._kernel = kernel  # keeps the module loaded
         self._func = kernel.func
         self._lib = ctypes.CDLL("libcuda.so.1")
-        self._values = [t() for t in _ARG_TYPES]
+        self._values = [t() for t in arg_types]
         self._params = (ctypes.c_void_p * len(self._values))(*(ctypes.addressof(v) for v in self._values))
         self._lock = threading.Lock()
 
     def __call__(self, grid: tuple[int, int, int], threads: int, smem: int, stream: int, args: list) -> None:
         with self._lock:
             for slot, value in zip(self._values, args, strict=True):
-                slot.value = value
+                if isinstance(slot, ctypes.Array):
+                    ctypes.memmove(slot, value, ctypes.sizeof(slot))
+                else:
+                    slot.value = value
             result = self._lib.cuLaunchKernel(
                 self._func, *grid, threads, 1, 1, smem, ctypes.c_void_p(stream), self._params, None
             )
@@ -112,12 +121,16 @@ def _kernel(device_index: int, q_bf16: bool, shape: LaunchShape) -> _Launcher | 
     values = {"WARPS": shape.warps, "MIN_BLOCKS": shape.min_blocks, "STAGES": shape.stages}
     defines = "".join(f"#define {name} {value}\n" for name, value in values.items())
     defines += "#define Q_BF16\n" if q_bf16 else ""
-    defines += shape.defines
+    defines += shape.defines + ("#define TMA\n" if shape.tma else "")
+    arg_types = _ARG_TYPES + [_MAP_TYPE] * 2 if shape.tma else _ARG_TYPES
+    if shape.tma and torch.cuda.get_device_capability(device_index) < (9, 0):
+        log.warning("FP8 decode attention: TMA copies need compute capability 9.0+")
+        return None
     try:
         with torch.cuda.device(device_index):
             kernel = torch.cuda._compile_kernel(defines + SOURCE.read_text(), "fp8_paged_decode")
             kernel.set_shared_memory_config(shape.ring_bytes)  # above 48 KiB it must be asked for
-            return _Launcher(kernel)
+            return _Launcher(kernel, arg_types)
     except Exception as e:  # noqa: BLE001 (no NVRTC, an older torch, a driver too old for the PTX)
         log.warning("FP8 decode attention: the CUDA kernel did not compile (%s); using Triton's", e)
         return None
@@ -157,4 +170,6 @@ def launch(
     args += [query.stride(0), query.stride(1), out.stride(0), out.stride(1), k_cache.stride(0)]
     args += [k_cache.stride(1), k_cache.stride(2), block_tables.stride(0), q_heads, q_heads // kv_heads]
     args.append(k_cache.shape[1])
+    if shape.tma:
+        args += [tma.paged_rows_map(k_cache, CHUNK), tma.paged_rows_map(v_cache, CHUNK)]
     kernel(grid, 32 * shape.warps, shape.ring_bytes, torch.cuda.current_stream(device).cuda_stream, args)

@@ -44,10 +44,14 @@ def test_cuda_decode_matches_reference(group, splits, block_size):
         assert rel_error(out[b : b + 1], want[b : b + 1], 1) < 2e-2, b
 
 
-@pytest.mark.parametrize("shape", [(4, 2, 6), (8, 1, 4), (4, 4, 3), (2, 3, 2)])
+@pytest.mark.parametrize(
+    "shape", [(4, 2, 6), (8, 1, 4), (4, 4, 3), (2, 3, 2), (4, 3, 3, "", True), (8, 1, 4, "", True)]
+)
 @pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_cuda_decode_launch_shapes_agree(shape, splits, dtype):
+    if len(shape) > 4 and torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("TMA copies need Hopper")
     kv_scales = (0.5, 2.0)
     case = _case(4, 16, dtype, kv_scales)
     want = ref.paged_attention(*case.attn_args(), kv_scales)
@@ -65,7 +69,8 @@ def test_cuda_decode_is_close_to_the_triton_kernel():
     assert rel_error(cuda_out, triton_out, case.num_valid_rows) < 2e-3
 
 
-def test_cuda_decode_ignores_nan_bytes_past_the_context():
+@pytest.mark.parametrize("tma", [False, True])
+def test_cuda_decode_ignores_nan_bytes_past_the_context(tma):
     """Unwritten slots of a sequence's last page may hold anything, NaN patterns (0x7f) included."""
     kv_scales = (1.0, 1.0)
     case = _case(4, 16, torch.bfloat16, kv_scales)
@@ -75,7 +80,7 @@ def test_cuda_decode_ignores_nan_bytes_past_the_context():
         for b, n in enumerate(LENS):
             if n % 16:
                 raw[case.block_tables[b, n // 16], n % 16 :] = 0x7F
-    out = _cuda(case, kv_scales, 2)
+    out = _cuda(case, kv_scales, 2, fp8_decode_cuda.LaunchShape(tma=tma))
     assert out[: case.num_valid_rows].isfinite().all()
     assert rel_error(out, want, case.num_valid_rows) < 1e-2
 
@@ -91,16 +96,18 @@ def test_cuda_decode_leaves_padding_rows_and_sequences_alone():
     assert (out[2:] == 7.0).all()  # the padding sequence's row and the padding rows
 
 
-def test_cuda_decode_in_a_cuda_graph():
+@pytest.mark.parametrize("tma", [False, True])
+def test_cuda_decode_in_a_cuda_graph(tma):
     """Captured once, replayed after the inputs change in place: the launch reads them, not copies."""
     kv_scales = (1.0, 1.0)
     case = _case(4, 16, torch.bfloat16, kv_scales, lens=[300, 600, 40, 1000])
     out = torch.zeros_like(case.query)
-    _cuda(case, kv_scales, 2, out=out)  # compile outside the capture
+    shape = fp8_decode_cuda.LaunchShape(tma=tma)
+    _cuda(case, kv_scales, 2, shape, out=out)  # compile outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        _cuda(case, kv_scales, 2, out=out)
+        _cuda(case, kv_scales, 2, shape, out=out)
     case.query.normal_()
     case.seq_lens.sub_(torch.tensor([0, 50, 0, 100], dtype=torch.int32, device="cuda"))
     graph.replay()
