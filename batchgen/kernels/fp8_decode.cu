@@ -36,6 +36,7 @@ typedef unsigned long long u64;
 #endif
 #define HEAD_DIM 128
 #define CHUNK 16
+static_assert(STAGES >= 2, "the warps' merge reuses the ring: 2 slots or more");
 #define NEG_INF (-__int_as_float(0x7f800000))
 
 struct Chunk {

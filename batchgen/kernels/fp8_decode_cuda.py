@@ -121,7 +121,8 @@ def _kernel(device_index: int, q_bf16: bool, shape: LaunchShape) -> _Launcher | 
     values = {"WARPS": shape.warps, "MIN_BLOCKS": shape.min_blocks, "STAGES": shape.stages}
     defines = "".join(f"#define {name} {value}\n" for name, value in values.items())
     defines += "#define Q_BF16\n" if q_bf16 else ""
-    defines += shape.defines + ("#define TMA\n" if shape.tma else "")
+    assert shape.stages >= 2, "the warps' merge reuses the ring: it needs 2 slots or more"
+    defines += shape.defines + ("\n#define TMA\n" if shape.tma else "\n")
     arg_types = _ARG_TYPES + [_MAP_TYPE] * 2 if shape.tma else _ARG_TYPES
     if shape.tma and torch.cuda.get_device_capability(device_index) < (9, 0):
         log.warning("FP8 decode attention: TMA copies need compute capability 9.0+")
@@ -153,12 +154,16 @@ def launch(
 ) -> None:
     """One launch on the current stream (capturable: every argument is a pointer or a Python number)."""
     batch, q_heads, kv_heads = seq_lens.shape[0], query.shape[1], k_cache.shape[2]
-    assert (
-        out.dtype == query.dtype
-        and out.stride(-1) == 1
-        and cu_seqlens_q.dtype == seq_lens.dtype == torch.int32
-    )
+    # What ``supports`` checks, again for a forced shape (tests, tune_fp8.py): a wrong layout here is an
+    # out-of-bounds read, and with TMA an mbarrier that never completes.
+    assert query.shape[2] == HEAD_DIM and q_heads // kv_heads <= MAX_GROUP and k_cache.shape[1] % CHUNK == 0
+    assert k_cache.dtype == torch.float8_e4m3fn and k_cache.stride() == v_cache.stride()
+    assert out.dtype == query.dtype and out.stride(-1) == 1 and query.stride(-1) == 1
+    assert cu_seqlens_q.dtype == seq_lens.dtype == block_tables.dtype == torch.int32
     device = query.get_device()
+    current = torch.cuda.current_device()
+    if current != device:  # cuLaunchKernel runs in the current device's context
+        raise RuntimeError(f"fp8_paged_decode: query on cuda:{device}, current device cuda:{current}")
     kernel = _kernel(device, query.dtype == torch.bfloat16, shape)
     if kernel is None:
         raise RuntimeError("the CUDA FP8 decode attention did not compile on this machine (see the log)")

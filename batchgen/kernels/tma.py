@@ -40,7 +40,7 @@ def encode(dims: tuple[int, ...], strides: tuple[int, ...], box: tuple[int, ...]
     return out
 
 
-@functools.lru_cache(maxsize=16)
+@functools.cache  # two tensors a layer for the run: a bounded cache would cycle and re-encode
 def _paged_rows(address: int, shape: tuple[int, ...], strides: tuple[int, ...], rows: int):
     blocks, block_size, kv_heads, head_dim = shape
     return encode((head_dim, kv_heads, block_size, blocks), (strides[2], strides[1], strides[0]),

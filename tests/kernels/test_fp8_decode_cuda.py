@@ -85,6 +85,24 @@ def test_cuda_decode_ignores_nan_bytes_past_the_context(tma):
     assert rel_error(out, want, case.num_valid_rows) < 1e-2
 
 
+@pytest.mark.parametrize("tma", [False, True])
+@pytest.mark.parametrize("block_size", [32, 64])
+def test_cuda_decode_reads_a_strided_query_and_larger_pages(tma, block_size):
+    """q as a view into a fused qkv projection (the engine's case); pages of 32 / 64 tokens put chunks at
+    offsets 16, 32, 48 inside a page (the TMA copy's page-offset coordinate)."""
+    if tma and torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("TMA copies need Hopper")
+    kv_scales = (0.5, 2.0)
+    case = _case(4, block_size, torch.bfloat16, kv_scales)
+    fused = torch.randn(case.query.shape[0], 48 * 128, device="cuda", dtype=torch.bfloat16)
+    fused[:, : 32 * 128] = case.query.reshape(case.query.shape[0], -1)
+    case.query = fused[:, : 32 * 128].view(-1, 32, 128)  # row stride 6144, not 4096
+    assert case.query.stride(0) == 48 * 128
+    out = _cuda(case, kv_scales, 2, fp8_decode_cuda.LaunchShape(tma=tma))
+    want = ref.paged_attention(*case.attn_args(), kv_scales)
+    assert rel_error(out, want, case.num_valid_rows) < 1e-2
+
+
 def test_cuda_decode_leaves_padding_rows_and_sequences_alone():
     kv_scales = (1.0, 1.0)
     case = _case(4, 16, torch.bfloat16, kv_scales, lens=[50, 70, 90])
