@@ -78,9 +78,15 @@ def supports(
 
 
 def prepare(device_index: int, q_bf16: bool) -> None:
-    """Compile the default kernel ahead of the first step (``kernels/warmup.py``, beside the model's load)."""
-    if _enabled() and torch.version.hip is None and _has_fp8_converts(device_index):
-        _kernel(device_index, q_bf16, DEFAULT_SHAPE)
+    """Compile the default kernel ahead of the first step, on the warm-up thread beside the model's load
+    (``kernels/warmup.py``). Best effort: a failure here is forgotten, and the first step tries again."""
+    if not (_enabled() and torch.version.hip is None and _has_fp8_converts(device_index)):
+        return
+    # A fresh thread has no current CUDA context for the driver calls (the module load) until a runtime
+    # call that needs one makes the device's primary context current.
+    torch.cuda.synchronize(device_index)
+    if _kernel(device_index, q_bf16, DEFAULT_SHAPE) is None:
+        _kernel.cache_clear()
 
 
 # The kernel's parameters after the 9 pointers: 2 doubles (the scales), then 12 ints; with TMA, K's and
