@@ -63,14 +63,19 @@ def supports(
         return False
     if k_cache.dtype != torch.float8_e4m3fn or query.dtype not in (torch.bfloat16, torch.float16):
         return False
-    if not _has_fp8_converts(query.get_device()):
+    if not (_has_fp8_converts(query.get_device()) and _covers(query, k_cache, v_cache)):
         return False
+    # None: it did not compile here (said once, in the log)
+    return _kernel(query.get_device(), query.dtype == torch.bfloat16, DEFAULT_SHAPE) is not None
+
+
+def _covers(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
+    """The shapes and layouts the kernel reads correctly: what ``supports`` requires, and ``launch`` asserts
+    for a forced launch shape (elsewhere an out-of-bounds read, with TMA an mbarrier that never completes)."""
     q_heads, head_dim = query.shape[1], query.shape[2]
     kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
     if head_dim != HEAD_DIM or q_heads % kv_heads or q_heads // kv_heads > MAX_GROUP or block_size % CHUNK:
         return False
-    if _kernel(query.get_device(), query.dtype == torch.bfloat16, DEFAULT_SHAPE) is None:
-        return False  # it did not compile here (said once, in the log)
     aligned_q = query.stride(-1) == 1 and query.stride(0) % 8 == 0 and query.stride(1) % 8 == 0
     aligned_kv = k_cache.stride() == v_cache.stride() and all(s % 16 == 0 for s in k_cache.stride()[:3])
     pointers = (query.data_ptr() | k_cache.data_ptr() | v_cache.data_ptr()) % 16 == 0
@@ -160,11 +165,8 @@ def launch(
 ) -> None:
     """One launch on the current stream (capturable: every argument is a pointer or a Python number)."""
     batch, q_heads, kv_heads = seq_lens.shape[0], query.shape[1], k_cache.shape[2]
-    # What ``supports`` checks, again for a forced shape (tests, tune_fp8.py): a wrong layout here is an
-    # out-of-bounds read, and with TMA an mbarrier that never completes.
-    assert query.shape[2] == HEAD_DIM and q_heads // kv_heads <= MAX_GROUP and k_cache.shape[1] % CHUNK == 0
-    assert k_cache.dtype == torch.float8_e4m3fn and k_cache.stride() == v_cache.stride()
-    assert out.dtype == query.dtype and out.stride(-1) == 1 and query.stride(-1) == 1
+    assert k_cache.dtype == torch.float8_e4m3fn and _covers(query, k_cache, v_cache)  # a forced shape too
+    assert out.dtype == query.dtype and out.stride(-1) == 1
     assert cu_seqlens_q.dtype == seq_lens.dtype == block_tables.dtype == torch.int32
     device = query.get_device()
     current = torch.cuda.current_device()

@@ -28,7 +28,7 @@ def _warm(fp8_attention: tuple[int, bool] | None) -> None:
     if fp8_attention is not None:
         from batchgen.kernels import fp8_decode_cuda
 
-        fp8_decode_cuda.prepare(*fp8_attention)  # failures are logged there; Triton's kernel runs then
+        fp8_decode_cuda.prepare(*fp8_attention)  # best effort: a failure is logged, the first step retries
 
 
 def start(fp8_attention: tuple[int, bool] | None = None) -> threading.Thread:
