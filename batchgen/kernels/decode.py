@@ -237,13 +237,14 @@ def decode_attention(
     assert q_heads % kv_heads == 0 and k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1
     triton_tiles = TritonTiles(block_n, num_warps, num_stages, kv_f16)
     default_tiles = cuda_shape is None and triton_tiles == TritonTiles()
-    if default_tiles and fp8_decode_cuda.supports(query, k_cache, v_cache, sliding_window):
-        cuda_shape = fp8_decode_cuda.DEFAULT_SHAPE
+    cuda_default = default_tiles and fp8_decode_cuda.supports(query, k_cache, v_cache, sliding_window)
     if num_splits is None:
         # Triton: 2 programs per SM (its FP8 and bf16 tiles fit 2). The CUDA kernel splits only below one
         # program per SM: 32 x 4K ran 92 us unsplit (256 programs) vs ~106 us in 2 splits (H200).
-        waves = 1 if cuda_shape is not None else 2
+        waves = 1 if cuda_default or cuda_shape is not None else 2
         num_splits = choose_num_splits(batch, kv_heads, max_seq_len, num_sms(query.device), waves)
+    if cuda_default:
+        cuda_shape = fp8_decode_cuda.default_shape(query, batch * kv_heads * num_splits)
     query = query if query.stride(-1) == 1 else query.contiguous()
     block_tables = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()
     out = torch.empty(query.shape, dtype=query.dtype, device=query.device) if out is None else out

@@ -269,6 +269,13 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) fp8_paged_d
     const __grid_constant__ TmaDesc v_map
 #endif
 ) {
+#ifdef PDL
+  // Launched with programmatic dependent launch (the engine's Triton kernels are too): scheduled while the
+  // kernel before (rope_kv_write: this step's q and K/V) finishes, nothing read before it has. Then the
+  // kernel after may be scheduled in turn; it waits for this one's end the same way.
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, r = lane >> 2, c = lane & 3;
   const int b = blockIdx.x, kv_head = blockIdx.y, split = blockIdx.z;
   const int row = cu_q[b];

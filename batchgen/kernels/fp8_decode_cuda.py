@@ -12,13 +12,13 @@ import ctypes
 import functools
 import logging
 import os
-import threading
 from pathlib import Path
 from typing import NamedTuple
 
 import torch
 
-from batchgen.kernels import tma
+from batchgen.kernels import pdl, tma
+from batchgen.kernels.cuda_launch import Launcher
 
 log = logging.getLogger("batchgen")
 SOURCE = Path(__file__).with_name("fp8_decode.cu")
@@ -32,7 +32,7 @@ class LaunchShape(NamedTuple):
     min_blocks: int = 3  # programs per SM the register budget is cut for (168 registers at 3)
     stages: int = 3  # chunks of 4 KiB per warp in the shared-memory ring: stages - 1 in flight
     defines: str = ""  # more preprocessor lines, for experiments (scripts/tune_fp8.py: NO_MATH)
-    tma: bool = False  # chunks copied by TMA (kernels/tma.py), not per-lane cp.async: not yet measured
+    tma: bool = False  # chunks copied by TMA (kernels/tma.py, sm_90+), not per-lane cp.async
 
     @property
     def ring_bytes(self) -> int:
@@ -41,6 +41,21 @@ class LaunchShape(NamedTuple):
 
 
 DEFAULT_SHAPE = LaunchShape()
+# H200, graph replays (tune_fp8.py): TMA copies win when there are at most ~2 programs per SM (32 x 4K:
+# 73.0 vs 92.0 us, 32 x 1K 23.2 vs ~25) and lose with more (256 x 1K: 186-194 vs 178.6, 256 x 2K), so a
+# launch takes them by its grid (fixed for a captured graph).
+FEW_PROGRAMS_SHAPE = LaunchShape(tma=True)
+TMA_MAX_PROGRAMS_PER_SM = 2
+
+
+def default_shape(query: torch.Tensor, programs: int) -> LaunchShape:
+    """The launch shape for a grid of ``programs``: TMA copies on sm_90+ when it is small enough (and
+    their build compiled here)."""
+    device_index = query.get_device()
+    if programs > TMA_MAX_PROGRAMS_PER_SM * _sm_count(device_index) or not _has_tma(device_index):
+        return DEFAULT_SHAPE
+    few_compiled = _kernel(device_index, query.dtype == torch.bfloat16, FEW_PROGRAMS_SHAPE) is not None
+    return FEW_PROGRAMS_SHAPE if few_compiled else DEFAULT_SHAPE
 
 
 @functools.cache
@@ -51,6 +66,16 @@ def _enabled() -> bool:
 @functools.cache
 def _has_fp8_converts(device_index: int) -> bool:
     return torch.cuda.get_device_capability(device_index) >= (8, 9)
+
+
+@functools.cache
+def _has_tma(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index) >= (9, 0)
+
+
+@functools.cache
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 def supports(
@@ -90,7 +115,8 @@ def prepare(device_index: int, q_bf16: bool) -> None:
     # A fresh thread has no current CUDA context for the driver calls (the module load) until a runtime
     # call that needs one makes the device's primary context current.
     torch.cuda.synchronize(device_index)
-    if _kernel(device_index, q_bf16, DEFAULT_SHAPE) is None:
+    shapes = [DEFAULT_SHAPE] + [FEW_PROGRAMS_SHAPE] * _has_tma(device_index)
+    if any(_kernel(device_index, q_bf16, shape) is None for shape in shapes):
         _kernel.cache_clear()
 
 
@@ -100,49 +126,25 @@ _ARG_TYPES = [ctypes.c_void_p] * 9 + [ctypes.c_double] * 2 + [ctypes.c_int] * 12
 _MAP_TYPE = ctypes.c_uint64 * (tma.MAP_BYTES // 8)
 
 
-class _Launcher:
-    """cuLaunchKernel through ctypes with the parameter block built once: torch's ``_CudaKernel.__call__``
-    reopens libcuda and wraps every argument on each call (~150 us), longer than the kernel itself."""
-
-    def __init__(self, kernel, arg_types: list) -> None:
-        self._kernel = kernel  # keeps the module loaded
-        self._func = kernel.func
-        self._lib = ctypes.CDLL("libcuda.so.1")
-        self._values = [t() for t in arg_types]
-        self._params = (ctypes.c_void_p * len(self._values))(*(ctypes.addressof(v) for v in self._values))
-        self._lock = threading.Lock()
-
-    def __call__(self, grid: tuple[int, int, int], threads: int, smem: int, stream: int, args: list) -> None:
-        with self._lock:
-            for slot, value in zip(self._values, args, strict=True):
-                if isinstance(slot, ctypes.Array):
-                    ctypes.memmove(slot, value, ctypes.sizeof(slot))
-                else:
-                    slot.value = value
-            result = self._lib.cuLaunchKernel(
-                self._func, *grid, threads, 1, 1, smem, ctypes.c_void_p(stream), self._params, None
-            )
-        if result != 0:
-            raise RuntimeError(f"fp8_paged_decode launch failed: CUDA error {result}")
-
-
 @functools.cache
-def _kernel(device_index: int, q_bf16: bool, shape: LaunchShape) -> _Launcher | None:
+def _kernel(device_index: int, q_bf16: bool, shape: LaunchShape) -> Launcher | None:
     """The compiled kernel, or None where NVRTC or the driver refuses it (the Triton kernel runs then)."""
     values = {"WARPS": shape.warps, "MIN_BLOCKS": shape.min_blocks, "STAGES": shape.stages}
     defines = "".join(f"#define {name} {value}\n" for name, value in values.items())
     defines += "#define Q_BF16\n" if q_bf16 else ""
     assert shape.stages >= 2, "the warps' merge reuses the ring: it needs 2 slots or more"
     defines += shape.defines + ("\n#define TMA\n" if shape.tma else "\n")
+    with_pdl = pdl.enabled(device_index)
+    defines += "#define PDL\n" if with_pdl else ""
     arg_types = _ARG_TYPES + [_MAP_TYPE] * 2 if shape.tma else _ARG_TYPES
-    if shape.tma and torch.cuda.get_device_capability(device_index) < (9, 0):
+    if shape.tma and not _has_tma(device_index):
         log.warning("FP8 decode attention: TMA copies need compute capability 9.0+")
         return None
     try:
         with torch.cuda.device(device_index):
             kernel = torch.cuda._compile_kernel(defines + SOURCE.read_text(), "fp8_paged_decode")
             kernel.set_shared_memory_config(shape.ring_bytes)  # above 48 KiB it must be asked for
-            return _Launcher(kernel, arg_types)
+            return Launcher(kernel, arg_types, "fp8_paged_decode", pdl=with_pdl)
     except Exception as e:  # noqa: BLE001 (no NVRTC, an older torch, a driver too old for the PTX)
         log.warning("FP8 decode attention: the CUDA kernel did not compile (%s); using Triton's", e)
         return None

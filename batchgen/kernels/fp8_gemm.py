@@ -93,23 +93,27 @@ def _sum_splits_kernel(
     tl.store(c_ptr + offs, acc.to(c_ptr.dtype.element_ty), mask=ok)
 
 
-def _config(m: int, k: int) -> dict:
-    """Small M (decode): narrow tiles, so that N alone spreads the weight read over the SMs, and long K
-    tiles with deep pipelines for the bytes in flight (H200, M = 32, Llama-3-8B's projections: 17-44 us
-    vs 20-52 us for cuBLASLt's FP8 product; ``scripts/tune_fp8.py``)."""
+def _config(m: int, n: int, sms: int) -> dict:
+    """Small M (decode): narrow tiles, so that N alone spreads the weight read over the SMs, long K tiles
+    and 4 stages for the bytes in flight; where 32-wide tiles are still fewer than the SMs, 64-wide ones
+    with K split (below). H200, M = 32, graph replays over weight copies (``scripts/tune_fp8.py``): qkv
+    11.3 us, o_proj 8.5 (32-wide, 3 splits: 8.9), gate_up 39.2, down 19.8 (32-wide, 6 stages: 24.3)."""
     if m <= 64:
-        return dict(BLOCK_M=max(16, triton.next_power_of_2(m)), BLOCK_N=32, num_warps=4,
-                    num_stages=6 if k >= 8192 else 4)  # fmt: skip
+        block_n = 64 if triton.cdiv(n, 32) < sms else 32
+        return dict(BLOCK_M=max(16, triton.next_power_of_2(m)), BLOCK_N=block_n, num_warps=4, num_stages=4)
     return dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3)
 
 
-def choose_split_k(programs: int, k_tiles: int, sms: int, waves: int = 2) -> int:
-    """K splits so that the tiles' programs fill ``waves`` programs per SM, each split at least 4 K
-    tiles long. Decode-sized products of a narrow N (Llama-3-8B's o_proj and down_proj at M = 32: 128
-    programs of 32 columns for 132 SMs) otherwise leave each SM one long serial read."""
-    if programs >= waves * sms:
+def choose_split_k(programs: int, k_tiles: int, sms: int, block_n: int = 32) -> int:
+    """K splits of a decode-sized product, each at least 4 K tiles long. 32-wide tiles: enough for 2
+    programs per SM (Llama-3-8B's qkv at M = 32: 192 tiles, 2 splits). 64-wide tiles (N too narrow for the
+    SMs even at 32: o_proj and down_proj, 64 tiles): about one program per SM (2 splits: 8.5 / 19.8 us, vs
+    9.2 / 21.5 with 3)."""
+    if block_n >= 64:
+        return max(1, min(sms // programs, k_tiles // 4))
+    if programs >= 2 * sms:
         return 1
-    return max(1, min(-(-waves * sms // programs), k_tiles // 4))
+    return max(1, min(-(-2 * sms // programs), k_tiles // 4))
 
 
 def triton_fp8_matmul(
@@ -126,14 +130,15 @@ def triton_fp8_matmul(
     if m == 0:
         return out
     block_k = group or (256 if m <= 64 else 128)  # block scales: one K tile per scale group
-    cfg = _config(m, k)
+    sms = num_sms(out.device)
+    cfg = _config(m, n, sms)
     cfg.update({key: v for key, v in (("BLOCK_N", block_n), ("num_stages", num_stages)) if v})
     if block_k > 128 and cfg["BLOCK_M"] > 64:
         cfg["num_stages"] = 2
     grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n, cfg["BLOCK_N"]))
     k_tiles = triton.cdiv(k, block_k)
     if split_k is None:
-        split_k = choose_split_k(grid[0] * grid[1], k_tiles, num_sms(out.device)) if m <= 64 else 1
+        split_k = choose_split_k(grid[0] * grid[1], k_tiles, sms, cfg["BLOCK_N"]) if m <= 64 else 1
     per_split = triton.cdiv(k_tiles, split_k)
     split_k = triton.cdiv(k_tiles, per_split)  # no empty split
     # fp32 partial products, one [M, N] slice per split, summed in order by a second kernel

@@ -42,7 +42,8 @@ _OFF = MappingProxyType({})
 
 
 @functools.cache
-def _pdl_enabled(device_index: int) -> bool:
+def enabled(device_index: int) -> bool:
+    """Whether kernels on this device launch with PDL (Triton's, and the CUDA attention's)."""
     if not HAVE_GDC or os.environ.get("BATCHGEN_PDL", "1") == "0" or torch.version.hip is not None:
         return False
     if os.environ.get("TRITON_INTERPRET") == "1":  # the interpreter has no griddepcontrol
@@ -55,4 +56,4 @@ def pdl_options(tensor: torch.Tensor) -> Mapping[str, bool]:
     interpreter), on ROCm or before Hopper. Called at every launch: ~0.2 us (``get_device`` is -1 off
     CUDA), where ``tensor.device`` alone took ~1 us."""
     index = tensor.get_device()
-    return _ON if index >= 0 and _pdl_enabled(index) else _OFF
+    return _ON if index >= 0 and enabled(index) else _OFF

@@ -12,13 +12,10 @@ import functools
 
 import torch
 
+from batchgen.kernels.cuda_launch import driver
+
 MAP_BYTES = 128
 _UINT8, _NO_INTERLEAVE, _SWIZZLE_128B, _L2_256B, _NO_OOB_FILL = 0, 0, 3, 3, 0
-
-
-@functools.cache
-def _driver() -> ctypes.CDLL:
-    return ctypes.CDLL("libcuda.so.1")
 
 
 def encode(dims: tuple[int, ...], strides: tuple[int, ...], box: tuple[int, ...], address: int):
@@ -27,7 +24,7 @@ def encode(dims: tuple[int, ...], strides: tuple[int, ...], box: tuple[int, ...]
     rank = len(dims)
     raw = ctypes.create_string_buffer(MAP_BYTES + 64)  # the driver wants the map 64-byte aligned
     aligned = (ctypes.addressof(raw) + 63) & ~63
-    result = _driver().cuTensorMapEncodeTiled(
+    result = driver().cuTensorMapEncodeTiled(
         ctypes.c_void_p(aligned), ctypes.c_int(_UINT8), ctypes.c_uint(rank), ctypes.c_void_p(address),
         (ctypes.c_uint64 * rank)(*dims), (ctypes.c_uint64 * (rank - 1))(*strides),
         (ctypes.c_uint32 * rank)(*box), (ctypes.c_uint32 * rank)(*([1] * rank)), ctypes.c_int(_NO_INTERLEAVE),

@@ -24,7 +24,9 @@ def _case(group: int, block_size: int, dtype: torch.dtype, kv_scales, lens=LENS,
     return to_fp8_cache(case, kv_scales)
 
 
-def _cuda(case, kv_scales, splits: int, shape=fp8_decode_cuda.DEFAULT_SHAPE, out=None):
+def _cuda(case, kv_scales, splits: int, shape=None, out=None):
+    """``shape`` None: decode_attention's own pick (the engine's), by the grid's size: TMA copies up to 2
+    programs per SM (LENS x 8 KV heads x 1-2 splits), the cp.async ring above (3-5 splits on 132 SMs)."""
     return decode_attention(*case.attn_args(), max_seq_len=4096, num_splits=splits, kv_scales=kv_scales,
                             cuda_shape=shape, out=out)  # fmt: skip
 
@@ -45,7 +47,7 @@ def test_cuda_decode_matches_reference(group, splits, block_size):
 
 
 @pytest.mark.parametrize(
-    "shape", [(4, 2, 6), (8, 1, 4), (4, 4, 3), (2, 3, 2), (4, 3, 3, "", True), (8, 1, 4, "", True)]
+    "shape", [(4, 2, 6), (8, 1, 4), (4, 4, 3), (2, 3, 2), (4, 3, 3, "", True), (4, 3, 4, "", True)]
 )
 @pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -57,6 +59,14 @@ def test_cuda_decode_launch_shapes_agree(shape, splits, dtype):
     want = ref.paged_attention(*case.attn_args(), kv_scales)
     out = _cuda(case, kv_scales, splits, fp8_decode_cuda.LaunchShape(*shape))
     assert rel_error(out, want, case.num_valid_rows) < 1e-2
+
+
+def test_the_default_shape_copies_by_tma_on_small_grids_only():
+    query = torch.empty(1, 32, 128, device="cuda", dtype=torch.bfloat16)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    hopper = torch.cuda.get_device_capability() >= (9, 0)
+    assert fp8_decode_cuda.default_shape(query, 2 * sms).tma == hopper
+    assert fp8_decode_cuda.default_shape(query, 2 * sms + 1) == fp8_decode_cuda.DEFAULT_SHAPE
 
 
 def test_cuda_decode_is_close_to_the_triton_kernel():

@@ -16,7 +16,7 @@ from batchgen.kernels import reference
 from batchgen.kernels.activation import silu_mul
 from batchgen.kernels.cases import llama_fp8_case, make_case, rel_error, to_fp8_cache
 from batchgen.kernels.dispatch import paged_attention_triton
-from batchgen.kernels.fp8_gemm import choose_split_k, triton_fp8_matmul
+from batchgen.kernels.fp8_gemm import _config, choose_split_k, triton_fp8_matmul
 from batchgen.kernels.fp8_quant import quantize_act
 from batchgen.kernels.fp8_reference import ActQuant
 from batchgen.kernels.norm import rms_norm
@@ -137,10 +137,14 @@ def test_split_k_matmul_matches_reference(split_k, group):
 
 
 def test_split_k_choice_fills_the_sms_with_long_enough_splits():
-    assert choose_split_k(programs=896, k_tiles=16, sms=132) == 1  # gate_up at M = 32: 6.8 waves
-    assert choose_split_k(programs=128, k_tiles=16, sms=132) == 3  # o_proj: 128 programs -> 384
-    assert choose_split_k(programs=128, k_tiles=56, sms=132) == 3  # down_proj
+    # Llama-3-8B at M = 32 on 132 SMs: 32-wide tiles where N gives enough of them, else 64-wide
+    assert [_config(32, n, 132)["BLOCK_N"] for n in (6144, 28672, 4096)] == [32, 32, 64]
+    assert choose_split_k(programs=896, k_tiles=16, sms=132) == 1  # gate_up: 6.8 waves
+    assert choose_split_k(programs=192, k_tiles=16, sms=132) == 2  # qkv: 192 programs -> 384
+    assert choose_split_k(programs=64, k_tiles=16, sms=132, block_n=64) == 2  # o_proj: 64 -> 128
+    assert choose_split_k(programs=64, k_tiles=56, sms=132, block_n=64) == 2  # down_proj
     assert choose_split_k(programs=1, k_tiles=6, sms=132) == 1  # splits of >= 4 tiles only
+    assert choose_split_k(programs=200, k_tiles=16, sms=132, block_n=64) == 1
 
 
 @pytest.mark.parametrize("scale_rows", [1, 128])

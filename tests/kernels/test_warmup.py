@@ -55,6 +55,7 @@ def test_a_failed_compile_on_the_thread_is_forgotten(monkeypatch, caplog):
 
     monkeypatch.setattr(fp8_decode_cuda, "_enabled", lambda: True)
     monkeypatch.setattr(fp8_decode_cuda, "_has_fp8_converts", lambda index: True)
+    monkeypatch.setattr(fp8_decode_cuda, "_has_tma", lambda index: True)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda index=None: None)
     fp8_decode_cuda._kernel.cache_clear()
     fp8_decode_cuda.prepare(0, True)
