@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
+from batchgen.kernels import fp8_gemv_cuda
 from batchgen.kernels.decode import num_sms
 from batchgen.kernels.fp8_reference import Fp8Act
 from batchgen.kernels.pdl import pdl_options, wait_for_producer
@@ -173,4 +174,6 @@ def rowwise_matmul(
         return torch._scaled_mm(
             act.data, weight.t(), scale_a=act.scale, scale_b=scale.view(1, n), out_dtype=dtype
         )
+    if m <= fp8_gemv_cuda.MAX_ROWS and fp8_gemv_cuda.supports(act, weight, scale, dtype):
+        return fp8_gemv_cuda.matmul(act, weight, scale, dtype)
     return triton_fp8_matmul(act, weight, scale, dtype)
