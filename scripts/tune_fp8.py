@@ -116,8 +116,8 @@ def matmul(m: int, bandwidth: float) -> None:
             err = float((run(weight=ws[0]).float() - want).norm() / want.norm())
             cfg = f"block_n={block_n} stages={stages} split_k={split}"
             rows.append((_rotated_us(lambda w, run=run: run(weight=w), ws), cfg, err))
-        if m <= fp8_gemv_cuda.MAX_ROWS:  # the CUDA kernel, by launch shape (warps, stages, programs per SM)
-            for shape in [(4, 3, 2), (4, 4, 1), (8, 3, 1), (8, 2, 1), (4, 2, 2), (2, 6, 2), (2, 4, 3)]:
+        if m <= fp8_gemv_cuda.MAX_ROWS:  # the CUDA kernel, by launch shape
+            for shape in [(4, 2), (6, 2), (8, 2), (8, 1), (12, 1), (16, 1), (4, 3), (5, 3)]:  # stages, per SM
                 run = partial(
                     fp8_gemv_cuda.matmul, a, scale=scale, dtype=torch.bfloat16, shape=GemvShape(*shape)
                 )

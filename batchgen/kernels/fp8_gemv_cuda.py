@@ -1,7 +1,7 @@
 """The CUDA FP8 product at decode row counts (``fp8_gemv.cu``): [M <= 32, K] e4m3 activations x [N, K] e4m3
-weights, per-token x per-channel scales, on sm_90+ (TMA). Compiled once per process with NVRTC, like the
-decode attention (``fp8_decode_cuda``); ``fp8_gemm.rowwise_matmul`` runs it where ``supports`` says, the
-Triton kernel elsewhere. ``BATCHGEN_CUDA_GEMM=0`` turns it off.
+weights, per-token x per-channel scales, on sm_90 (TMA and wgmma). Compiled once per process with NVRTC,
+like the decode attention (``fp8_decode_cuda``); ``fp8_gemm.rowwise_matmul`` runs it where ``supports``
+says, the Triton kernel elsewhere. ``BATCHGEN_CUDA_GEMM=0`` turns it off.
 """
 
 from __future__ import annotations
@@ -22,45 +22,48 @@ from batchgen.kernels.fp8_reference import FP8, Fp8Act
 
 log = logging.getLogger("batchgen")
 SOURCE = Path(__file__).with_name("fp8_gemv.cu")
-MAX_ROWS = 32  # activation rows (tokens): one box
+MAX_ROWS = 32  # activation rows (tokens)
 ROWS = 32  # weight rows a program
-_SLOT_BYTES = 4 * 32 * 64
+_SLOT_BYTES = (
+    64 * 128 + ROWS * 128
+)  # a chunk of 128 K bytes: 64 activation rows (zero past M), 32 weight rows
 
 
 class GemvShape(NamedTuple):
-    warps: int = 4  # each takes every warps-th chunk of 128 K bytes
-    stages: int = 3  # slots of 8 KiB per warp: stages - 1 chunks in flight
-    min_blocks: int = 1
+    stages: int = 8  # slots of 12 KiB in the ring: chunks in flight
+    min_blocks: int = 2  # programs (one warpgroup each) per SM
 
     @property
     def smem_bytes(self) -> int:  # the ring, 1 KiB of alignment, the mbarriers
-        return self.warps * self.stages * _SLOT_BYTES + 1024 + 8 * self.warps * self.stages
+        return self.stages * _SLOT_BYTES + 1024 + 8 * self.stages
 
 
-# Fewer programs than 2 per SM (o_proj, down_proj of Llama-3-8B: N / 32 = 128): more warps, one program
-# an SM; else two programs of 4 warps an SM.
-FEW_PROGRAMS_SHAPE = GemvShape(warps=8, stages=3)
-DEFAULT_SHAPE = GemvShape(warps=4, stages=3, min_blocks=2)
+# Fewer programs than 2 per SM (Llama-3-8B's o_proj and down_proj: N / 32 = 128): one an SM, a deeper ring.
+FEW_PROGRAMS_SHAPE = GemvShape(stages=16, min_blocks=1)
+DEFAULT_SHAPE = GemvShape()
 
 
 @functools.cache
 def _enabled(device_index: int) -> bool:
     on = os.environ.get("BATCHGEN_CUDA_GEMM", "1") != "0" and hasattr(torch.cuda, "_compile_kernel")
-    return on and torch.version.hip is None and torch.cuda.get_device_capability(device_index) >= (9, 0)
+    return on and torch.version.hip is None and torch.cuda.get_device_capability(device_index) == (9, 0)
 
 
 def supports(act: Fp8Act, weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> bool:
-    """Per-token x per-channel scales, up to 32 rows, on sm_90+, bf16 / fp16 out, rows 16-byte aligned."""
+    """Per-token x per-channel scales, up to 32 rows, an even N, rows 16-byte aligned, bf16 / fp16 out."""
     data = act.data
     if not (data.is_cuda and data.dtype == weight.dtype == FP8 and dtype in (torch.bfloat16, torch.float16)):
         return False
-    m, k = data.shape
-    if not (0 < m <= MAX_ROWS and act.scale.shape == (m, 1) and scale.shape == (weight.shape[0],)):
+    (m, k), n = data.shape, weight.shape[0]
+    if not (
+        0 < m <= MAX_ROWS and act.scale.shape == (m, 1) and scale.shape == (n,) and scale.is_contiguous()
+    ):
         return False
-    rows_ok = all(
+    aligned = all(
         t.stride(-1) == 1 and t.stride(0) % 16 == 0 and t.data_ptr() % 16 == 0 for t in (data, weight)
     )
-    if not (rows_ok and k % 16 == 0 and scale.is_contiguous() and _enabled(data.get_device())):
+    # n even: the output is stored two columns at a time
+    if not (aligned and k % 16 == 0 and n % 2 == 0 and _enabled(data.get_device())):
         return False
     return _kernel(data.get_device(), dtype == torch.bfloat16, DEFAULT_SHAPE) is not None
 
@@ -81,13 +84,14 @@ _ARG_TYPES = [ctypes.c_void_p] * 3 + [ctypes.c_int] * 5 + [_MAP_TYPE] * 2
 
 @functools.cache
 def _kernel(device_index: int, bf16: bool, shape: GemvShape) -> Launcher | None:
-    values = {"WARPS": shape.warps, "STAGES": shape.stages, "MIN_BLOCKS": shape.min_blocks}
-    defines = "".join(f"#define {name} {value}\n" for name, value in values.items())
+    defines = f"#define STAGES {shape.stages}\n#define MIN_BLOCKS {shape.min_blocks}\n"
     with_pdl = pdl.enabled(device_index)
     defines += ("#define Q_BF16\n" if bf16 else "") + ("#define PDL\n" if with_pdl else "")
     try:
-        with torch.cuda.device(device_index):
-            kernel = torch.cuda._compile_kernel(defines + SOURCE.read_text(), "fp8_gemv")
+        with torch.cuda.device(device_index):  # sm_90a: wgmma is an architecture-specific feature
+            kernel = torch.cuda._compile_kernel(
+                defines + SOURCE.read_text(), "fp8_gemv", compute_capability="90a"
+            )
             kernel.set_shared_memory_config(shape.smem_bytes)
             return Launcher(kernel, _ARG_TYPES, "fp8_gemv", pdl=with_pdl)
     except Exception as e:  # noqa: BLE001 (no NVRTC, an older torch or driver)
@@ -97,12 +101,12 @@ def _kernel(device_index: int, bf16: bool, shape: GemvShape) -> Launcher | None:
 
 @functools.cache  # the weights live for the run
 def _weight_map(address: int, n: int, k: int, stride: int):
-    return tma.encode((k, n), (stride,), (64, ROWS), address, swizzle=tma.SWIZZLE_NONE)
+    return tma.encode((k, n), (stride,), (128, ROWS), address)
 
 
 @functools.lru_cache(maxsize=1024)  # activation buffers: a graph's are fixed, eager steps reuse a few
 def _act_map(address: int, m: int, k: int, stride: int):
-    return tma.encode((k, m), (stride,), (64, MAX_ROWS), address, swizzle=tma.SWIZZLE_NONE)
+    return tma.encode((k, m), (stride,), (128, 64), address)  # 64 rows (wgmma's M): zeros past m
 
 
 def matmul(
@@ -115,7 +119,7 @@ def matmul(
     device = data.get_device()
     if torch.cuda.current_device() != device:  # cuLaunchKernelEx runs in the current device's context
         raise RuntimeError(
-            f"fp8_gemv: activations on cuda:{device}, current device cuda:{torch.cuda.current_device()}"
+            f"fp8_gemv: data on cuda:{device}, current device cuda:{torch.cuda.current_device()}"
         )
     programs = -(-n // ROWS)
     if shape is None:
@@ -138,6 +142,5 @@ def matmul(
         _weight_map(weight.data_ptr(), n, k, weight.stride(0)),
         _act_map(data.data_ptr(), m, k, data.stride(0)),
     ]
-    stream = torch.cuda.current_stream(device).cuda_stream
-    kernel((programs, 1, 1), 32 * shape.warps, shape.smem_bytes, stream, args)
+    kernel((programs, 1, 1), 128, shape.smem_bytes, torch.cuda.current_stream(device).cuda_stream, args)
     return out

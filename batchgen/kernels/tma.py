@@ -15,17 +15,11 @@ import torch
 from batchgen.kernels.cuda_launch import driver
 
 MAP_BYTES = 128
-_UINT8, _NO_INTERLEAVE, _L2_256B, _NO_OOB_FILL = 0, 0, 3, 0  # no OOB fill: a box's rows past the end read 0
-SWIZZLE_NONE, SWIZZLE_128B = 0, 3
+# No OOB fill: a box's rows past the tensor's end land as zeros.
+_UINT8, _NO_INTERLEAVE, _SWIZZLE_128B, _L2_256B, _NO_OOB_FILL = 0, 0, 3, 3, 0
 
 
-def encode(
-    dims: tuple[int, ...],
-    strides: tuple[int, ...],
-    box: tuple[int, ...],
-    address: int,
-    swizzle: int = SWIZZLE_128B,
-):
+def encode(dims: tuple[int, ...], strides: tuple[int, ...], box: tuple[int, ...], address: int):
     """A map of a 1-byte tensor: ``dims`` innermost first, ``strides`` in bytes of dims 1.. (multiples of
     16), ``box`` the copy's extent. Returns the 128 bytes as a ctypes array (a kernel parameter)."""
     rank = len(dims)
@@ -35,7 +29,7 @@ def encode(
         ctypes.c_void_p(aligned), ctypes.c_int(_UINT8), ctypes.c_uint(rank), ctypes.c_void_p(address),
         (ctypes.c_uint64 * rank)(*dims), (ctypes.c_uint64 * (rank - 1))(*strides),
         (ctypes.c_uint32 * rank)(*box), (ctypes.c_uint32 * rank)(*([1] * rank)), ctypes.c_int(_NO_INTERLEAVE),
-        ctypes.c_int(swizzle), ctypes.c_int(_L2_256B), ctypes.c_int(_NO_OOB_FILL),
+        ctypes.c_int(_SWIZZLE_128B), ctypes.c_int(_L2_256B), ctypes.c_int(_NO_OOB_FILL),
     )  # fmt: skip
     if result != 0:
         raise RuntimeError(f"cuTensorMapEncodeTiled failed: CUDA error {result} (dims {dims}, box {box})")

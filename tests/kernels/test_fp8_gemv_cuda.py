@@ -1,5 +1,5 @@
 """The CUDA FP8 decode matmul (``fp8_gemv.cu``) against the fp32 reference (e4m3 products are exact in
-fp32: only the order of the sums and the output's rounding differ). GPU only (sm_90+: TMA)."""
+fp32: only the order of the sums and the output's rounding differ). GPU only (sm_90: TMA, wgmma)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from batchgen.kernels.fp8_reference import ActQuant, Fp8Act
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(
-        not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0), reason="needs sm_90+"
+        not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0), reason="needs sm_90"
     ),
 ]
-SHAPES = [fp8_gemv_cuda.DEFAULT_SHAPE, fp8_gemv_cuda.FEW_PROGRAMS_SHAPE, fp8_gemv_cuda.GemvShape(2, 2, 1)]
+SHAPES = [fp8_gemv_cuda.DEFAULT_SHAPE, fp8_gemv_cuda.FEW_PROGRAMS_SHAPE, fp8_gemv_cuda.GemvShape(2, 3)]
 
 
 def _problem(m: int, n: int, k: int, seed: int = 0, act_stride: int | None = None):
@@ -40,7 +40,8 @@ def _close(got: torch.Tensor, want: torch.Tensor) -> None:
 @pytest.mark.parametrize("n,k", [(32, 128), (50, 48), (1000, 4096), (96, 14336), (64, 2000)])
 @pytest.mark.parametrize("shape", SHAPES)
 def test_gemv_matches_reference(m, n, k, shape):
-    """Partial programs (N % 32), partial chunks (K % 128), fewer chunks than warps (K = 48), M < 32."""
+    """Partial programs (N % 32), partial chunks (K % 128), one chunk (K = 48), fewer chunks than slots,
+    M < 32 (rows 32-63 of wgmma's M are zeros either way)."""
     act, weight, scale = _problem(m, n, k)
     assert fp8_gemv_cuda.supports(act, weight, scale, torch.bfloat16)
     got = fp8_gemv_cuda.matmul(act, weight, scale, torch.bfloat16, shape)
@@ -84,5 +85,6 @@ def test_supports_only_what_the_kernel_reads():
     assert not fp8_gemv_cuda.supports(act, weight, scale, torch.bfloat16)  # more rows than a box
     act, weight, scale = _problem(8, 64, 128)
     assert not fp8_gemv_cuda.supports(act, weight, scale, torch.float32)  # bf16 / fp16 out only
+    assert not fp8_gemv_cuda.supports(act, weight[:63], scale[:63], torch.bfloat16)  # odd N
     odd = Fp8Act(act.data[:, :120], act.scale)
     assert not fp8_gemv_cuda.supports(odd, weight[:, :120], scale, torch.bfloat16)  # K % 16 != 0
