@@ -15,11 +15,10 @@ from functools import partial
 import torch
 from triton.testing import do_bench, do_bench_cudagraph
 
-from batchgen.kernels import fp8_decode_cuda, fp8_gemv_cuda
+from batchgen.kernels import fp8_decode_cuda
 from batchgen.kernels.decode import choose_num_splits, decode_attention, num_sms
 from batchgen.kernels.fp8_decode_cuda import LaunchShape
-from batchgen.kernels.fp8_gemm import rowwise_matmul, triton_fp8_matmul
-from batchgen.kernels.fp8_gemv_cuda import GemvShape
+from batchgen.kernels.fp8_gemm import triton_fp8_matmul
 from batchgen.kernels.fp8_reference import FP8, Fp8Act
 from scripts.probe_attention import DEFAULT_HEADS, inputs, parse_heads
 
@@ -104,10 +103,6 @@ def matmul(m: int, bandwidth: float) -> None:
                                 out_dtype=torch.bfloat16).float()  # fmt: skip
 
         rows = [(_rotated_us(partial(_scaled_mm, a, scale), ws), "scaled_mm", 0.0)]
-        default = partial(rowwise_matmul, a, scale=scale, dtype=torch.bfloat16)
-        rows.append(
-            (_rotated_us(lambda w, run=default: run(weight=w), ws), "rowwise_matmul (the forward's)", 0.0)
-        )
         for block_n, stages, split in [(None, None, None)] + [
             (bn, st, sp) for bn in (16, 32, 64) for st in (4, 6) for sp in (1, 2, 3, 4)
         ]:
@@ -116,18 +111,11 @@ def matmul(m: int, bandwidth: float) -> None:
             err = float((run(weight=ws[0]).float() - want).norm() / want.norm())
             cfg = f"block_n={block_n} stages={stages} split_k={split}"
             rows.append((_rotated_us(lambda w, run=run: run(weight=w), ws), cfg, err))
-        if m <= fp8_gemv_cuda.MAX_ROWS:  # the CUDA kernel, by launch shape
-            for shape in [(4, 2), (6, 2), (8, 2), (8, 1), (12, 1), (16, 1), (4, 3), (5, 3)]:  # stages, per SM
-                run = partial(
-                    fp8_gemv_cuda.matmul, a, scale=scale, dtype=torch.bfloat16, shape=GemvShape(*shape)
-                )
-                err = float((run(weight=ws[0]).float() - want).norm() / want.norm())
-                rows.append((_rotated_us(lambda w, run=run: run(weight=w), ws), f"cuda {shape}", err))
         print(f"gemm {name} M={m} N={n} K={k}: weights {n * k / 1e6:.1f} MB")
         for us, cfg, err in sorted(rows)[:10]:
             share = n * k / (us * 1e-6) / bandwidth
             print(f"  {us:7.1f} us {n * k / us / 1e3:5.0f} GB/s ({share:4.0%})  {cfg}  rel err {err:.1e}")
-        total_default += rows[1][0]  # rowwise_matmul
+        total_default += rows[1][0]
         total_best += min(r[0] for r in rows)
     print(
         f"gemm layer (qkv, o, gate_up, down) M={m}: defaults {total_default:.1f} us, best {total_best:.1f} us"

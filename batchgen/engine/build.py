@@ -90,19 +90,15 @@ def build_rank(
 
 
 def _triton_warmup(options: EngineConfig, device: torch.device, dtype: torch.dtype = torch.bfloat16):
-    """Triton's per-process start, and the CUDA kernels of FP8 runs, on a thread while the model loads
+    """Triton's per-process start, and an FP8 cache's CUDA attention, on a thread while the model loads
     (kernels/warmup.py)."""
     if device.type != "cuda" or options.attention_backend == "torch":
         return None
     from batchgen.kernels import warmup
 
-    half = dtype in (torch.bfloat16, torch.float16)
-    kernel = (
-        device.index if device.index is not None else torch.cuda.current_device(),
-        dtype == torch.bfloat16,
-    )
-    fp8_cache, fp8_weights = options.kv_cache_dtype == "fp8" and half, options.quantization == "fp8" and half
-    return warmup.start(kernel if fp8_cache else None, kernel if fp8_weights else None)
+    fp8 = options.kv_cache_dtype == "fp8" and dtype in (torch.bfloat16, torch.float16)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return warmup.start((index, dtype == torch.bfloat16) if fp8 else None)
 
 
 class _Clock:

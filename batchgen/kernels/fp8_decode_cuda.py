@@ -41,6 +41,9 @@ class LaunchShape(NamedTuple):
 
 
 DEFAULT_SHAPE = LaunchShape()
+# Launched without PDL: B1's FP8 step (H200, bench_step, the decode matmul's PDL off too) 5.72 ms without
+# vs 5.82 with; B2's 9.70 vs 9.75. The kernel and its launcher keep the support (kernels/cuda_launch.py).
+LAUNCH_WITH_PDL = False
 # H200, graph replays (tune_fp8.py): TMA copies win when there are at most ~2 programs per SM (32 x 4K:
 # 73.0 vs 92.0 us, 32 x 1K 23.2 vs ~25) and lose with more (256 x 1K: 186-194 vs 178.6, 256 x 2K), so a
 # launch takes them by its grid (fixed for a captured graph).
@@ -134,7 +137,7 @@ def _kernel(device_index: int, q_bf16: bool, shape: LaunchShape) -> Launcher | N
     defines += "#define Q_BF16\n" if q_bf16 else ""
     assert shape.stages >= 2, "the warps' merge reuses the ring: it needs 2 slots or more"
     defines += shape.defines + ("\n#define TMA\n" if shape.tma else "\n")
-    with_pdl = pdl.enabled(device_index)
+    with_pdl = LAUNCH_WITH_PDL and pdl.enabled(device_index)
     defines += "#define PDL\n" if with_pdl else ""
     arg_types = _ARG_TYPES + [_MAP_TYPE] * 2 if shape.tma else _ARG_TYPES
     if shape.tma and not _has_tma(device_index):
@@ -172,7 +175,7 @@ def launch(
     assert cu_seqlens_q.dtype == seq_lens.dtype == block_tables.dtype == torch.int32
     device = query.get_device()
     current = torch.cuda.current_device()
-    if current != device:  # cuLaunchKernel runs in the current device's context
+    if current != device:  # cuLaunchKernelEx runs in the current device's context
         raise RuntimeError(f"fp8_paged_decode: query on cuda:{device}, current device cuda:{current}")
     kernel = _kernel(device, query.dtype == torch.bfloat16, shape)
     if kernel is None:

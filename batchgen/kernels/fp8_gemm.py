@@ -16,7 +16,6 @@ import torch
 import triton
 import triton.language as tl
 
-from batchgen.kernels import fp8_gemv_cuda
 from batchgen.kernels.decode import num_sms
 from batchgen.kernels.fp8_reference import Fp8Act
 from batchgen.kernels.pdl import pdl_options, wait_for_producer
@@ -144,16 +143,19 @@ def triton_fp8_matmul(
     split_k = triton.cdiv(k_tiles, per_split)  # no empty split
     # fp32 partial products, one [M, N] slice per split, summed in order by a second kernel
     dest = out if split_k == 1 else torch.empty((split_k, m, n), dtype=torch.float32, device=out.device)
+    # No PDL at decode sizes: B1's FP8 step (H200, bench_step) ran 5.82 ms without it here vs 6.33 with it,
+    # since the 64-wide tiles (5.90 vs 6.33 with the 32-wide ones; why is not established).
+    pdl = pdl_options(act.data) if m > 64 else {}
     _fp8_matmul_kernel[(*grid, split_k)](
         act.data, weight, dest, act.scale, scale, m, n, k,
         act.data.stride(0), weight.stride(0), n if split_k > 1 else out.stride(0), act.scale.stride(0),
         scale.stride(0) if group else 0, m * n, per_split,
-        BLOCKWISE=group is not None, SCALE_ROWS=scale_rows, BLOCK_K=block_k, **cfg, **pdl_options(act.data)
+        BLOCKWISE=group is not None, SCALE_ROWS=scale_rows, BLOCK_K=block_k, **cfg, **pdl
     )  # fmt: skip
     if split_k > 1:
         block = 1024
         _sum_splits_kernel[(triton.cdiv(m * n, block),)](
-            dest, out, m * n, SPLIT_K=split_k, BLOCK=block, **pdl_options(dest)
+            dest, out, m * n, SPLIT_K=split_k, BLOCK=block, **pdl
         )
     return out
 
@@ -174,6 +176,4 @@ def rowwise_matmul(
         return torch._scaled_mm(
             act.data, weight.t(), scale_a=act.scale, scale_b=scale.view(1, n), out_dtype=dtype
         )
-    if m <= fp8_gemv_cuda.MAX_ROWS and fp8_gemv_cuda.supports(act, weight, scale, dtype):
-        return fp8_gemv_cuda.matmul(act, weight, scale, dtype)
     return triton_fp8_matmul(act, weight, scale, dtype)

@@ -9,8 +9,7 @@ so no launch races it; while the model loads, imports on both threads are safe (
 import lock) and the main thread imports ``triton.language`` before the thread starts.
 
 A run with an FP8 KV cache also compiles the CUDA decode attention there (``fp8_decode_cuda``: NVRTC and
-the module load, 0.84 s on the H200), and one with FP8 weights the CUDA decode matmul (``fp8_gemv_cuda``),
-which the first decode step (or graph capture) paid otherwise.
+the module load, 0.84 s on the H200), which its first decode step paid otherwise.
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ from __future__ import annotations
 import threading
 
 
-def _warm(fp8_attention: tuple[int, bool] | None, fp8_gemv: tuple[int, bool] | None) -> None:
+def _warm(fp8_attention: tuple[int, bool] | None) -> None:
     try:
         from triton.runtime.cache import triton_key
 
@@ -30,21 +29,13 @@ def _warm(fp8_attention: tuple[int, bool] | None, fp8_gemv: tuple[int, bool] | N
         from batchgen.kernels import fp8_decode_cuda
 
         fp8_decode_cuda.prepare(*fp8_attention)  # best effort: a failure is logged, the first step retries
-    if fp8_gemv is not None:
-        from batchgen.kernels import fp8_gemv_cuda
-
-        fp8_gemv_cuda.prepare(*fp8_gemv)  # likewise
 
 
-def start(
-    fp8_attention: tuple[int, bool] | None = None, fp8_gemv: tuple[int, bool] | None = None
-) -> threading.Thread:
+def start(fp8_attention: tuple[int, bool] | None = None) -> threading.Thread:
     """Start computing Triton's per-process state; ``join`` the thread before the first launch.
-    ``fp8_attention``: (device index, query in bf16) of a run with an FP8 KV cache; ``fp8_gemv``: the same
-    for a run with FP8 weights."""
+    ``fp8_attention``: (device index, query in bf16) of a run with an FP8 KV cache."""
     import triton.language  # noqa: F401  (here, on the caller's thread: the worker only adds to it)
 
-    args = (fp8_attention, fp8_gemv)
-    thread = threading.Thread(target=_warm, args=args, name="batchgen-triton-warmup", daemon=True)
+    thread = threading.Thread(target=_warm, args=(fp8_attention,), name="batchgen-triton-warmup", daemon=True)
     thread.start()
     return thread

@@ -26,32 +26,26 @@ def test_only_a_cuda_run_with_triton_kernels_starts_it():
     assert _triton_warmup(torch_attention, torch.device("cuda")) is None
 
 
-def test_fp8_runs_compile_their_cuda_kernels_on_the_thread(monkeypatch):
-    from batchgen.kernels import fp8_decode_cuda, fp8_gemv_cuda
+def test_an_fp8_cache_compiles_the_cuda_attention_on_the_thread(monkeypatch):
+    from batchgen.kernels import fp8_decode_cuda
 
     asked = []
-    monkeypatch.setattr(fp8_decode_cuda, "prepare", lambda *args: asked.append(("attention", *args)))
-    monkeypatch.setattr(fp8_gemv_cuda, "prepare", lambda *args: asked.append(("gemv", *args)))
+    monkeypatch.setattr(fp8_decode_cuda, "prepare", lambda *args: asked.append(args))
     warmup.start((3, True)).join(timeout=120)
     warmup.start(None).join(timeout=120)
-    warmup.start(None, (2, False)).join(timeout=120)
-    # only when asked for, with the device and the activations' dtype
-    assert asked == [("attention", 3, True), ("gemv", 2, False)]
+    assert asked == [(3, True)]  # only when asked for, with the device and the query's dtype
 
 
-def test_the_engine_asks_for_them_with_an_fp8_cache_or_fp8_weights(monkeypatch):
+def test_the_engine_asks_for_it_with_an_fp8_cache_only(monkeypatch):
     started = []
-    monkeypatch.setattr(warmup, "start", lambda cache=None, weights=None: started.append((cache, weights)))
+    monkeypatch.setattr(warmup, "start", lambda fp8=None: started.append(fp8))
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     cuda = torch.device("cuda", 1)
     _triton_warmup(EngineConfig(kv_cache_dtype="fp8"), cuda, torch.bfloat16)
     _triton_warmup(EngineConfig(kv_cache_dtype="fp8"), torch.device("cuda"), torch.float16)
     _triton_warmup(EngineConfig(), cuda, torch.bfloat16)
     _triton_warmup(EngineConfig(kv_cache_dtype="fp8"), cuda, torch.float32)
-    _triton_warmup(EngineConfig(quantization="fp8"), cuda, torch.bfloat16)
-    _triton_warmup(EngineConfig(quantization="fp8", kv_cache_dtype="fp8"), cuda, torch.float16)
-    want = [((1, True), None), ((0, False), None), (None, None), (None, None), (None, (1, True))]
-    assert started == want + [((1, False), (1, False))]
+    assert started == [(1, True), (0, False), None, None]
 
 
 def test_a_failed_compile_on_the_thread_is_forgotten(monkeypatch, caplog):
