@@ -103,13 +103,14 @@ def matmul(m: int, bandwidth: float) -> None:
                                 out_dtype=torch.bfloat16).float()  # fmt: skip
 
         rows = [(_rotated_us(partial(_scaled_mm, a, scale), ws), "scaled_mm", 0.0)]
-        for block_n, stages, split in [(None, None, None)] + [
-            (bn, st, sp) for bn in (16, 32, 64) for st in (4, 6) for sp in (1, 2, 3, 4)
-        ]:
+        configs = [(None, None, None, False), (None, None, None, True)]  # the defaults; split sums fused
+        configs += [(bn, st, sp, False) for bn in (16, 32, 64) for st in (4, 6) for sp in (1, 2, 3, 4)]
+        configs += [(bn, 4, sp, True) for bn in (32, 64) for sp in (2, 3, 4)]
+        for block_n, stages, split, fuse in configs:
             run = partial(triton_fp8_matmul, a, scale=scale, dtype=torch.bfloat16, split_k=split,
-                          block_n=block_n, num_stages=stages)  # fmt: skip
+                          block_n=block_n, num_stages=stages, fuse_sums=fuse)  # fmt: skip
             err = float((run(weight=ws[0]).float() - want).norm() / want.norm())
-            cfg = f"block_n={block_n} stages={stages} split_k={split}"
+            cfg = f"block_n={block_n} stages={stages} split_k={split}" + " fused sums" * fuse
             rows.append((_rotated_us(lambda w, run=run: run(weight=w), ws), cfg, err))
         print(f"gemm {name} M={m} N={n} K={k}: weights {n * k / 1e6:.1f} MB")
         for us, cfg, err in sorted(rows)[:10]:

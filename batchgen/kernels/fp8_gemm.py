@@ -38,11 +38,15 @@ def _fp8_matmul_kernel(
     stride_bs,
     stride_split,  # K split over program axis 2: c is [splits, M, N] fp32 partial sums, one per split
     tiles_per_split,  # K tiles each split covers
+    out_ptr,  # FUSED_SUM: [M, N] model dtype, the sum of the splits, by the last split of each tile
+    stride_om,
+    arrivals_ptr,  # FUSED_SUM: int32 [tiles], zero before and after the launch
     BLOCKWISE: tl.constexpr,
     SCALE_ROWS: tl.constexpr,  # weight rows per block-scale row (1: expanded per row)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    FUSED_SUM: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):
     wait_for_producer(PDL)
@@ -77,6 +81,29 @@ def _fp8_matmul_kernel(
         acc = acc * sa[:, None] * sb[None, :]
     c_ptrs = c_ptr + split * stride_split + rm.to(tl.int64)[:, None] * stride_cm + rn[None, :]
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+    if FUSED_SUM:
+        out_ptrs = out_ptr + rm.to(tl.int64)[:, None] * stride_om + rn[None, :]
+        tile = pid_m * tl.num_programs(1) + pid_n
+        _last_split_sums(c_ptr + rm.to(tl.int64)[:, None] * stride_cm + rn[None, :], out_ptrs,
+                         arrivals_ptr + tile, m_ok[:, None] & n_ok[None, :], stride_split)  # fmt: skip
+
+
+@triton.jit
+def _last_split_sums(part_ptrs, out_ptrs, arrival_ptr, mask, stride_split):
+    """The last split of a tile to finish sums the tile's partial products in split order (deterministic:
+    every split's is read back from memory, whichever finished last) and re-arms the tile's counter. The
+    barrier orders every thread's partial store before the arrival (a release at GPU scope); the loads
+    after the acquire read L2 (``.cg``), where the other splits' partials are."""
+    tl.debug_barrier()
+    arrived = tl.atomic_add(arrival_ptr, 1, sem="acq_rel", scope="gpu")
+    splits = tl.num_programs(2)
+    if arrived == splits - 1:
+        tl.debug_barrier()
+        total = tl.zeros(part_ptrs.shape, dtype=tl.float32)
+        for s in range(splits):
+            total += tl.load(part_ptrs + s * stride_split, mask=mask, other=0.0, cache_modifier=".cg")
+        tl.store(out_ptrs, total.to(out_ptrs.dtype.element_ty), mask=mask)
+        tl.store(arrival_ptr, 0)
 
 
 @triton.jit
@@ -116,14 +143,37 @@ def choose_split_k(programs: int, k_tiles: int, sms: int, block_n: int = 32) -> 
     return max(1, min(-(-2 * sms // programs), k_tiles // 4))
 
 
+# Built in session 33, not yet measured on a GPU (scripts/tune_fp8.py sweeps it): the split sums in the
+# product's own last program instead of a second kernel (B1's FP8 step launches 3 of them a layer).
+FUSE_SPLIT_SUMS = False
+_MAX_TILES = 1 << 16
+
+
+_arrival_counters: dict[torch.device, torch.Tensor] = {}  # per device, for the process
+
+
+def _arrivals(device: torch.device, tiles: int) -> torch.Tensor | None:
+    """The tiles' arrival counters (int32, zero between launches: each launch re-arms its tiles), or None
+    (the second kernel sums): too many tiles, or no buffer yet while a graph is being captured (it would
+    live in the graph's memory pool). Launches on one stream at a time, as the engine's are."""
+    counters = _arrival_counters.get(device)
+    if counters is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        counters = _arrival_counters[device] = torch.zeros(_MAX_TILES, dtype=torch.int32, device=device)
+    return counters if tiles <= _MAX_TILES else None
+
+
 def triton_fp8_matmul(
     act: Fp8Act, weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, *,
     group: int | None = None, scale_rows: int = 1, split_k: int | None = None, block_n: int | None = None,
-    num_stages: int | None = None,
+    num_stages: int | None = None, fuse_sums: bool | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """[M, K] x [N, K] -> [M, N]. ``group`` set: block scales (``scale`` [cdiv(N, scale_rows), cdiv(K,
     group)], activation scales per ``group`` columns); else per-token x per-channel (``scale`` [N]).
-    ``split_k``: K splits (default: ``choose_split_k`` at decode sizes)."""
+    ``split_k``: K splits (default: ``choose_split_k`` at decode sizes); ``fuse_sums``: the last split of
+    each tile sums them (default ``FUSE_SPLIT_SUMS``), where a counter buffer is at hand (not first made
+    inside a graph capture)."""
     m, k = act.data.shape
     n = weight.shape[0]
     out = torch.empty((m, n), dtype=dtype, device=act.data.device)
@@ -141,18 +191,22 @@ def triton_fp8_matmul(
         split_k = choose_split_k(grid[0] * grid[1], k_tiles, sms, cfg["BLOCK_N"]) if m <= 64 else 1
     per_split = triton.cdiv(k_tiles, split_k)
     split_k = triton.cdiv(k_tiles, per_split)  # no empty split
-    # fp32 partial products, one [M, N] slice per split, summed in order by a second kernel
+    # fp32 partial products, one [M, N] slice per split, summed in split order by the last split of each
+    # tile (``fuse_sums``) or by a second kernel
     dest = out if split_k == 1 else torch.empty((split_k, m, n), dtype=torch.float32, device=out.device)
+    fuse_sums = FUSE_SPLIT_SUMS if fuse_sums is None else fuse_sums
+    arrivals = _arrivals(out.device, grid[0] * grid[1]) if split_k > 1 and fuse_sums else None
     # No PDL at decode sizes: B1's FP8 step (H200, bench_step) ran 5.82 ms without it here vs 6.33 with it,
     # since the 64-wide tiles (5.90 vs 6.33 with the 32-wide ones; why is not established).
     pdl = pdl_options(act.data) if m > 64 else {}
     _fp8_matmul_kernel[(*grid, split_k)](
         act.data, weight, dest, act.scale, scale, m, n, k,
         act.data.stride(0), weight.stride(0), n if split_k > 1 else out.stride(0), act.scale.stride(0),
-        scale.stride(0) if group else 0, m * n, per_split,
-        BLOCKWISE=group is not None, SCALE_ROWS=scale_rows, BLOCK_K=block_k, **cfg, **pdl
+        scale.stride(0) if group else 0, m * n, per_split, out, out.stride(0),
+        arrivals if arrivals is not None else dest, BLOCKWISE=group is not None, SCALE_ROWS=scale_rows,
+        BLOCK_K=block_k, FUSED_SUM=arrivals is not None, **cfg, **pdl
     )  # fmt: skip
-    if split_k > 1:
+    if split_k > 1 and arrivals is None:
         block = 1024
         _sum_splits_kernel[(triton.cdiv(m * n, block),)](
             dest, out, m * n, SPLIT_K=split_k, BLOCK=block, **pdl

@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from batchgen.kernels import fp8_gemm, reference
 from batchgen.kernels import fp8_reference as ref
-from batchgen.kernels import reference
 from batchgen.kernels.activation import silu_mul
 from batchgen.kernels.cases import llama_fp8_case, make_case, rel_error, to_fp8_cache
 from batchgen.kernels.dispatch import paged_attention_triton
@@ -118,8 +118,10 @@ def test_rowwise_matmul_matches_reference(m):
 
 @pytest.mark.parametrize("split_k", [2, 3, 9])  # 9 asks more splits than K tiles: 5 splits of one tile
 @pytest.mark.parametrize("group", [None, 128])
-def test_split_k_matmul_matches_reference(split_k, group):
-    """K split over programs, fp32 partial products summed in split order: the same product."""
+@pytest.mark.parametrize("fuse_sums", [False, True])
+def test_split_k_matmul_matches_reference(split_k, group, fuse_sums):
+    """K split over programs, fp32 partial products summed in split order (by a second kernel, or by each
+    tile's last split): the same product, bit for bit from one call to the next."""
     torch.manual_seed(8)
     m, n, k = 3, 40, 1100  # 5 K tiles of 256 (rowwise) or 9 of 128 (blocks), the last one partial
     act = ref.quantize_act(torch.randn(m, k, device=DEVICE), ActQuant(group))
@@ -131,9 +133,12 @@ def test_split_k_matmul_matches_reference(split_k, group):
         scale = torch.rand(-(-n // 128), -(-k // 128), device=DEVICE) + 0.5
         want = ref.linear_blocks(act, 128, weight, scale, 128, torch.float32)
     kw = dict(group=group, scale_rows=128) if group else {}
+    kw["fuse_sums"] = fuse_sums
     got = triton_fp8_matmul(act, weight, scale, torch.float32, split_k=split_k, **kw)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
     assert torch.equal(got, triton_fp8_matmul(act, weight, scale, torch.float32, split_k=split_k, **kw))
+    if fuse_sums:  # each tile's last split re-armed its counter for the next launch
+        assert not fp8_gemm._arrival_counters[got.device].any()
 
 
 def test_split_k_choice_fills_the_sms_with_long_enough_splits():
@@ -245,6 +250,24 @@ def test_gpu_matmuls_match_reference(m, n, k):
     want = ref.linear_blocks(group_act, 128, bq, bs, 128, torch.float32)
     got = triton_fp8_matmul(group_act, bq, bs, torch.bfloat16, group=128, scale_rows=128)
     assert rel_error(got, want, m) < 5e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize(("n", "k"), [(6144, 4096), (4096, 4096), (4096, 14336)])  # qkv, o, down at M = 32
+def test_gpu_split_sums_in_the_last_split_match_the_second_kernel_bit_for_bit(n, k):
+    """Both sum the same fp32 partials in split order, so they agree exactly. Two inputs alternate over
+    repeated launches (their partials land at the same addresses): a split read before its partial had
+    landed (a missing release / acquire) would take the other input's, a mismatch."""
+    torch.manual_seed(1)
+    acts = [quantize_act(torch.randn(32, k, device="cuda", dtype=torch.bfloat16), ActQuant()) for _ in "ab"]
+    wq, ws = ref.quantize_rows(torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02)
+    for split_k in (2, 3, 4):
+        wants = [triton_fp8_matmul(a, wq, ws, torch.bfloat16, split_k=split_k, fuse_sums=False) for a in acts]
+        for i in range(40):
+            got = triton_fp8_matmul(acts[i % 2], wq, ws, torch.bfloat16, split_k=split_k, fuse_sums=True)
+            assert torch.equal(got, wants[i % 2]), (split_k, i)
+    assert not fp8_gemm._arrival_counters[got.device].any()
 
 
 @pytest.mark.gpu
