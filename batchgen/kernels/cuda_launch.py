@@ -40,6 +40,7 @@ class Launcher:
     def __init__(self, kernel, arg_types: list, name: str, pdl: bool = False) -> None:
         self._kernel = kernel  # keeps the module loaded
         self._func = kernel.func
+        self._launch = driver().cuLaunchKernelEx  # here: a driver without it fails the build, not a step
         self._name = name
         self._values = [t() for t in arg_types]
         self._params = (ctypes.c_void_p * len(self._values))(*(ctypes.addressof(v) for v in self._values))
@@ -59,6 +60,6 @@ class Launcher:
             self._config.block[:] = (threads, 1, 1)
             self._config.shared_mem_bytes = smem
             self._config.stream = stream
-            result = driver().cuLaunchKernelEx(ctypes.byref(self._config), self._func, self._params, None)
+            result = self._launch(ctypes.byref(self._config), self._func, self._params, None)
         if result != 0:
             raise RuntimeError(f"{self._name} launch failed: CUDA error {result}")

@@ -111,16 +111,19 @@ def _covers(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -
 
 
 def prepare(device_index: int, q_bf16: bool) -> None:
-    """Compile the default kernel ahead of the first step, on the warm-up thread beside the model's load
-    (``kernels/warmup.py``). Best effort: a failure here is forgotten, and the first step tries again."""
+    """Compile the kernel's builds (``cp.async``; TMA on sm_90+) ahead of the first step, on the warm-up
+    thread beside the model's load (``kernels/warmup.py``). Best effort: a failure of the ``cp.async`` build
+    is forgotten, and the first step tries again; a TMA build that fails stays failed (small grids then
+    take the ``cp.async`` build)."""
     if not (_enabled() and torch.version.hip is None and _has_fp8_converts(device_index)):
         return
     # A fresh thread has no current CUDA context for the driver calls (the module load) until a runtime
     # call that needs one makes the device's primary context current.
     torch.cuda.synchronize(device_index)
-    shapes = [DEFAULT_SHAPE] + [FEW_PROGRAMS_SHAPE] * _has_tma(device_index)
-    if any(_kernel(device_index, q_bf16, shape) is None for shape in shapes):
+    if _kernel(device_index, q_bf16, DEFAULT_SHAPE) is None:
         _kernel.cache_clear()
+    elif _has_tma(device_index):
+        _kernel(device_index, q_bf16, FEW_PROGRAMS_SHAPE)
 
 
 # The kernel's parameters after the 9 pointers: 2 doubles (the scales), then 12 ints; with TMA, K's and
@@ -149,7 +152,8 @@ def _kernel(device_index: int, q_bf16: bool, shape: LaunchShape) -> Launcher | N
             kernel.set_shared_memory_config(shape.ring_bytes)  # above 48 KiB it must be asked for
             return Launcher(kernel, arg_types, "fp8_paged_decode", pdl=with_pdl)
     except Exception as e:  # noqa: BLE001 (no NVRTC, an older torch, a driver too old for the PTX)
-        log.warning("FP8 decode attention: the CUDA kernel did not compile (%s); using Triton's", e)
+        instead = "its cp.async build" if shape.tma else "Triton's"
+        log.warning("FP8 decode attention: the CUDA kernel did not compile (%s); using %s", e, instead)
         return None
 
 

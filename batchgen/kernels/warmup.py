@@ -9,7 +9,8 @@ so no launch races it; while the model loads, imports on both threads are safe (
 import lock) and the main thread imports ``triton.language`` before the thread starts.
 
 A run with an FP8 KV cache also compiles the CUDA decode attention there (``fp8_decode_cuda``: NVRTC and
-the module load, 0.84 s on the H200), which its first decode step paid otherwise.
+the module load, 0.84 s a build on the H200, which has two: cp.async and TMA), which its first decode step
+paid otherwise.
 """
 
 from __future__ import annotations

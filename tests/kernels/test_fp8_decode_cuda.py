@@ -25,8 +25,7 @@ def _case(group: int, block_size: int, dtype: torch.dtype, kv_scales, lens=LENS,
 
 
 def _cuda(case, kv_scales, splits: int, shape=None, out=None):
-    """``shape`` None: decode_attention's own pick (the engine's), by the grid's size: TMA copies up to 2
-    programs per SM (LENS x 8 KV heads x 1-2 splits), the cp.async ring above (3-5 splits on 132 SMs)."""
+    """``shape`` None: decode_attention's own pick (the engine's), by the grid's size."""
     return decode_attention(*case.attn_args(), max_seq_len=4096, num_splits=splits, kv_scales=kv_scales,
                             cuda_shape=shape, out=out)  # fmt: skip
 
@@ -34,11 +33,15 @@ def _cuda(case, kv_scales, splits: int, shape=None, out=None):
 @pytest.mark.parametrize("group", [1, 3, 4, 8])
 @pytest.mark.parametrize("splits", [1, 2, 3, 5])
 @pytest.mark.parametrize("block_size", [16, 32])
-def test_cuda_decode_matches_reference(group, splits, block_size):
+@pytest.mark.parametrize("build", ["default pick", "cp.async", "tma"])
+def test_cuda_decode_matches_reference(group, splits, block_size, build):
+    if build == "tma" and torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("TMA copies need Hopper")
     kv_scales = (0.5, 2.0)
     case = _case(group, block_size, torch.bfloat16, kv_scales)
     assert fp8_decode_cuda.supports(case.query, case.k_cache, case.v_cache, None)
-    out = _cuda(case, kv_scales, splits)
+    builds = {"cp.async": fp8_decode_cuda.DEFAULT_SHAPE, "tma": fp8_decode_cuda.FEW_PROGRAMS_SHAPE}
+    out = _cuda(case, kv_scales, splits, builds.get(build))
     want = ref.paged_attention(*case.attn_args(), kv_scales)
     assert rel_error(out, want, case.num_valid_rows) < 1e-2
     # Row by row too: one wrong sequence must not hide in the norm of ten.
