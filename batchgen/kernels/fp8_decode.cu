@@ -270,9 +270,9 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) fp8_paged_d
 #endif
 ) {
 #ifdef PDL
-  // Launched with programmatic dependent launch (the engine's Triton kernels are too): scheduled while the
-  // kernel before (rope_kv_write: this step's q and K/V) finishes, nothing read before it has. Then the
-  // kernel after may be scheduled in turn; it waits for this one's end the same way.
+  // With programmatic dependent launch (fp8_decode_cuda.LAUNCH_WITH_PDL; off: slower on the H200): the
+  // programs are scheduled while the kernel before (rope_kv_write: this step's q and K/V) finishes, and
+  // read nothing before it has; then the kernel after may be scheduled in turn.
   asm volatile("griddepcontrol.wait;" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;" :::);
 #endif

@@ -147,8 +147,6 @@ def choose_split_k(programs: int, k_tiles: int, sms: int, block_n: int = 32) -> 
 # product's own last program instead of a second kernel (B1's FP8 step launches 3 of them a layer).
 FUSE_SPLIT_SUMS = False
 _MAX_TILES = 1 << 16
-
-
 _arrival_counters: dict[torch.device, torch.Tensor] = {}  # per device, for the process
 
 
