@@ -84,8 +84,8 @@ def _fp8_matmul_kernel(
     if FUSED_SUM:
         out_ptrs = out_ptr + rm.to(tl.int64)[:, None] * stride_om + rn[None, :]
         tile = pid_m * tl.num_programs(1) + pid_n
-        _last_split_sums(c_ptr + rm.to(tl.int64)[:, None] * stride_cm + rn[None, :], out_ptrs,
-                         arrivals_ptr + tile, m_ok[:, None] & n_ok[None, :], stride_split)  # fmt: skip
+        _last_split_sums(c_ptrs - split * stride_split, out_ptrs, arrivals_ptr + tile,
+                         m_ok[:, None] & n_ok[None, :], stride_split)  # fmt: skip
 
 
 @triton.jit

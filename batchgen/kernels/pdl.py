@@ -43,7 +43,8 @@ _OFF = MappingProxyType({})
 
 @functools.cache
 def enabled(device_index: int) -> bool:
-    """Whether kernels on this device launch with PDL (Triton's, and the CUDA attention's)."""
+    """Whether kernels on this device launch with PDL (Triton's; the CUDA attention's only where
+    ``fp8_decode_cuda.LAUNCH_WITH_PDL``)."""
     if not HAVE_GDC or os.environ.get("BATCHGEN_PDL", "1") == "0" or torch.version.hip is not None:
         return False
     if os.environ.get("TRITON_INTERPRET") == "1":  # the interpreter has no griddepcontrol

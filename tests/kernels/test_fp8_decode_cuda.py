@@ -50,7 +50,16 @@ def test_cuda_decode_matches_reference(group, splits, block_size, build):
 
 
 @pytest.mark.parametrize(
-    "shape", [(4, 2, 6), (8, 1, 4), (4, 4, 3), (2, 3, 2), (4, 3, 3, "", True), (4, 3, 4, "", True)]
+    "shape",
+    [
+        (4, 2, 6),
+        (8, 1, 4),
+        (4, 4, 3),
+        (2, 3, 2),
+        (4, 3, 3, "", True),
+        (8, 1, 4, "", True),
+        (4, 3, 4, "", True),
+    ],
 )
 @pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
