@@ -90,9 +90,10 @@ def _graph_us(fn) -> float:
 
 
 def matmul(m: int, bandwidth: float) -> None:
-    """The Triton FP8 product over tiles x stages x K splits (None: the defaults, ``choose_split_k``'s
-    pick) beside cuBLASLt's, each timed from graph replays over enough weight copies (> 150 MB) that L2
-    (50 MB on the H200) holds none of them between calls, as in a forward."""
+    """The Triton FP8 product, pointer kernel over tiles x stages x K splits (None: the defaults,
+    ``choose_split_k``'s pick) and TMA kernel over stages, beside cuBLASLt's, each timed from graph
+    replays over enough weight copies (> 150 MB) that L2 (50 MB on the H200) holds none of them between
+    calls, as in a forward."""
     total_default = total_best = 0.0
     for name, (n, k) in GEMMS.items():
         copies = max(2, -(-150_000_000 // (n * k)))
@@ -103,14 +104,15 @@ def matmul(m: int, bandwidth: float) -> None:
                                 out_dtype=torch.bfloat16).float()  # fmt: skip
 
         rows = [(_rotated_us(partial(_scaled_mm, a, scale), ws), "scaled_mm", 0.0)]
-        configs = [(None, None, None, False), (None, None, None, True)]  # the defaults; split sums fused
+        configs = [(None, None, None, None), (None, None, None, False), (None, None, None, True)]  # defaults
         configs += [(bn, st, sp, False) for bn in (16, 32, 64) for st in (4, 6) for sp in (1, 2, 3, 4)]
-        configs += [(bn, 4, sp, True) for bn in (32, 64) for sp in (2, 3, 4)]
-        for block_n, stages, split, fuse in configs:
+        configs += [(None, st, None, True) for st in (2, 4)]  # the TMA kernel's stages
+        for block_n, stages, split, tma in configs:
             run = partial(triton_fp8_matmul, a, scale=scale, dtype=torch.bfloat16, split_k=split,
-                          block_n=block_n, num_stages=stages, fuse_sums=fuse)  # fmt: skip
+                          block_n=block_n, num_stages=stages, tma=tma)  # fmt: skip
             err = float((run(weight=ws[0]).float() - want).norm() / want.norm())
-            cfg = f"block_n={block_n} stages={stages} split_k={split}" + " fused sums" * fuse
+            kernel = {None: "default", False: "pointer", True: "tma"}[tma]
+            cfg = f"{kernel} block_n={block_n} stages={stages} split_k={split}"
             rows.append((_rotated_us(lambda w, run=run: run(weight=w), ws), cfg, err))
         print(f"gemm {name} M={m} N={n} K={k}: weights {n * k / 1e6:.1f} MB")
         for us, cfg, err in sorted(rows)[:10]:

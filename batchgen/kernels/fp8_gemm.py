@@ -7,14 +7,22 @@
 - Block scales (the ``fp8`` method's 128 x 128 weight blocks with 1 x 128 activation groups): only the
   Triton kernel; each K tile is one scale group, so its partial product is scaled before it is added.
 
-The Triton kernel is also what the tests run under the interpreter (tl.dot of e4m3 tiles, fp32 sums).
+At decode sizes (<= 64 rows) with N wide enough (gate|up), a second Triton kernel copies its tiles by TMA
+(``tma_applies``). Both are what the tests run under the interpreter (tl.dot of e4m3 tiles, fp32 sums).
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
+
+try:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # a Triton without host tensor descriptors: the pointer kernel only
+    TensorDescriptor = None
 
 from batchgen.kernels.decode import num_sms
 from batchgen.kernels.fp8_reference import Fp8Act
@@ -38,15 +46,11 @@ def _fp8_matmul_kernel(
     stride_bs,
     stride_split,  # K split over program axis 2: c is [splits, M, N] fp32 partial sums, one per split
     tiles_per_split,  # K tiles each split covers
-    out_ptr,  # FUSED_SUM: [M, N] model dtype, the sum of the splits, by the last split of each tile
-    stride_om,
-    arrivals_ptr,  # FUSED_SUM: int32 [tiles], zero before and after the launch
     BLOCKWISE: tl.constexpr,
     SCALE_ROWS: tl.constexpr,  # weight rows per block-scale row (1: expanded per row)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    FUSED_SUM: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):
     wait_for_producer(PDL)
@@ -76,34 +80,51 @@ def _fp8_matmul_kernel(
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
     if not BLOCKWISE:
-        sa = tl.load(as_ptr + rm * stride_as, mask=m_ok, other=0.0)
-        sb = tl.load(bs_ptr + rn, mask=n_ok, other=0.0)
-        acc = acc * sa[:, None] * sb[None, :]
+        acc = _scale_rowwise(acc, as_ptr, bs_ptr, rm, rn, m_ok, n_ok, stride_as)
     c_ptrs = c_ptr + split * stride_split + rm.to(tl.int64)[:, None] * stride_cm + rn[None, :]
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
-    if FUSED_SUM:
-        out_ptrs = out_ptr + rm.to(tl.int64)[:, None] * stride_om + rn[None, :]
-        tile = pid_m * tl.num_programs(1) + pid_n
-        _last_split_sums(c_ptrs - split * stride_split, out_ptrs, arrivals_ptr + tile,
-                         m_ok[:, None] & n_ok[None, :], stride_split)  # fmt: skip
 
 
 @triton.jit
-def _last_split_sums(part_ptrs, out_ptrs, arrival_ptr, mask, stride_split):
-    """The last split of a tile to finish sums the tile's partial products in split order (deterministic:
-    every split's is read back from memory, whichever finished last) and re-arms the tile's counter. The
-    barrier orders every thread's partial store before the arrival (a release at GPU scope); the loads
-    after the acquire read L2 (``.cg``), where the other splits' partials are."""
-    tl.debug_barrier()
-    arrived = tl.atomic_add(arrival_ptr, 1, sem="acq_rel", scope="gpu")
-    splits = tl.num_programs(2)
-    if arrived == splits - 1:
-        tl.debug_barrier()
-        total = tl.zeros(part_ptrs.shape, dtype=tl.float32)
-        for s in range(splits):
-            total += tl.load(part_ptrs + s * stride_split, mask=mask, other=0.0, cache_modifier=".cg")
-        tl.store(out_ptrs, total.to(out_ptrs.dtype.element_ty), mask=mask)
-        tl.store(arrival_ptr, 0)
+def _scale_rowwise(acc, as_ptr, bs_ptr, rm, rn, m_ok, n_ok, stride_as):
+    """acc [BLOCK_M, BLOCK_N] times the rows' token scales and the columns' channel scales."""
+    sa = tl.load(as_ptr + rm * stride_as, mask=m_ok, other=0.0)
+    sb = tl.load(bs_ptr + rn, mask=n_ok, other=0.0)
+    return acc * sa[:, None] * sb[None, :]
+
+
+@triton.jit
+def _fp8_matmul_tma_kernel(
+    a_desc,  # [M, K] e4m3, boxes [BLOCK_M, BLOCK_K]; rows past M read as zeros
+    b_desc,  # [N, K] e4m3, boxes [BLOCK_N, BLOCK_K]
+    c_ptr,  # [M, N] model dtype
+    as_ptr,  # [M, 1] fp32
+    bs_ptr,  # [N] fp32
+    M,
+    N,
+    K,
+    stride_as,
+    stride_cm,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    STAGES: tl.constexpr,
+):
+    """Per-token x per-channel product of one row of tiles over the whole of K (decode sizes: BLOCK_M >=
+    M), its operand tiles copied by TMA into a STAGES-deep ring (Triton's pipeliner)."""
+    pid_n = tl.program_id(0)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for kb in tl.range(0, tl.cdiv(K, BLOCK_K), num_stages=STAGES):
+        a = a_desc.load([0, kb * BLOCK_K])
+        b = b_desc.load([pid_n * BLOCK_N, kb * BLOCK_K])
+        acc = tl.dot(a, b.T, acc)
+    rm = tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_ok = rm < M
+    n_ok = rn < N
+    acc = _scale_rowwise(acc, as_ptr, bs_ptr, rm, rn, m_ok, n_ok, stride_as)
+    c_ptrs = c_ptr + rm.to(tl.int64)[:, None] * stride_cm + rn[None, :]
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
 @triton.jit
@@ -143,42 +164,26 @@ def choose_split_k(programs: int, k_tiles: int, sms: int, block_n: int = 32) -> 
     return max(1, min(-(-2 * sms // programs), k_tiles // 4))
 
 
-# Built in session 33, not yet measured on a GPU (scripts/tune_fp8.py sweeps it): the split sums in the
-# product's own last program instead of a second kernel (B1's FP8 step launches 3 of them a layer).
-FUSE_SPLIT_SUMS = False
-_MAX_TILES = 1 << 16
-_arrival_counters: dict[torch.device, torch.Tensor] = {}  # per device, for the process
-
-
-def _arrivals(device: torch.device, tiles: int) -> torch.Tensor | None:
-    """The tiles' arrival counters (int32, zero between launches: each launch re-arms its tiles), or None
-    (the second kernel sums): too many tiles, or no buffer yet while a graph is being captured (it would
-    live in the graph's memory pool). Launches on one stream at a time, as the engine's are."""
-    counters = _arrival_counters.get(device)
-    if counters is None:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return None
-        counters = _arrival_counters[device] = torch.zeros(_MAX_TILES, dtype=torch.int32, device=device)
-    return counters if tiles <= _MAX_TILES else None
-
-
 def triton_fp8_matmul(
     act: Fp8Act, weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, *,
     group: int | None = None, scale_rows: int = 1, split_k: int | None = None, block_n: int | None = None,
-    num_stages: int | None = None, fuse_sums: bool | None = None,
+    num_stages: int | None = None, tma: bool | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """[M, K] x [N, K] -> [M, N]. ``group`` set: block scales (``scale`` [cdiv(N, scale_rows), cdiv(K,
     group)], activation scales per ``group`` columns); else per-token x per-channel (``scale`` [N]).
-    ``split_k``: K splits (default: ``choose_split_k`` at decode sizes); ``fuse_sums``: the last split of
-    each tile sums them (default ``FUSE_SPLIT_SUMS``), where a counter buffer is at hand (not first made
-    inside a graph capture)."""
+    ``split_k``: K splits (default: ``choose_split_k`` at decode sizes). ``tma``: the TMA kernel
+    (default: where ``tma_applies``; True also runs it under the interpreter, for the tests)."""
     m, k = act.data.shape
     n = weight.shape[0]
     out = torch.empty((m, n), dtype=dtype, device=act.data.device)
     if m == 0:
         return out
-    block_k = group or (256 if m <= 64 else 128)  # block scales: one K tile per scale group
     sms = num_sms(out.device)
+    if tma is None:
+        tma = group is None and split_k is None and block_n is None and tma_applies(act.data, weight, sms)
+    if tma:
+        return _tma_matmul(act, weight, scale, out, num_stages or TMA_STAGES)
+    block_k = group or (256 if m <= 64 else 128)  # block scales: one K tile per scale group
     cfg = _config(m, n, sms)
     cfg.update({key: v for key, v in (("BLOCK_N", block_n), ("num_stages", num_stages)) if v})
     if block_k > 128 and cfg["BLOCK_M"] > 64:
@@ -189,26 +194,58 @@ def triton_fp8_matmul(
         split_k = choose_split_k(grid[0] * grid[1], k_tiles, sms, cfg["BLOCK_N"]) if m <= 64 else 1
     per_split = triton.cdiv(k_tiles, split_k)
     split_k = triton.cdiv(k_tiles, per_split)  # no empty split
-    # fp32 partial products, one [M, N] slice per split, summed in split order by the last split of each
-    # tile (``fuse_sums``) or by a second kernel
+    # fp32 partial products, one [M, N] slice per split, summed in split order by a second kernel
     dest = out if split_k == 1 else torch.empty((split_k, m, n), dtype=torch.float32, device=out.device)
-    fuse_sums = FUSE_SPLIT_SUMS if fuse_sums is None else fuse_sums
-    arrivals = _arrivals(out.device, grid[0] * grid[1]) if split_k > 1 and fuse_sums else None
-    # No PDL at decode sizes: B1's FP8 step (H200, bench_step) ran 5.82 ms without it here vs 6.33 with it,
-    # since the 64-wide tiles (5.90 vs 6.33 with the 32-wide ones; why is not established).
-    pdl = pdl_options(act.data) if m > 64 else {}
+    pdl = pdl_options(act.data)  # none at decode sizes (pdl.DECODE_ROWS)
     _fp8_matmul_kernel[(*grid, split_k)](
         act.data, weight, dest, act.scale, scale, m, n, k,
         act.data.stride(0), weight.stride(0), n if split_k > 1 else out.stride(0), act.scale.stride(0),
-        scale.stride(0) if group else 0, m * n, per_split, out, out.stride(0),
-        arrivals if arrivals is not None else dest, BLOCKWISE=group is not None, SCALE_ROWS=scale_rows,
-        BLOCK_K=block_k, FUSED_SUM=arrivals is not None, **cfg, **pdl
+        scale.stride(0) if group else 0, m * n, per_split, BLOCKWISE=group is not None,
+        SCALE_ROWS=scale_rows, BLOCK_K=block_k, **cfg, **pdl
     )  # fmt: skip
-    if split_k > 1 and arrivals is None:
+    if split_k > 1:
         block = 1024
         _sum_splits_kernel[(triton.cdiv(m * n, block),)](
             dest, out, m * n, SPLIT_K=split_k, BLOCK=block, **pdl
         )
+    return out
+
+
+# The TMA kernel's tiles: H200, M = 32, Llama-3-8B's gate_up (117 MB of e4m3 weights), graph replays over
+# weight copies: 33.1 us (3.55 TB/s) vs 38.0 for the pointer kernel's best (32-wide, 4 stages); its qkv,
+# o_proj and down_proj (fewer than 132 such tiles) gained nothing (scratch sweep, session 34).
+TMA_BLOCK_N, TMA_BLOCK_K, TMA_STAGES = 128, 256, 3
+
+
+def tma_applies(a: torch.Tensor, weight: torch.Tensor, sms: int) -> bool:
+    """Decode sizes (<= 64 rows) with N wide enough for a 128-wide tile per SM, on sm_90+ with a Triton
+    that has host tensor descriptors; both operands row-major with 16-byte aligned rows (TMA's rule)."""
+    if TensorDescriptor is None or a.device.type != "cuda" or a.shape[0] > 64:
+        return False
+    if triton.cdiv(weight.shape[0], TMA_BLOCK_N) < sms or not _has_tma(a.device.index):
+        return False
+    return all(t.stride(1) == 1 and t.stride(0) % 16 == 0 and t.data_ptr() % 16 == 0 for t in (a, weight))
+
+
+@functools.cache
+def _has_tma(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index) >= (9, 0)
+
+
+def _tma_matmul(
+    act: Fp8Act, weight: torch.Tensor, scale: torch.Tensor, out: torch.Tensor, stages: int
+) -> torch.Tensor:
+    """Per-token x per-channel product by ``_fp8_matmul_tma_kernel``: one program per 128 columns. The
+    descriptors are encoded at each launch (a CUDA graph keeps the launch's)."""
+    m, k = act.data.shape
+    n = weight.shape[0]
+    block_m = max(16, triton.next_power_of_2(m))
+    a_desc = TensorDescriptor.from_tensor(act.data, [block_m, TMA_BLOCK_K])
+    b_desc = TensorDescriptor.from_tensor(weight, [TMA_BLOCK_N, TMA_BLOCK_K])
+    _fp8_matmul_tma_kernel[(triton.cdiv(n, TMA_BLOCK_N),)](
+        a_desc, b_desc, out, act.scale, scale, m, n, k, act.scale.stride(0), out.stride(0),
+        BLOCK_M=block_m, BLOCK_N=TMA_BLOCK_N, BLOCK_K=TMA_BLOCK_K, STAGES=stages, num_warps=4,
+    )  # fmt: skip
     return out
 
 

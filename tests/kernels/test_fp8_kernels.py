@@ -118,10 +118,9 @@ def test_rowwise_matmul_matches_reference(m):
 
 @pytest.mark.parametrize("split_k", [2, 3, 9])  # 9 asks more splits than K tiles: 5 splits of one tile
 @pytest.mark.parametrize("group", [None, 128])
-@pytest.mark.parametrize("fuse_sums", [False, True])
-def test_split_k_matmul_matches_reference(split_k, group, fuse_sums):
-    """K split over programs, fp32 partial products summed in split order (by a second kernel, or by each
-    tile's last split): the same product, bit for bit from one call to the next."""
+def test_split_k_matmul_matches_reference(split_k, group):
+    """K split over programs, fp32 partial products summed in split order by a second kernel: the same
+    product, bit for bit from one call to the next."""
     torch.manual_seed(8)
     m, n, k = 3, 40, 1100  # 5 K tiles of 256 (rowwise) or 9 of 128 (blocks), the last one partial
     act = ref.quantize_act(torch.randn(m, k, device=DEVICE), ActQuant(group))
@@ -133,12 +132,32 @@ def test_split_k_matmul_matches_reference(split_k, group, fuse_sums):
         scale = torch.rand(-(-n // 128), -(-k // 128), device=DEVICE) + 0.5
         want = ref.linear_blocks(act, 128, weight, scale, 128, torch.float32)
     kw = dict(group=group, scale_rows=128) if group else {}
-    kw["fuse_sums"] = fuse_sums
     got = triton_fp8_matmul(act, weight, scale, torch.float32, split_k=split_k, **kw)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
     assert torch.equal(got, triton_fp8_matmul(act, weight, scale, torch.float32, split_k=split_k, **kw))
-    if fuse_sums:  # each tile's last split re-armed its counter for the next launch
-        assert not fp8_gemm._arrival_counters[got.device].any()
+
+
+@pytest.mark.parametrize(("m", "n", "k"), [(32, 256, 512), (5, 200, 784), (64, 130, 256)])
+def test_tma_matmul_matches_reference(m, n, k):
+    """The TMA kernel: rows past M, columns past N (a partial last tile) and K past the last full tile
+    read as zeros from the descriptors; scales in the epilogue as the pointer kernel's."""
+    torch.manual_seed(9)
+    act = ref.quantize_act(torch.randn(m, k, device=DEVICE), ActQuant())
+    weight, scale = ref.quantize_rows(torch.randn(n, k, device=DEVICE))
+    got = triton_fp8_matmul(act, weight, scale, torch.float32, tma=True)
+    torch.testing.assert_close(got, ref.linear_rows(act, weight, scale, torch.float32), rtol=1e-5, atol=1e-4)
+
+
+def test_tma_applies_to_wide_decode_products_on_hopper_only():
+    act = torch.zeros(32, 4096, dtype=ref.FP8)
+    gate_up, qkv = torch.zeros(28672, 4096, dtype=ref.FP8), torch.zeros(6144, 4096, dtype=ref.FP8)
+    assert not fp8_gemm.tma_applies(act, gate_up, 132)  # off CUDA
+    if torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0):
+        act, gate_up, qkv = act.cuda(), gate_up.cuda(), qkv.cuda()
+        assert fp8_gemm.tma_applies(act, gate_up, 132)  # 224 tiles of 128 columns
+        assert not fp8_gemm.tma_applies(act, qkv, 132)  # 48: fewer than the SMs
+        assert not fp8_gemm.tma_applies(act[:, 1:], gate_up, 132)  # rows not 16-byte aligned
+        assert not fp8_gemm.tma_applies(torch.zeros(65, 4096, dtype=ref.FP8, device="cuda"), gate_up, 132)
 
 
 def test_split_k_choice_fills_the_sms_with_long_enough_splits():
@@ -254,20 +273,29 @@ def test_gpu_matmuls_match_reference(m, n, k):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize(("n", "k"), [(6144, 4096), (4096, 4096), (4096, 14336)])  # qkv, o, down at M = 32
-def test_gpu_split_sums_in_the_last_split_match_the_second_kernel_bit_for_bit(n, k):
-    """Both sum the same fp32 partials in split order, so they agree exactly. Two inputs alternate over
-    repeated launches (their partials land at the same addresses): a split read before its partial had
-    landed (a missing release / acquire) would take the other input's, a mismatch."""
-    torch.manual_seed(1)
-    acts = [quantize_act(torch.randn(32, k, device="cuda", dtype=torch.bfloat16), ActQuant()) for _ in "ab"]
+@pytest.mark.parametrize("m", [1, 17, 32, 64])
+def test_gpu_tma_matmul_matches_the_pointer_kernel(m):
+    """Llama-3-8B's gate_up at decode sizes: the TMA kernel (the default there on Hopper) against the
+    pointer kernel and the fp32 reference over the same e4m3 operands."""
+    torch.manual_seed(2)
+    n, k = 28672, 4096
+    act = quantize_act(torch.randn(m, k, device="cuda", dtype=torch.bfloat16), ActQuant())
     wq, ws = ref.quantize_rows(torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02)
-    for split_k in (2, 3, 4):
-        wants = [triton_fp8_matmul(a, wq, ws, torch.bfloat16, split_k=split_k, fuse_sums=False) for a in acts]
-        for i in range(40):
-            got = triton_fp8_matmul(acts[i % 2], wq, ws, torch.bfloat16, split_k=split_k, fuse_sums=True)
-            assert torch.equal(got, wants[i % 2]), (split_k, i)
-    assert not fp8_gemm._arrival_counters[got.device].any()
+    want = ref.linear_rows(act, wq, ws, torch.float32)
+    got = triton_fp8_matmul(act, wq, ws, torch.bfloat16)
+    assert rel_error(got, want, m) < 5e-3
+    pointer = triton_fp8_matmul(act, wq, ws, torch.bfloat16, tma=False)
+    assert rel_error(got, pointer.float(), m) < 5e-3
+    assert torch.equal(got, triton_fp8_matmul(act, wq, ws, torch.bfloat16))
+    # Captured in a CUDA graph (the descriptors go in by value), replayed over new activations
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph):
+        captured = triton_fp8_matmul(act, wq, ws, torch.bfloat16)
+    fresh = quantize_act(torch.randn(m, k, device="cuda", dtype=torch.bfloat16), ActQuant())
+    act.data.copy_(fresh.data)
+    act.scale.copy_(fresh.scale)
+    graph.replay()
+    assert torch.equal(captured, triton_fp8_matmul(fresh, wq, ws, torch.bfloat16))
 
 
 @pytest.mark.gpu

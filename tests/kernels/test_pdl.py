@@ -9,12 +9,23 @@ import sys
 import pytest
 import torch
 
-from batchgen.kernels.pdl import pdl_options
+from batchgen.kernels.pdl import DECODE_ROWS, enabled, pdl_options
 
 
 def test_no_dependent_launch_off_the_gpu():
     """The interpreter (CPU tensors) compiles the kernels with PDL=False and gets no launch keyword."""
     assert pdl_options(torch.zeros(1)) == {}
+    assert pdl_options(torch.zeros(DECODE_ROWS + 1, 8)) == {}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_decode_sized_launches_go_without_pdl():
+    """Decode steps (at most ``DECODE_ROWS`` rows) ran faster without PDL on the H200; prompt steps keep it
+    where the device has it."""
+    assert pdl_options(torch.zeros(DECODE_ROWS, 8, device="cuda")) == {}
+    want = {"PDL": True, "launch_pdl": True} if enabled(torch.cuda.current_device()) else {}
+    assert pdl_options(torch.zeros(DECODE_ROWS + 1, 8, device="cuda")) == want
 
 
 def _fp8_forward_logits(path: str) -> None:
