@@ -21,13 +21,19 @@ Q_HEADS, KV_HEADS, HEAD_DIM, BLOCK = 32, 8, 128, 16
 DEFAULT_HEADS = (Q_HEADS, KV_HEADS, HEAD_DIM)
 
 
-def inputs(batch: int, ctx: int, cache: str, heads: tuple[int, int, int] = DEFAULT_HEADS) -> tuple:
+def inputs(
+    batch: int, ctx: int, cache: str, heads: tuple[int, int, int] = DEFAULT_HEADS, head_major: bool = False
+) -> tuple:
     """Random query, K/V caches in pages shuffled over the pool, block tables, cu_seqlens, lengths.
-    heads: (query heads, KV heads, head dim)."""
+    heads: (query heads, KV heads, head dim). ``head_major``: each page stored [Hkv, BLOCK, D] (a head's
+    tokens contiguous), seen through strides as the engine's [BLOCK, Hkv, D]."""
     q_heads, kv_heads, head_dim = heads
     blocks = batch * -(-ctx // BLOCK)
     dtype = FP8 if cache == "fp8" else torch.bfloat16
-    caches = [torch.randn((blocks, BLOCK, kv_heads, head_dim), device="cuda").to(dtype) for _ in range(2)]
+    stored = (blocks, kv_heads, BLOCK, head_dim) if head_major else (blocks, BLOCK, kv_heads, head_dim)
+    caches = [torch.randn(stored, device="cuda").to(dtype) for _ in range(2)]
+    if head_major:
+        caches = [c.permute(0, 2, 1, 3) for c in caches]
     tables = torch.randperm(blocks, device="cuda", dtype=torch.int64).to(torch.int32).view(batch, -1)
     query = torch.randn((batch, q_heads, head_dim), device="cuda", dtype=torch.bfloat16)
     cu = torch.arange(batch + 1, dtype=torch.int32, device="cuda")

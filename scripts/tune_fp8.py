@@ -4,6 +4,7 @@ today (decode_attention's defaults; torch._scaled_mm). Prints one line per confi
 
     PYTHONPATH=. python3 scripts/tune_fp8.py [--attention-shapes 32x4096 256x1024] [--caches fp8 bf16]
         [--heads 9,3,64]   # query heads, KV heads, head dim (default: Llama-3-8B's 32,8,128)
+        [--kv-layouts token head]  # also pages stored head by head (by strides, as a layout A/B)
 """
 
 from __future__ import annotations
@@ -26,14 +27,15 @@ GEMMS = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down
 
 
 def attention(
-    batch: int, ctx: int, cache: str, bandwidth: float, heads: tuple[int, int, int], impls: list[str]
-) -> None:
+    batch: int, ctx: int, cache: str, bandwidth: float, heads: tuple[int, int, int], impls: list[str],
+    head_major: bool = False,
+) -> None:  # fmt: skip
     """Paged decode attention over tiles x warps x stages x splits (Triton) and launch shapes x splits
-    (the CUDA FP8 kernel), beside decode_attention's defaults.
+    (the CUDA FP8 kernel), beside decode_attention's defaults; ``head_major``: pages stored head by head.
 
     Stages matter through Triton's pipeliner: the page lookup and the K/V tile it addresses form a chain
     of two loads, so ``num_stages = s`` keeps (s - 1) // 2 K/V tiles in flight per program (3 keeps one)."""
-    args = inputs(batch, ctx, cache, heads)
+    args = inputs(batch, ctx, cache, heads, head_major)
     _, kv_heads, head_dim = heads
     kv_bytes = 2 * batch * ctx * kv_heads * head_dim * args[1].element_size()
     base_splits = choose_num_splits(batch, kv_heads, ctx, num_sms(args[0].device))
@@ -49,7 +51,8 @@ def attention(
         rows.append((us, cfg, err))
     default_us = _graph_us(partial(decode_attention, *args, max_seq_len=ctx))
     pct = 100 * kv_bytes / (default_us * 1e-6) / bandwidth
-    print(f"attn {batch} x {ctx} {cache} cache: default {default_us:.1f} us ({pct:.0f} % of copy bandwidth)")
+    name = f"{batch} x {ctx} {cache} cache" + " (head-major pages)" * head_major
+    print(f"attn {name}: default {default_us:.1f} us ({pct:.0f} % of copy bandwidth)")
     for us, cfg, err in sorted(rows)[:24]:
         print(f"  {us:7.1f} us {kv_bytes / us / 1e3:5.0f} GB/s  {cfg}  rel err {err:.1e}")
 
@@ -143,6 +146,8 @@ def main() -> None:
     ap.add_argument("--caches", nargs="+", choices=["fp8", "bf16"], default=["fp8"])
     ap.add_argument("--attention-impls", nargs="+", choices=["triton", "cuda"], default=["triton", "cuda"])
     ap.add_argument("--skip", choices=["attention", "matmul"], action="append", default=[])
+    ap.add_argument("--kv-layouts", nargs="+", choices=["token", "head"], default=["token"],
+                    help="pages stored token by token (the engine's) or head by head")  # fmt: skip
     ap.add_argument("--heads", default=",".join(map(str, DEFAULT_HEADS)), help="QUERY,KV,DIM heads")
     args = ap.parse_args()
     src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
@@ -153,7 +158,9 @@ def main() -> None:
         for shape in args.attention_shapes:
             batch, ctx = (int(x) for x in shape.split("x"))
             for cache in args.caches:
-                attention(batch, ctx, cache, bandwidth, parse_heads(args.heads), args.attention_impls)
+                for layout in args.kv_layouts:
+                    attention(batch, ctx, cache, bandwidth, parse_heads(args.heads), args.attention_impls,
+                              layout == "head")  # fmt: skip
     if "matmul" not in args.skip:
         matmul(args.rows, bandwidth)
 
