@@ -55,7 +55,7 @@ def default_shape(query: torch.Tensor, programs: int) -> LaunchShape:
     """The launch shape for a grid of ``programs``: TMA copies on sm_90+ when it is small enough (and
     their build compiled here)."""
     device_index = query.get_device()
-    if programs > TMA_MAX_PROGRAMS_PER_SM * _sm_count(device_index) or not _has_tma(device_index):
+    if programs > TMA_MAX_PROGRAMS_PER_SM * _sm_count(device_index) or not tma.supported(device_index):
         return DEFAULT_SHAPE
     few_compiled = _kernel(device_index, query.dtype == torch.bfloat16, FEW_PROGRAMS_SHAPE) is not None
     return FEW_PROGRAMS_SHAPE if few_compiled else DEFAULT_SHAPE
@@ -69,11 +69,6 @@ def _enabled() -> bool:
 @functools.cache
 def _has_fp8_converts(device_index: int) -> bool:
     return torch.cuda.get_device_capability(device_index) >= (8, 9)
-
-
-@functools.cache
-def _has_tma(device_index: int) -> bool:
-    return torch.cuda.get_device_capability(device_index) >= (9, 0)
 
 
 @functools.cache
@@ -122,7 +117,7 @@ def prepare(device_index: int, q_bf16: bool) -> None:
     torch.cuda.synchronize(device_index)
     if _kernel(device_index, q_bf16, DEFAULT_SHAPE) is None:
         _kernel.cache_clear()
-    elif _has_tma(device_index):
+    elif tma.supported(device_index):
         _kernel(device_index, q_bf16, FEW_PROGRAMS_SHAPE)
 
 
@@ -143,7 +138,7 @@ def _kernel(device_index: int, q_bf16: bool, shape: LaunchShape) -> Launcher | N
     with_pdl = LAUNCH_WITH_PDL and pdl.enabled(device_index)
     defines += "#define PDL\n" if with_pdl else ""
     arg_types = _ARG_TYPES + [_MAP_TYPE] * 2 if shape.tma else _ARG_TYPES
-    if shape.tma and not _has_tma(device_index):
+    if shape.tma and not tma.supported(device_index):
         log.warning("FP8 decode attention: TMA copies need compute capability 9.0+")
         return None
     try:

@@ -13,8 +13,6 @@ At decode sizes (<= 64 rows) with N wide enough (gate|up), a second Triton kerne
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
@@ -27,6 +25,7 @@ except ImportError:  # a Triton without host tensor descriptors: the pointer ker
 from batchgen.kernels.decode import num_sms
 from batchgen.kernels.fp8_reference import Fp8Act
 from batchgen.kernels.pdl import pdl_options, wait_for_producer
+from batchgen.kernels.tma import supported as device_has_tma
 
 
 @triton.jit
@@ -222,14 +221,9 @@ def tma_applies(a: torch.Tensor, weight: torch.Tensor, sms: int) -> bool:
     that has host tensor descriptors; both operands row-major with 16-byte aligned rows (TMA's rule)."""
     if TensorDescriptor is None or a.device.type != "cuda" or a.shape[0] > 64:
         return False
-    if triton.cdiv(weight.shape[0], TMA_BLOCK_N) < sms or not _has_tma(a.device.index):
+    if triton.cdiv(weight.shape[0], TMA_BLOCK_N) < sms or not device_has_tma(a.device.index):
         return False
     return all(t.stride(1) == 1 and t.stride(0) % 16 == 0 and t.data_ptr() % 16 == 0 for t in (a, weight))
-
-
-@functools.cache
-def _has_tma(device_index: int) -> bool:
-    return torch.cuda.get_device_capability(device_index) >= (9, 0)
 
 
 def _tma_matmul(

@@ -14,6 +14,13 @@ import torch
 
 from batchgen.kernels.cuda_launch import driver
 
+
+@functools.cache
+def supported(device_index: int) -> bool:
+    """Whether the device has TMA (sm_90+): the CUDA attention's and the FP8 product's TMA variants."""
+    return torch.cuda.get_device_capability(device_index) >= (9, 0)
+
+
 MAP_BYTES = 128
 # No OOB fill: a box's rows past the tensor's end land as zeros.
 _UINT8, _NO_INTERLEAVE, _SWIZZLE_128B, _L2_256B, _NO_OOB_FILL = 0, 0, 3, 3, 0

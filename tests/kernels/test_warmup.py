@@ -51,11 +51,11 @@ def test_the_engine_asks_for_it_with_an_fp8_cache_only(monkeypatch):
 def test_a_failed_compile_on_the_thread_is_forgotten(monkeypatch, caplog):
     """The thread's compile is best effort: if it fails (here: no CUDA at all), nothing is cached, so
     the first step compiles again instead of running Triton's kernel for the whole run."""
-    from batchgen.kernels import fp8_decode_cuda
+    from batchgen.kernels import fp8_decode_cuda, tma
 
     monkeypatch.setattr(fp8_decode_cuda, "_enabled", lambda: True)
     monkeypatch.setattr(fp8_decode_cuda, "_has_fp8_converts", lambda index: True)
-    monkeypatch.setattr(fp8_decode_cuda, "_has_tma", lambda index: True)
+    monkeypatch.setattr(tma, "supported", lambda index: True)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda index=None: None)
     fp8_decode_cuda._kernel.cache_clear()
     fp8_decode_cuda.prepare(0, True)
