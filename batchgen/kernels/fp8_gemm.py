@@ -27,6 +27,10 @@ from batchgen.kernels.fp8_reference import Fp8Act
 from batchgen.kernels.pdl import pdl_options, wait_for_producer
 from batchgen.kernels.tma import supported as device_has_tma
 
+# Row counts up to this are decode sizes: narrow tiles with K split, the TMA kernel for gate|up; above it,
+# cuBLASLt where it applies (else 128 x 128 tiles).
+SMALL_M = 64
+
 
 @triton.jit
 def _fp8_matmul_kernel(
@@ -145,7 +149,7 @@ def _config(m: int, n: int, sms: int) -> dict:
     and 4 stages for the bytes in flight; where 32-wide tiles are still fewer than the SMs, 64-wide ones
     with K split (below). H200, M = 32, graph replays over weight copies (``scripts/tune_fp8.py``): qkv
     11.3 us, o_proj 8.5 (32-wide, 3 splits: 8.9), gate_up 39.2, down 19.8 (32-wide, 6 stages: 24.3)."""
-    if m <= 64:
+    if m <= SMALL_M:
         block_n = 64 if triton.cdiv(n, 32) < sms else 32
         return dict(BLOCK_M=max(16, triton.next_power_of_2(m)), BLOCK_N=block_n, num_warps=4, num_stages=4)
     return dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3)
@@ -182,7 +186,7 @@ def triton_fp8_matmul(
         tma = group is None and split_k is None and block_n is None and tma_applies(act.data, weight, sms)
     if tma:
         return _tma_matmul(act, weight, scale, out, num_stages or TMA_STAGES)
-    block_k = group or (256 if m <= 64 else 128)  # block scales: one K tile per scale group
+    block_k = group or (256 if m <= SMALL_M else 128)  # block scales: one K tile per scale group
     cfg = _config(m, n, sms)
     cfg.update({key: v for key, v in (("BLOCK_N", block_n), ("num_stages", num_stages)) if v})
     if block_k > 128 and cfg["BLOCK_M"] > 64:
@@ -190,7 +194,7 @@ def triton_fp8_matmul(
     grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n, cfg["BLOCK_N"]))
     k_tiles = triton.cdiv(k, block_k)
     if split_k is None:
-        split_k = choose_split_k(grid[0] * grid[1], k_tiles, sms, cfg["BLOCK_N"]) if m <= 64 else 1
+        split_k = choose_split_k(grid[0] * grid[1], k_tiles, sms, cfg["BLOCK_N"]) if m <= SMALL_M else 1
     per_split = triton.cdiv(k_tiles, split_k)
     split_k = triton.cdiv(k_tiles, per_split)  # no empty split
     # fp32 partial products, one [M, N] slice per split, summed in split order by a second kernel
@@ -219,7 +223,7 @@ TMA_BLOCK_N, TMA_BLOCK_K, TMA_STAGES = 128, 256, 3
 def tma_applies(a: torch.Tensor, weight: torch.Tensor, sms: int) -> bool:
     """Decode sizes (<= 64 rows) with N wide enough for a 128-wide tile per SM, on sm_90+ with a Triton
     that has host tensor descriptors; both operands row-major with 16-byte aligned rows (TMA's rule)."""
-    if TensorDescriptor is None or a.device.type != "cuda" or a.shape[0] > 64:
+    if TensorDescriptor is None or a.device.type != "cuda" or a.shape[0] > SMALL_M:
         return False
     if triton.cdiv(weight.shape[0], TMA_BLOCK_N) < sms or not device_has_tma(a.device.index):
         return False
@@ -254,7 +258,7 @@ def rowwise_matmul(
     """Per-token x per-channel FP8 product on CUDA (``scale``: [N] fp32)."""
     m, k = act.data.shape
     n = weight.shape[0]
-    if m > 64 and scaled_mm_applies(n, k, dtype):  # at decode sizes the Triton kernel reads faster
+    if m > SMALL_M and scaled_mm_applies(n, k, dtype):  # at decode sizes the Triton kernel reads faster
         # weight.t() is column-major [K, N], as cuBLASLt wants its second operand.
         return torch._scaled_mm(
             act.data, weight.t(), scale_a=act.scale, scale_b=scale.view(1, n), out_dtype=dtype
