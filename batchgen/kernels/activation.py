@@ -27,13 +27,19 @@ MAX_ROW_BLOCK = 32768
 
 
 @triton.jit
+def silu_times(gate, up, dt: tl.constexpr):
+    """silu(gate) * up of fp32 values of model-dtype numbers, rounded like transformers, as fp32."""
+    act = (gate / (1.0 + tl.exp(-gate))).to(dt)
+    return (act.to(tl.float32) * up).to(dt).to(tl.float32)
+
+
+@triton.jit
 def _silu_mul_tile(x_row, cols, n_cols, dt: tl.constexpr):
     """silu(gate) * up for columns ``cols`` of one row, rounded like transformers, as fp32."""
     mask = cols < n_cols
     gate = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(x_row + n_cols + cols, mask=mask, other=0.0).to(tl.float32)
-    act = (gate / (1.0 + tl.exp(-gate))).to(dt)
-    return (act.to(tl.float32) * up).to(dt).to(tl.float32)
+    return silu_times(gate, up, dt)
 
 
 @triton.jit
@@ -62,30 +68,34 @@ def _silu_mul_amax_kernel(
 
 @triton.jit
 def _silu_mul_quant_kernel(
-    x_ptr,  # [T, 2I] model dtype
-    amax_ptr,  # [T, n_blocks] fp32: the first pass's maxima (per-row scales only)
+    x_ptr,  # [T, 2I] model dtype (GATED), else [T, I]: silu(gate) * up already
+    amax_ptr,  # [T, n_amax] fp32: maxima of column blocks (per-row scales only)
     q_ptr,  # [T, I] e4m3
     s_ptr,  # [T, n_groups] fp32
     stride_x,
     stride_q,
     n_cols,
-    n_blocks,
+    n_amax,
     n_groups,
     min_scale,
     GROUP: tl.constexpr,  # 0: one scale per row
     BLOCK: tl.constexpr,
-    BLOCKS_PAD: tl.constexpr,
+    AMAX_PAD: tl.constexpr,
     ROUND: tl.constexpr,
+    GATED: tl.constexpr = True,
     PDL: tl.constexpr = False,
 ):
     wait_for_producer(PDL)
     row = tl.program_id(0).to(tl.int64)
     blk = tl.program_id(1)
     cols = blk * BLOCK + tl.arange(0, BLOCK)
-    y = _silu_mul_tile(x_ptr + row * stride_x, cols, n_cols, x_ptr.dtype.element_ty)
+    if GATED:
+        y = _silu_mul_tile(x_ptr + row * stride_x, cols, n_cols, x_ptr.dtype.element_ty)
+    else:
+        y = tl.load(x_ptr + row * stride_x + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
     if GROUP == 0:
-        b = tl.arange(0, BLOCKS_PAD)
-        amax = tl.load(amax_ptr + row * n_blocks + b, mask=b < n_blocks, other=0.0)
+        b = tl.arange(0, AMAX_PAD)
+        amax = tl.load(amax_ptr + row * n_amax + b, mask=b < n_amax, other=0.0)
         scale = tl.maximum(tl.max(amax, 0) / 448.0, min_scale)
         one = tl.arange(0, 1)  # the first block stores the row's scale (a vector mask: the interpreter's)
         tl.store(s_ptr + row + one, tl.zeros([1], tl.float32) + scale, mask=one < tl.where(blk == 0, 1, 0))
@@ -167,7 +177,23 @@ def _silu_mul_quant(x: torch.Tensor, group: int | None, whole_rows: bool | None 
         )
     _silu_mul_quant_kernel[(rows, n_blocks)](
         x, amax, out.data, out.scale, x.stride(0), out.data.stride(0), cols, n_blocks, out.scale.shape[1],
-        MIN_SCALE, GROUP=group or 0, BLOCK=block, BLOCKS_PAD=triton.next_power_of_2(n_blocks),
+        MIN_SCALE, GROUP=group or 0, BLOCK=block, AMAX_PAD=triton.next_power_of_2(n_blocks),
         ROUND=fp8_quant.exact_rounding(x), num_warps=4, **pdl_options(x)
     )  # fmt: skip
+    return out
+
+
+def quantize_by_maxima(h: torch.Tensor, amax: torch.Tensor) -> Fp8Act:
+    """h [T, I] (silu(gate) * up, model dtype) -> e4m3 per row, the row's scale from ``amax`` [T, B]:
+    the maxima of |h| over B column blocks, written by the kernel that produced h (the FP8 gate|up
+    product with SiLU in its epilogue, ``fp8_gemm.silu_mul_product``)."""
+    rows, cols = h.shape
+    out = fp8_quant.act_buffers(h, None)
+    block = min(triton.next_power_of_2(cols), _BLOCK)
+    if rows:
+        _silu_mul_quant_kernel[(rows, triton.cdiv(cols, block))](
+            h, amax, out.data, out.scale, h.stride(0), out.data.stride(0), cols, amax.shape[1], 1, MIN_SCALE,
+            GROUP=0, BLOCK=block, AMAX_PAD=triton.next_power_of_2(amax.shape[1]),
+            ROUND=fp8_quant.exact_rounding(h), GATED=False, num_warps=4, **pdl_options(h),
+        )  # fmt: skip
     return out

@@ -113,7 +113,7 @@ class PackedLinear:
         self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, None)  # opaque, packed
         self.bias = bias
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, summed: bool = True) -> torch.Tensor:  # always summed
         flat = x.reshape(-1, self.in_features)
         if flat.shape[0] == 0:
             return x.new_empty((*x.shape[:-1], self.out_features))

@@ -22,9 +22,11 @@ try:
 except ImportError:  # a Triton without host tensor descriptors: the pointer kernel only
     TensorDescriptor = None
 
+from batchgen.kernels.activation import quantize_by_maxima, silu_times
 from batchgen.kernels.decode import num_sms
 from batchgen.kernels.fp8_reference import Fp8Act
 from batchgen.kernels.pdl import pdl_options, wait_for_producer
+from batchgen.kernels.split_sums import SplitSums
 from batchgen.kernels.tma import supported as device_has_tma
 
 # Row counts up to this are decode sizes: narrow tiles with K split, the TMA kernel for gate|up; above it,
@@ -131,6 +133,61 @@ def _fp8_matmul_tma_kernel(
 
 
 @triton.jit
+def _fp8_gate_up_silu_tma_kernel(
+    a_desc,  # [M, K] e4m3, boxes [BLOCK_M, BLOCK_K]; rows past M read as zeros
+    b_desc,  # [2I, K] e4m3 (gate rows, then up rows), boxes [BLOCK_H, BLOCK_K]
+    h_ptr,  # [M, I] model dtype (I = inter): silu(gate) * up
+    amax_ptr,  # [M, cdiv(I, BLOCK_H)] fp32: each program's max |h| per row
+    as_ptr,  # [M, 1] fp32
+    bs_ptr,  # [2I] fp32
+    M,
+    inter,
+    K,
+    stride_as,
+    stride_hm,
+    n_amax,
+    BLOCK_M: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    STAGES: tl.constexpr,
+):
+    """The gate|up product with SiLU-and-multiply in its epilogue: a program takes BLOCK_H gate rows and
+    the matching up rows over the whole of K (decode sizes), rounds both products to the model dtype as
+    the plain product stores them, and writes h and its rows' maxima for the per-row quantization that
+    follows (``activation.quantize_by_maxima``): the same bits as product, then ``silu_mul``."""
+    pid = tl.program_id(0)
+    acc_gate = tl.zeros([BLOCK_M, BLOCK_H], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_H], dtype=tl.float32)
+    for kb in tl.range(0, tl.cdiv(K, BLOCK_K), num_stages=STAGES):
+        a = a_desc.load([0, kb * BLOCK_K])
+        gate = b_desc.load([pid * BLOCK_H, kb * BLOCK_K])
+        up = b_desc.load([inter + pid * BLOCK_H, kb * BLOCK_K])
+        acc_gate = tl.dot(a, gate.T, acc_gate)
+        acc_up = tl.dot(a, up.T, acc_up)
+    dt = h_ptr.dtype.element_ty
+    rm = tl.arange(0, BLOCK_M)
+    rh = pid * BLOCK_H + tl.arange(0, BLOCK_H)
+    m_ok = rm < M
+    h_ok = rh < inter
+    gate = _scale_rowwise(acc_gate, as_ptr, bs_ptr, rm, rh, m_ok, h_ok, stride_as).to(dt).to(tl.float32)
+    up = _scale_rowwise(acc_up, as_ptr, bs_ptr + inter, rm, rh, m_ok, h_ok, stride_as).to(dt).to(tl.float32)
+    h = silu_times(gate, up, dt)  # [BLOCK_M, BLOCK_H] fp32 of model-dtype values
+    ok = m_ok[:, None] & h_ok[None, :]
+    tl.store(h_ptr + rm.to(tl.int64)[:, None] * stride_hm + rh[None, :], h.to(dt), mask=ok)
+    tl.store(amax_ptr + rm * n_amax + pid, tl.max(tl.where(ok, tl.abs(h), 0.0), axis=1), mask=m_ok)
+
+
+@triton.jit
+def split_sum(p_ptr, offs, mask, stride_split, SPLITS: tl.constexpr):
+    """The fp32 sum, in split order, of SPLITS partial products at ``offs`` (slices ``stride_split``
+    apart): ``_sum_splits_kernel``'s arithmetic, for the ops that take a ``SplitSums`` as input."""
+    acc = tl.zeros(offs.shape, dtype=tl.float32)
+    for s in tl.static_range(SPLITS):
+        acc += tl.load(p_ptr + s * stride_split + offs, mask=mask, other=0.0)
+    return acc
+
+
+@triton.jit
 def _sum_splits_kernel(
     p_ptr, c_ptr, numel, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False
 ):
@@ -138,10 +195,19 @@ def _sum_splits_kernel(
     wait_for_producer(PDL)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < numel
-    acc = tl.zeros([BLOCK], dtype=tl.float32)
-    for s in range(SPLIT_K):
-        acc += tl.load(p_ptr + s * numel + offs, mask=ok, other=0.0)
-    tl.store(c_ptr + offs, acc.to(c_ptr.dtype.element_ty), mask=ok)
+    tl.store(c_ptr + offs, split_sum(p_ptr, offs, ok, numel, SPLIT_K).to(c_ptr.dtype.element_ty), mask=ok)
+
+
+def sum_splits(partials: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[S, M, N] fp32 partial products -> [M, N] in ``dtype``, added in split order."""
+    splits, m, n = partials.shape
+    out = torch.empty((m, n), dtype=dtype, device=partials.device)
+    block = 1024
+    if m:
+        _sum_splits_kernel[(triton.cdiv(m * n, block),)](
+            partials, out, m * n, SPLIT_K=splits, BLOCK=block, **pdl_options(partials[0])
+        )
+    return out
 
 
 def _config(m: int, n: int, sms: int) -> dict:
@@ -170,22 +236,22 @@ def choose_split_k(programs: int, k_tiles: int, sms: int, block_n: int = 32) -> 
 def triton_fp8_matmul(
     act: Fp8Act, weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, *,
     group: int | None = None, scale_rows: int = 1, split_k: int | None = None, block_n: int | None = None,
-    num_stages: int | None = None, tma: bool | None = None,
-) -> torch.Tensor:  # fmt: skip
+    num_stages: int | None = None, tma: bool | None = None, summed: bool = True,
+) -> torch.Tensor | SplitSums:  # fmt: skip
     """[M, K] x [N, K] -> [M, N]. ``group`` set: block scales (``scale`` [cdiv(N, scale_rows), cdiv(K,
     group)], activation scales per ``group`` columns); else per-token x per-channel (``scale`` [N]).
     ``split_k``: K splits (default: ``choose_split_k`` at decode sizes). ``tma``: the TMA kernel
-    (default: where ``tma_applies``; True also runs it under the interpreter, for the tests)."""
+    (default: where ``tma_applies``; True also runs it under the interpreter, for the tests). ``summed``
+    False: a K-split product comes back as its partials (``SplitSums``), for a consumer that adds them."""
     m, k = act.data.shape
     n = weight.shape[0]
-    out = torch.empty((m, n), dtype=dtype, device=act.data.device)
     if m == 0:
-        return out
-    sms = num_sms(out.device)
+        return torch.empty((m, n), dtype=dtype, device=act.data.device)
+    sms = num_sms(act.data.device)
     if tma is None:
         tma = group is None and split_k is None and block_n is None and tma_applies(act.data, weight, sms)
     if tma:
-        return _tma_matmul(act, weight, scale, out, num_stages or TMA_STAGES)
+        return _tma_matmul(act, weight, scale, dtype, num_stages or TMA_STAGES)
     block_k = group or (256 if m <= SMALL_M else 128)  # block scales: one K tile per scale group
     cfg = _config(m, n, sms)
     cfg.update({key: v for key, v in (("BLOCK_N", block_n), ("num_stages", num_stages)) if v})
@@ -197,21 +263,19 @@ def triton_fp8_matmul(
         split_k = choose_split_k(grid[0] * grid[1], k_tiles, sms, cfg["BLOCK_N"]) if m <= SMALL_M else 1
     per_split = triton.cdiv(k_tiles, split_k)
     split_k = triton.cdiv(k_tiles, per_split)  # no empty split
-    # fp32 partial products, one [M, N] slice per split, summed in split order by a second kernel
-    dest = out if split_k == 1 else torch.empty((split_k, m, n), dtype=torch.float32, device=out.device)
-    pdl = pdl_options(act.data)  # none at decode sizes (pdl.DECODE_ROWS)
+    # fp32 partial products, one [M, N] slice per split, added in split order by a second kernel (or by
+    # the consumer of a SplitSums)
+    dest = torch.empty((split_k, m, n) if split_k > 1 else (m, n), device=act.data.device,
+                       dtype=torch.float32 if split_k > 1 else dtype)  # fmt: skip
     _fp8_matmul_kernel[(*grid, split_k)](
         act.data, weight, dest, act.scale, scale, m, n, k,
-        act.data.stride(0), weight.stride(0), n if split_k > 1 else out.stride(0), act.scale.stride(0),
+        act.data.stride(0), weight.stride(0), n, act.scale.stride(0),
         scale.stride(0) if group else 0, m * n, per_split, BLOCKWISE=group is not None,
-        SCALE_ROWS=scale_rows, BLOCK_K=block_k, **cfg, **pdl
+        SCALE_ROWS=scale_rows, BLOCK_K=block_k, **cfg, **pdl_options(act.data)
     )  # fmt: skip
-    if split_k > 1:
-        block = 1024
-        _sum_splits_kernel[(triton.cdiv(m * n, block),)](
-            dest, out, m * n, SPLIT_K=split_k, BLOCK=block, **pdl
-        )
-    return out
+    if split_k == 1:
+        return dest
+    return SplitSums(dest, dtype) if not summed else sum_splits(dest, dtype)
 
 
 # The TMA kernel's tiles: H200, M = 32, Llama-3-8B's gate_up (117 MB of e4m3 weights), graph replays over
@@ -231,12 +295,13 @@ def tma_applies(a: torch.Tensor, weight: torch.Tensor, sms: int) -> bool:
 
 
 def _tma_matmul(
-    act: Fp8Act, weight: torch.Tensor, scale: torch.Tensor, out: torch.Tensor, stages: int
+    act: Fp8Act, weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, stages: int
 ) -> torch.Tensor:
     """Per-token x per-channel product by ``_fp8_matmul_tma_kernel``: one program per 128 columns. The
     descriptors are encoded at each launch (a CUDA graph keeps the launch's)."""
     m, k = act.data.shape
     n = weight.shape[0]
+    out = torch.empty((m, n), dtype=dtype, device=act.data.device)
     block_m = max(16, triton.next_power_of_2(m))
     a_desc = TensorDescriptor.from_tensor(act.data, [block_m, TMA_BLOCK_K])
     b_desc = TensorDescriptor.from_tensor(weight, [TMA_BLOCK_N, TMA_BLOCK_K])
@@ -247,15 +312,42 @@ def _tma_matmul(
     return out
 
 
+def silu_mul_product(
+    act: Fp8Act, weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, force: bool = False
+) -> Fp8Act | None:
+    """silu(gate) * up of the gate|up product (``weight`` [2I, K]: gate rows, then up rows), quantized
+    per row to e4m3, by the TMA kernel with SiLU in its epilogue and one quantizing launch (the plain
+    path: the product, then a maxima pass and a quantizing pass over it). None where the TMA kernel
+    does not apply (``tma_applies``): the caller runs the plain path. ``force``: run it anyway (the
+    tests, under the interpreter)."""
+    m, k = act.data.shape
+    inter = weight.shape[0] // 2
+    applies = force or tma_applies(act.data, weight, num_sms(act.data.device))
+    if weight.shape[0] % 2 or not applies:
+        return None
+    block_m, block_h = max(16, triton.next_power_of_2(m)), TMA_BLOCK_N // 2
+    a_desc = TensorDescriptor.from_tensor(act.data, [block_m, TMA_BLOCK_K])
+    b_desc = TensorDescriptor.from_tensor(weight, [block_h, TMA_BLOCK_K])
+    h = torch.empty((m, inter), dtype=dtype, device=act.data.device)
+    n_amax = triton.cdiv(inter, block_h)
+    amax = torch.empty((m, n_amax), dtype=torch.float32, device=act.data.device)
+    _fp8_gate_up_silu_tma_kernel[(n_amax,)](
+        a_desc, b_desc, h, amax, act.scale, scale, m, inter, k, act.scale.stride(0), h.stride(0), n_amax,
+        BLOCK_M=block_m, BLOCK_H=block_h, BLOCK_K=TMA_BLOCK_K, STAGES=TMA_STAGES, num_warps=4,
+    )  # fmt: skip
+    return quantize_by_maxima(h, amax)
+
+
 def scaled_mm_applies(n: int, k: int, dtype: torch.dtype) -> bool:
     """cuBLASLt's rowwise FP8 product: bf16 output only, N and K multiples of 16."""
     return dtype == torch.bfloat16 and n % 16 == 0 and k % 16 == 0
 
 
 def rowwise_matmul(
-    act: Fp8Act, weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype
-) -> torch.Tensor:
-    """Per-token x per-channel FP8 product on CUDA (``scale``: [N] fp32)."""
+    act: Fp8Act, weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, summed: bool = True
+) -> torch.Tensor | SplitSums:
+    """Per-token x per-channel FP8 product on CUDA (``scale``: [N] fp32); ``summed``: as
+    ``triton_fp8_matmul``'s."""
     m, k = act.data.shape
     n = weight.shape[0]
     if m > SMALL_M and scaled_mm_applies(n, k, dtype):  # at decode sizes the Triton kernel reads faster
@@ -263,4 +355,4 @@ def rowwise_matmul(
         return torch._scaled_mm(
             act.data, weight.t(), scale_a=act.scale, scale_b=scale.view(1, n), out_dtype=dtype
         )
-    return triton_fp8_matmul(act, weight, scale, dtype)
+    return triton_fp8_matmul(act, weight, scale, dtype, summed=summed)

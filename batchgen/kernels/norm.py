@@ -14,15 +14,17 @@ import triton
 import triton.language as tl
 
 from batchgen.kernels import fp8_quant
+from batchgen.kernels.fp8_gemm import split_sum
 from batchgen.kernels.fp8_quant import quantize_tile, to_fp8
 from batchgen.kernels.fp8_reference import MIN_SCALE, ActQuant, Fp8Act
 from batchgen.kernels.fp8_reference import quantize_act as quantize_static
 from batchgen.kernels.pdl import pdl_options, wait_for_producer
+from batchgen.kernels.split_sums import SplitSums
 
 
 @triton.jit
 def _rms_norm_kernel(
-    x_ptr,  # [T, H]
+    x_ptr,  # [T, H]; with SPLITS > 1 [SPLITS, T, H] fp32 partial products, added here
     residual_ptr,  # [T, H], updated in place to x + residual when HAS_RESIDUAL
     weight_ptr,  # [H]
     out_ptr,  # [T, H]: model dtype, or e4m3 when QUANT
@@ -39,14 +41,19 @@ def _rms_norm_kernel(
     QUANT: tl.constexpr,
     GROUP: tl.constexpr,  # columns per scale when QUANT (BLOCK: the whole row)
     ROUND: tl.constexpr,
+    SPLITS: tl.constexpr = 1,
+    stride_split=0,
     PDL: tl.constexpr = False,
 ):
     wait_for_producer(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
-    dt = x_ptr.dtype.element_ty
-    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+    dt = residual_ptr.dtype.element_ty
+    if SPLITS > 1:
+        x = split_sum(x_ptr, row * stride_x + cols, mask, stride_split, SPLITS).to(dt)
+    else:
+        x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
     if HAS_RESIDUAL:
         r = tl.load(residual_ptr + row * stride_r + cols, mask=mask, other=0.0)
         x = (x.to(tl.float32) + r.to(tl.float32)).to(dt)
@@ -66,28 +73,38 @@ def _rms_norm_kernel(
 
 
 def rms_norm(
-    x: torch.Tensor,  # [T, H]
+    x: torch.Tensor | SplitSums,  # [T, H]
     weight: torch.Tensor,  # [H]
     eps: float,
     residual: torch.Tensor | None = None,  # [T, H], updated in place
     quant: ActQuant | None = None,
 ) -> tuple[torch.Tensor | Fp8Act, torch.Tensor]:
     """(RMSNorm(x + residual), x + residual); without a residual, (RMSNorm(x), x). With ``quant`` the
-    first is an ``Fp8Act`` (a static scale quantizes after the norm, with torch ops)."""
+    first is an ``Fp8Act`` (a static scale quantizes after the norm, with torch ops). ``x`` may be a
+    product's split-K partials (with a residual): the kernel adds them."""
+    splits, split_stride = 1, 0
+    if isinstance(x, SplitSums):
+        assert residual is not None and x.dtype == residual.dtype, "partials are added to a residual"
+        splits, split_stride, x = x.partials.shape[0], x.partials.stride(0), x.partials[0]
     assert x.dim() == 2 and x.stride(-1) == 1 and (residual is None or residual.stride(-1) == 1)
     rows, cols = x.shape
     block = triton.next_power_of_2(cols)
     fused = quant is not None and quant.static_scale is None
     group = (quant.group or block) if fused else block
     block = max(block, group)
-    out = fp8_quant.act_buffers(x, quant.group) if fused else Fp8Act(torch.empty_like(x), x.new_empty(0))
+    like = x if residual is None else residual  # the model dtype (x may be fp32 partials)
+    if fused:
+        out = fp8_quant.act_buffers(like, quant.group)
+    else:
+        out = Fp8Act(torch.empty_like(like), x.new_empty(0))
     if rows:
         _rms_norm_kernel[(rows,)](
             x, residual if residual is not None else x, weight, out.data, out.scale,
             x.stride(0), residual.stride(0) if residual is not None else 0, out.data.stride(0), cols,
             out.scale.shape[-1] if fused else 1, eps, MIN_SCALE,
             HAS_RESIDUAL=residual is not None, BLOCK=block, QUANT=fused, GROUP=group,
-            ROUND=fp8_quant.exact_rounding(x), num_warps=max(1, min(16, block // 512)), **pdl_options(x)
+            ROUND=fp8_quant.exact_rounding(x), SPLITS=splits, stride_split=split_stride,
+            num_warps=max(1, min(16, block // 512)), **pdl_options(x),
         )  # fmt: skip
     summed = x if residual is None else residual
     if fused:

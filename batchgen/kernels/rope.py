@@ -4,7 +4,8 @@ One program per token row of the fused qkv projection: it rotates the query head
 the rotated keys and the values straight into their paged-cache slot, so q/k/v are never copied out of
 the projection and the separate KV-write launch disappears. Rounding follows ``reference.rope_write_kv``
 (transformers' order: each product rounded to the model dtype, then the sum). An FP8 cache gets
-``k / k_scale`` and ``v / v_scale``, saturated and rounded to e4m3.
+``k / k_scale`` and ``v / v_scale``, saturated and rounded to e4m3. A q|k|v product handed on as split-K
+partials (``SplitSums``, FP8 at decode sizes) is added here, and q goes to a new tensor.
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ import torch
 import triton
 import triton.language as tl
 
+from batchgen.kernels.fp8_gemm import split_sum
 from batchgen.kernels.fp8_quant import exact_rounding, to_fp8
 from batchgen.kernels.pdl import pdl_options, wait_for_producer
+from batchgen.kernels.split_sums import SplitSums
 
 
 @triton.jit
@@ -39,8 +42,19 @@ def _norm_rotate(x1, x2, c, s, w_ptr, j, eps, QK_NORM: tl.constexpr, HALF: tl.co
 
 
 @triton.jit
+def _load(row, offs, mask, stride_split, SPLITS: tl.constexpr, dt: tl.constexpr):
+    """qkv's values at ``offs`` of a row: loaded, or its split-K partials added and rounded to ``dt``."""
+    if SPLITS > 1:
+        x = split_sum(row, offs, mask, stride_split, SPLITS)
+    else:
+        x = tl.load(row + offs, mask=mask, other=0.0)
+    return x.to(dt)
+
+
+@triton.jit
 def _rope_kv_kernel(
-    qkv_ptr,  # [T, (Hq + 2 * Hkv) * D]; the q part is rotated in place
+    qkv_ptr,  # [T, (Hq + 2 * Hkv) * D], or with SPLITS > 1 [SPLITS, T, ...] fp32 partial products
+    q_out_ptr,  # [T, >= Hq * D]: the rotated q (qkv itself: rotated in place)
     pos_ptr,  # [T] int64
     cos_ptr,  # [max_positions, HALF]
     sin_ptr,
@@ -50,6 +64,8 @@ def _rope_kv_kernel(
     v_cache_ptr,
     slot_ptr,  # [T] int64, -1 = padding row: nothing written to the cache
     stride_t,
+    stride_qo,
+    stride_split,
     stride_cb,
     stride_co,
     stride_ch,
@@ -65,6 +81,7 @@ def _rope_kv_kernel(
     QK_NORM: tl.constexpr,
     FP8_CACHE: tl.constexpr,
     ROUND: tl.constexpr,
+    SPLITS: tl.constexpr = 1,
     PDL: tl.constexpr = False,
 ):
     wait_for_producer(PDL)
@@ -74,25 +91,27 @@ def _rope_kv_kernel(
     c = tl.load(cos_ptr + pos * HALF + j).to(tl.float32)
     s = tl.load(sin_ptr + pos * HALF + j).to(tl.float32)
     row = qkv_ptr + t * stride_t
+    dt = q_out_ptr.dtype.element_ty
 
     hq = tl.arange(0, Q_PAD)[:, None]
     q_mask = (hq < Q_HEADS) & (j[None, :] < HALF)
-    q_ptrs = row + hq * (2 * HALF) + j[None, :]
-    q1 = tl.load(q_ptrs, mask=q_mask, other=0.0)
-    q2 = tl.load(q_ptrs + HALF, mask=q_mask, other=0.0)
+    q_offs = hq * (2 * HALF) + j[None, :]
+    q1 = _load(row, q_offs, q_mask, stride_split, SPLITS, dt)
+    q2 = _load(row, q_offs + HALF, q_mask, stride_split, SPLITS, dt)
     q1, q2 = _norm_rotate(q1, q2, c, s, q_norm_ptr, j, eps, QK_NORM, HALF)
-    tl.store(q_ptrs, q1, mask=q_mask)
-    tl.store(q_ptrs + HALF, q2, mask=q_mask)
+    q_row = q_out_ptr + t * stride_qo
+    tl.store(q_row + q_offs, q1, mask=q_mask)
+    tl.store(q_row + q_offs + HALF, q2, mask=q_mask)
 
     hk = tl.arange(0, KV_PAD)[:, None]
     kv_mask = (hk < KV_HEADS) & (j[None, :] < HALF)
-    k_ptrs = row + Q_HEADS * 2 * HALF + hk * (2 * HALF) + j[None, :]
-    v_ptrs = k_ptrs + KV_HEADS * 2 * HALF
-    k1 = tl.load(k_ptrs, mask=kv_mask, other=0.0)
-    k2 = tl.load(k_ptrs + HALF, mask=kv_mask, other=0.0)
+    k_offs = Q_HEADS * 2 * HALF + hk * (2 * HALF) + j[None, :]
+    v_offs = k_offs + KV_HEADS * 2 * HALF
+    k1 = _load(row, k_offs, kv_mask, stride_split, SPLITS, dt)
+    k2 = _load(row, k_offs + HALF, kv_mask, stride_split, SPLITS, dt)
     k1, k2 = _norm_rotate(k1, k2, c, s, k_norm_ptr, j, eps, QK_NORM, HALF)
-    v1 = tl.load(v_ptrs, mask=kv_mask, other=0.0)
-    v2 = tl.load(v_ptrs + HALF, mask=kv_mask, other=0.0)
+    v1 = _load(row, v_offs, kv_mask, stride_split, SPLITS, dt)
+    v2 = _load(row, v_offs + HALF, kv_mask, stride_split, SPLITS, dt)
 
     slot = tl.load(slot_ptr + t).to(tl.int64)  # int64: big caches overflow int32 offsets
     # A padding row is a fully masked store, which keeps the launch branch-free.
@@ -112,7 +131,7 @@ def _rope_kv_kernel(
 
 
 def rope_write_kv(
-    qkv: torch.Tensor,  # [T, (Hq + 2 * Hkv) * D]
+    qkv: torch.Tensor | SplitSums,  # [T, (Hq + 2 * Hkv) * D]
     positions: torch.Tensor,  # [T] int64
     cos: torch.Tensor,  # [max_positions, D / 2], model dtype, contiguous
     sin: torch.Tensor,
@@ -125,23 +144,30 @@ def rope_write_kv(
     q_heads: int,
     kv_heads: int,
     kv_scales: tuple[float, float] = (1.0, 1.0),  # used by an FP8 cache
-) -> torch.Tensor:  # [T, Hq, D]: a view of qkv, rotated in place
+) -> torch.Tensor:  # [T, Hq, D]
+    """The rotated q: a view of qkv, rotated in place; of a new tensor when qkv comes as split-K
+    partials (which the kernel adds)."""
     tokens, half = qkv.shape[0], cos.shape[-1]
     dim = 2 * half
+    splits, split_stride, q_out = 1, 0, qkv
+    if isinstance(qkv, SplitSums):
+        dtype, splits, split_stride = qkv.dtype, qkv.partials.shape[0], qkv.partials.stride(0)
+        qkv = qkv.partials[0]
+        q_out = torch.empty((tokens, q_heads * dim), dtype=dtype, device=qkv.device)
     assert qkv.stride(-1) == 1 and qkv.shape[1] == (q_heads + 2 * kv_heads) * dim
     assert cos.is_contiguous() and sin.is_contiguous() and k_cache.stride() == v_cache.stride()
     assert half >= 8 and half & (half - 1) == 0, "head_dim must be a power of two >= 16"
     if tokens:
         norm = q_norm is not None
         _rope_kv_kernel[(tokens,)](
-            qkv, positions, cos, sin, q_norm if norm else cos, k_norm if norm else cos,
-            k_cache, v_cache, slot_mapping, qkv.stride(0),
+            qkv, q_out, positions, cos, sin, q_norm if norm else cos, k_norm if norm else cos,
+            k_cache, v_cache, slot_mapping, qkv.stride(0), q_out.stride(0), split_stride,
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), k_cache.shape[1], eps, *kv_scales,
             Q_HEADS=q_heads, KV_HEADS=kv_heads, Q_PAD=triton.next_power_of_2(q_heads),
             KV_PAD=triton.next_power_of_2(kv_heads), HALF=half, QK_NORM=norm,
-            FP8_CACHE=k_cache.dtype == torch.float8_e4m3fn, ROUND=exact_rounding(qkv),
+            FP8_CACHE=k_cache.dtype == torch.float8_e4m3fn, ROUND=exact_rounding(qkv), SPLITS=splits,
             num_warps=4 if q_heads * dim >= 2048 else 2,
             enable_fp_fusion=False,  # an FMA would skip rounding a * cos, unlike transformers
             **pdl_options(qkv),
         )  # fmt: skip
-    return qkv[:, : q_heads * dim].view(tokens, q_heads, dim)
+    return q_out[:, : q_heads * dim].view(tokens, q_heads, dim)

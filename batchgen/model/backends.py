@@ -19,6 +19,7 @@ import torch
 
 from batchgen.kernels import cpu_attention, cpu_rotary, fp8_reference, reference
 from batchgen.kernels.fp8_reference import ActQuant, Fp8Act
+from batchgen.kernels.split_sums import SplitSums, summed
 
 if TYPE_CHECKING:
     from batchgen.model.attention import PagedContext
@@ -33,13 +34,14 @@ class KernelBackend(Protocol):
         kv_scales: tuple[float, float] = (1.0, 1.0),
     ) -> torch.Tensor: ...  # fmt: skip
 
+    # ``x`` / ``qkv`` may be a product's split-K partials (``SplitSums``): the op adds them
     def rms_norm(
-        self, x, weight, eps: float, residual=None, quant: ActQuant | None = None
+        self, x: torch.Tensor | SplitSums, weight, eps: float, residual=None, quant: ActQuant | None = None
     ) -> tuple[torch.Tensor | Fp8Act, torch.Tensor]: ...
 
     def rope_write_kv(
-        self, qkv, positions, cos, sin, q_norm, k_norm, eps, k_cache, v_cache, slot_mapping, q_heads,
-        kv_heads, kv_scales: tuple[float, float] = (1.0, 1.0),
+        self, qkv: torch.Tensor | SplitSums, positions, cos, sin, q_norm, k_norm, eps, k_cache, v_cache,
+        slot_mapping, q_heads, kv_heads, kv_scales: tuple[float, float] = (1.0, 1.0),
     ) -> torch.Tensor: ...  # fmt: skip
 
     def silu_mul(self, x, quant: ActQuant | None = None) -> torch.Tensor | Fp8Act: ...
@@ -63,13 +65,14 @@ class TorchBackend:
     moe_experts = staticmethod(reference.moe_experts)
 
     def rms_norm(self, x, weight, eps: float, residual=None, quant: ActQuant | None = None):
-        out, summed = reference.rms_norm(x, weight, eps, residual)
-        return (out if quant is None else fp8_reference.quantize_act(out, quant)), summed
+        out, total = reference.rms_norm(summed(x), weight, eps, residual)
+        return (out if quant is None else fp8_reference.quantize_act(out, quant)), total
 
     def rope_write_kv(
         self, qkv, positions, cos, sin, q_norm, k_norm, eps, k_cache, v_cache, slot_mapping, q_heads,
         kv_heads, kv_scales=(1.0, 1.0),
     ):  # fmt: skip
+        qkv = summed(qkv)
         if q_norm is not None or fp8_reference.is_fp8(k_cache):  # Qwen3's q/k norms, FP8 caches: the oracle
             return reference.rope_write_kv(
                 qkv, positions, cos, sin, q_norm, k_norm, eps, k_cache, v_cache, slot_mapping, q_heads,

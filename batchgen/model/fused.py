@@ -11,7 +11,9 @@ embedding and LM head hold the rank's vocabulary range. ``model/assemble.py`` bu
 
 FP8 (``model/weights/fp8.py``) needs no branch here: a projection's ``act_quant`` is handed to the op that
 produces its input (RMSNorm, SiLU-and-multiply), which then writes it quantized; an FP8 KV cache is
-written and read by the attention ops with the layer's ``kv_scales``.
+written and read by the attention ops with the layer's ``kv_scales``. q|k|v, o_proj and down_proj are
+called with ``summed=False``: a split-K FP8 product then reaches rotary or the next RMSNorm as its
+partials (``kernels/split_sums.py``), which that op adds, instead of through a summing launch.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import NamedTuple, Protocol
 import torch
 
 from batchgen.kernels.fp8_reference import ActQuant, Fp8Act
+from batchgen.kernels.split_sums import SplitSums
 from batchgen.model.attention import PagedContext
 from batchgen.model.backends import KernelBackend
 from batchgen.model.weights.formats import Linear
@@ -28,18 +31,24 @@ from batchgen.parallel.group import ParallelGroup
 from batchgen.parallel.layers import LMHead, VocabEmbedding
 
 
-class MLP(Protocol):
-    def __call__(self, h: torch.Tensor | Fp8Act, ops: KernelBackend) -> torch.Tensor: ...  # [T, H] -> [T, H]
+class MLP(Protocol):  # [T, H] -> [T, H], perhaps as split-K partials (the next RMSNorm adds them)
+    def __call__(self, h: torch.Tensor | Fp8Act, ops: KernelBackend) -> torch.Tensor | SplitSums: ...
 
 
 class DenseMLP:
-    """gate|up (column-parallel) -> SiLU-and-multiply -> down (row-parallel)."""
+    """gate|up (column-parallel) -> SiLU-and-multiply -> down (row-parallel). A gate|up projection with a
+    ``silu_mul`` method (FP8 rowwise) may apply SiLU in its product's kernel; it returns None where not."""
 
     def __init__(self, gate_up: Linear, down: Linear) -> None:
         self.gate_up, self.down = gate_up, down
+        self._product_silu = getattr(gate_up, "silu_mul", None)
 
-    def __call__(self, h: torch.Tensor | Fp8Act, ops: KernelBackend) -> torch.Tensor:
-        return self.down(ops.silu_mul(self.gate_up(h), self.down.act_quant))  # [T, 2I] -> [T, I] -> [T, H]
+    def __call__(self, h: torch.Tensor | Fp8Act, ops: KernelBackend) -> torch.Tensor | SplitSums:
+        quant = self.down.act_quant
+        act = self._product_silu(h, quant) if self._product_silu is not None else None  # [T, I]
+        if act is None:
+            act = ops.silu_mul(self.gate_up(h), quant)  # [T, 2I] -> [T, I]
+        return self.down(act, summed=False)  # -> [T, H]: the next RMSNorm adds split-K partials
 
 
 class ProjectionNorm:
@@ -123,9 +132,9 @@ class FusedForward:
         hidden, _ = ops.rms_norm(x, self.final_norm, self.eps, residual)
         return self.lm_head(hidden[logits_indices])
 
-    def _attention(self, i: int, w: Attention, h, positions, ctx: PagedContext) -> torch.Tensor:
+    def _attention(self, i: int, w: Attention, h, positions, ctx: PagedContext) -> torch.Tensor | SplitSums:
         ops = ctx.backend
-        qkv = w.qkv(h)  # [T, (Hq + 2 * Hkv) * D]
+        qkv = w.qkv(h, summed=w.full_norm is not None)  # [T, (Hq + 2 * Hkv) * D]; rotary adds partials
         if w.full_norm is not None:
             w.full_norm(qkv, ops)
         k_cache, v_cache = ctx.kv_caches[i]
@@ -136,4 +145,4 @@ class FusedForward:
         attn = ops.attention(
             q, k_cache, v_cache, ctx, self.scale, w.sliding_window, w.kv_scales
         )  # [T, Hq, D]
-        return w.o_proj(attn.reshape(qkv.shape[0], -1))
+        return w.o_proj(attn.reshape(qkv.shape[0], -1), summed=False)  # the next RMSNorm adds partials

@@ -22,8 +22,8 @@ class RowParallel:
         self.out_features = local.out_features
         self.act_quant = local.act_quant  # an FP8 input is quantized over the rank's shard of its features
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [T, in / K] -> [T, out]
-        return self.group.all_reduce(self.local(x))
+    def __call__(self, x: torch.Tensor, summed: bool = True) -> torch.Tensor:  # [T, in / K] -> [T, out]
+        return self.group.all_reduce(self.local(x))  # always summed: the all-reduce takes a tensor
 
 
 class VocabEmbedding:

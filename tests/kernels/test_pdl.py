@@ -28,7 +28,7 @@ def test_gpu_decode_sized_launches_go_without_pdl():
     assert pdl_options(torch.zeros(DECODE_ROWS + 1, 8, device="cuda")) == want
 
 
-def _fp8_forward_logits(path: str) -> None:
+def _fp8_forward_logits(path: str, intermediate: int = 3072) -> None:
     """A small Qwen3-shaped FP8 model (weights and cache) on the GPU kernels: prompt chunks, then decode
     steps (RMSNorm, rotary write, decode attention and its merge, FP8 products with split-K sums, SiLU),
     the logits saved to ``path``. Run in a fresh process: PDL is decided once per process."""
@@ -43,7 +43,7 @@ def _fp8_forward_logits(path: str) -> None:
     from batchgen.testing.paged import sequence_logits
 
     config = AutoConfig.for_model(
-        "qwen3", vocab_size=4096, hidden_size=1024, intermediate_size=3072, num_hidden_layers=4,
+        "qwen3", vocab_size=4096, hidden_size=1024, intermediate_size=intermediate, num_hidden_layers=4,
         num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=4096,
     )  # fmt: skip
     torch.manual_seed(0)

@@ -16,6 +16,7 @@ import torch
 
 from batchgen.kernels import cpu_linear
 from batchgen.kernels.fp8_reference import ActQuant, Fp8Act
+from batchgen.kernels.split_sums import SplitSums
 from batchgen.model.weights.sources import Part, WeightSource
 
 
@@ -25,7 +26,9 @@ class Linear(Protocol):
     # the fused op producing the input can do as it writes it (an ``Fp8Act``).
     act_quant: ActQuant | None
 
-    def __call__(self, x: torch.Tensor | Fp8Act) -> torch.Tensor: ...  # [T, in] -> [T, out]
+    # [T, in] -> [T, out]; ``summed`` False: a split-K product may come back as its partials, for a
+    # consumer that adds them (``kernels/split_sums.py``)
+    def __call__(self, x: torch.Tensor | Fp8Act, summed: bool = True) -> torch.Tensor | SplitSums: ...
 
 
 class DenseLinear:
@@ -38,7 +41,7 @@ class DenseLinear:
         self.weight, self.bias = weight, bias  # [out, in], [out]
         self.out_features = weight.shape[0]
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, summed: bool = True) -> torch.Tensor:  # always summed
         return cpu_linear.linear(x, self.weight, self.bias)
 
 

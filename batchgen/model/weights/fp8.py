@@ -25,6 +25,7 @@ import torch
 
 from batchgen.kernels import fp8_reference as ref
 from batchgen.kernels.fp8_reference import ActQuant, Fp8Act
+from batchgen.kernels.split_sums import SplitSums
 from batchgen.model.weights.formats import stacked_bias
 from batchgen.model.weights.sources import Part, WeightSource
 
@@ -48,15 +49,27 @@ class Fp8RowLinear:
         self.out_features = weight.shape[0]  # weight: [N, K] e4m3; scale: [N] fp32
         self.act_quant = ActQuant(None, None if input_scale is None else input_scale.float().reshape(()))
 
-    def __call__(self, x: torch.Tensor | Fp8Act) -> torch.Tensor:  # [T, K] -> [T, N]
-        act = quantize_input(x, self.act_quant)
+    def __call__(self, x: torch.Tensor | Fp8Act, summed: bool = True) -> torch.Tensor | SplitSums:
+        act = quantize_input(x, self.act_quant)  # [T, K] -> [T, N]
         if self.weight.is_cuda:
             from batchgen.kernels.fp8_gemm import rowwise_matmul
 
-            y = rowwise_matmul(act, self.weight, self.scale, self.dtype)
+            summed = summed or self.bias is not None  # a bias is added to the summed product
+            y = rowwise_matmul(act, self.weight, self.scale, self.dtype, summed=summed)
         else:
             y = ref.linear_rows(act, self.weight, self.scale, self.dtype)
         return y if self.bias is None else y + self.bias
+
+    def silu_mul(self, x: torch.Tensor | Fp8Act, quant: ActQuant | None) -> Fp8Act | None:
+        """silu(gate) * up of this gate|up projection ([T, 2I] -> [T, I]), quantized per row as ``quant``
+        asks, where the product's kernel applies SiLU itself (CUDA, decode sizes: ``fp8_gemm.
+        silu_mul_product``); else None, and the caller runs the product, then SiLU-and-multiply."""
+        dynamic_rows = quant is not None and quant.group is None and quant.static_scale is None
+        if not (self.weight.is_cuda and self.bias is None and dynamic_rows):
+            return None
+        from batchgen.kernels.fp8_gemm import silu_mul_product
+
+        return silu_mul_product(quantize_input(x, self.act_quant), self.weight, self.scale, self.dtype)
 
 
 class Fp8BlockLinear:
@@ -69,14 +82,15 @@ class Fp8BlockLinear:
         self.out_features = weight.shape[0]
         self.act_quant = ActQuant(group)
 
-    def __call__(self, x: torch.Tensor | Fp8Act) -> torch.Tensor:  # [T, K] -> [T, N]
-        act = quantize_input(x, self.act_quant)
+    def __call__(self, x: torch.Tensor | Fp8Act, summed: bool = True) -> torch.Tensor | SplitSums:
+        act = quantize_input(x, self.act_quant)  # [T, K] -> [T, N]
         if self.weight.is_cuda:
             from batchgen.kernels.fp8_gemm import triton_fp8_matmul
 
             y = triton_fp8_matmul(
-                act, self.weight, self.scale, self.dtype, group=self.group, scale_rows=self.scale_rows
-            )
+                act, self.weight, self.scale, self.dtype, group=self.group, scale_rows=self.scale_rows,
+                summed=summed or self.bias is not None,
+            )  # fmt: skip
         else:
             y = ref.linear_blocks(act, self.group, self.weight, self.scale, self.scale_rows, self.dtype)
         return y if self.bias is None else y + self.bias
