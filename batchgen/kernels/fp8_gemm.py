@@ -188,6 +188,17 @@ def split_sum(p_ptr, offs, mask, stride_split, SPLITS: tl.constexpr):
 
 
 @triton.jit
+def load_product(ptr, offs, mask, stride_split, SPLITS: tl.constexpr, dt: tl.constexpr):
+    """A product's values at ``offs`` in ``dt``: loaded, or with SPLITS > 1 its partials added in split
+    order (``split_sum``) and rounded once, as the summing kernel stores them."""
+    if SPLITS > 1:
+        x = split_sum(ptr, offs, mask, stride_split, SPLITS)
+    else:
+        x = tl.load(ptr + offs, mask=mask, other=0.0)
+    return x.to(dt)
+
+
+@triton.jit
 def _sum_splits_kernel(
     p_ptr, c_ptr, numel, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False
 ):

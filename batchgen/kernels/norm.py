@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from batchgen.kernels import fp8_quant
-from batchgen.kernels.fp8_gemm import split_sum
+from batchgen.kernels.fp8_gemm import load_product
 from batchgen.kernels.fp8_quant import quantize_tile, to_fp8
 from batchgen.kernels.fp8_reference import MIN_SCALE, ActQuant, Fp8Act
 from batchgen.kernels.fp8_reference import quantize_act as quantize_static
@@ -50,10 +50,7 @@ def _rms_norm_kernel(
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
     dt = residual_ptr.dtype.element_ty
-    if SPLITS > 1:
-        x = split_sum(x_ptr, row * stride_x + cols, mask, stride_split, SPLITS).to(dt)
-    else:
-        x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+    x = load_product(x_ptr, row * stride_x + cols, mask, stride_split, SPLITS, dt)
     if HAS_RESIDUAL:
         r = tl.load(residual_ptr + row * stride_r + cols, mask=mask, other=0.0)
         x = (x.to(tl.float32) + r.to(tl.float32)).to(dt)

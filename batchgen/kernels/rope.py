@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from batchgen.kernels.fp8_gemm import split_sum
+from batchgen.kernels.fp8_gemm import load_product
 from batchgen.kernels.fp8_quant import exact_rounding, to_fp8
 from batchgen.kernels.pdl import pdl_options, wait_for_producer
 from batchgen.kernels.split_sums import SplitSums
@@ -39,16 +39,6 @@ def _norm_rotate(x1, x2, c, s, w_ptr, j, eps, QK_NORM: tl.constexpr, HALF: tl.co
     out1 = ((a * c).to(dt).to(tl.float32) - (b * s).to(dt).to(tl.float32)).to(dt)
     out2 = ((b * c).to(dt).to(tl.float32) + (a * s).to(dt).to(tl.float32)).to(dt)
     return out1, out2
-
-
-@triton.jit
-def _load(row, offs, mask, stride_split, SPLITS: tl.constexpr, dt: tl.constexpr):
-    """qkv's values at ``offs`` of a row: loaded, or its split-K partials added and rounded to ``dt``."""
-    if SPLITS > 1:
-        x = split_sum(row, offs, mask, stride_split, SPLITS)
-    else:
-        x = tl.load(row + offs, mask=mask, other=0.0)
-    return x.to(dt)
 
 
 @triton.jit
@@ -96,8 +86,8 @@ def _rope_kv_kernel(
     hq = tl.arange(0, Q_PAD)[:, None]
     q_mask = (hq < Q_HEADS) & (j[None, :] < HALF)
     q_offs = hq * (2 * HALF) + j[None, :]
-    q1 = _load(row, q_offs, q_mask, stride_split, SPLITS, dt)
-    q2 = _load(row, q_offs + HALF, q_mask, stride_split, SPLITS, dt)
+    q1 = load_product(row, q_offs, q_mask, stride_split, SPLITS, dt)
+    q2 = load_product(row, q_offs + HALF, q_mask, stride_split, SPLITS, dt)
     q1, q2 = _norm_rotate(q1, q2, c, s, q_norm_ptr, j, eps, QK_NORM, HALF)
     q_row = q_out_ptr + t * stride_qo
     tl.store(q_row + q_offs, q1, mask=q_mask)
@@ -107,11 +97,11 @@ def _rope_kv_kernel(
     kv_mask = (hk < KV_HEADS) & (j[None, :] < HALF)
     k_offs = Q_HEADS * 2 * HALF + hk * (2 * HALF) + j[None, :]
     v_offs = k_offs + KV_HEADS * 2 * HALF
-    k1 = _load(row, k_offs, kv_mask, stride_split, SPLITS, dt)
-    k2 = _load(row, k_offs + HALF, kv_mask, stride_split, SPLITS, dt)
+    k1 = load_product(row, k_offs, kv_mask, stride_split, SPLITS, dt)
+    k2 = load_product(row, k_offs + HALF, kv_mask, stride_split, SPLITS, dt)
     k1, k2 = _norm_rotate(k1, k2, c, s, k_norm_ptr, j, eps, QK_NORM, HALF)
-    v1 = _load(row, v_offs, kv_mask, stride_split, SPLITS, dt)
-    v2 = _load(row, v_offs + HALF, kv_mask, stride_split, SPLITS, dt)
+    v1 = load_product(row, v_offs, kv_mask, stride_split, SPLITS, dt)
+    v2 = load_product(row, v_offs + HALF, kv_mask, stride_split, SPLITS, dt)
 
     slot = tl.load(slot_ptr + t).to(tl.int64)  # int64: big caches overflow int32 offsets
     # A padding row is a fully masked store, which keeps the launch branch-free.
