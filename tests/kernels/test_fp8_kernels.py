@@ -148,19 +148,6 @@ def test_tma_matmul_matches_reference(m, n, k):
     torch.testing.assert_close(got, ref.linear_rows(act, weight, scale, torch.float32), rtol=1e-5, atol=1e-4)
 
 
-@pytest.mark.parametrize(("m", "inter", "k"), [(32, 128, 512), (5, 100, 784)])  # 100: a partial last tile
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_gate_up_product_with_silu_equals_product_then_silu(m, inter, k, dtype):
-    """SiLU-and-multiply in the gate|up TMA kernel's epilogue, then one quantizing launch from its
-    per-block maxima: the same e4m3 bits and scales as the product stored, then ``silu_mul``."""
-    torch.manual_seed(10)
-    act = ref.quantize_act(torch.randn(m, k, device=DEVICE), ActQuant())
-    weight, scale = ref.quantize_rows(torch.randn(2 * inter, k, device=DEVICE))
-    got = fp8_gemm.silu_mul_product(act, weight, scale, dtype, force=True)
-    want = silu_mul(triton_fp8_matmul(act, weight, scale, dtype, tma=True), ActQuant())
-    _same(got, want)
-
-
 def test_tma_applies_to_wide_decode_products_on_hopper_only():
     act = torch.zeros(32, 4096, dtype=ref.FP8)
     gate_up, qkv = torch.zeros(28672, 4096, dtype=ref.FP8), torch.zeros(6144, 4096, dtype=ref.FP8)
@@ -282,29 +269,6 @@ def test_gpu_matmuls_match_reference(m, n, k):
     want = ref.linear_blocks(group_act, 128, bq, bs, 128, torch.float32)
     got = triton_fp8_matmul(group_act, bq, bs, torch.bfloat16, group=128, scale_rows=128)
     assert rel_error(got, want, m) < 5e-3
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("m", [1, 17, 32, 64])
-def test_gpu_gate_up_silu_product_equals_product_then_silu(m):
-    """Llama-3-8B's gate|up with SiLU in the TMA kernel's epilogue (the default at decode sizes on
-    Hopper), against the product stored, then ``silu_mul``: the same bits, also replayed from a graph."""
-    torch.manual_seed(3)
-    inter, k = 14336, 4096
-    act = quantize_act(torch.randn(m, k, device="cuda", dtype=torch.bfloat16), ActQuant())
-    wq, ws = ref.quantize_rows(torch.randn(2 * inter, k, device="cuda", dtype=torch.bfloat16) * 0.02)
-    got = fp8_gemm.silu_mul_product(act, wq, ws, torch.bfloat16)
-    assert got is not None, "the fused kernel should apply here"
-    _same(got, silu_mul(triton_fp8_matmul(act, wq, ws, torch.bfloat16), ActQuant()))
-    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
-    with torch.cuda.stream(stream), torch.cuda.graph(graph):
-        captured = fp8_gemm.silu_mul_product(act, wq, ws, torch.bfloat16)
-    fresh = quantize_act(torch.randn(m, k, device="cuda", dtype=torch.bfloat16), ActQuant())
-    act.data.copy_(fresh.data)
-    act.scale.copy_(fresh.scale)
-    graph.replay()
-    _same(captured, silu_mul(triton_fp8_matmul(fresh, wq, ws, torch.bfloat16), ActQuant()))
 
 
 @pytest.mark.gpu
