@@ -305,6 +305,13 @@ def tma_applies(a: torch.Tensor, weight: torch.Tensor, sms: int) -> bool:
     return all(t.stride(1) == 1 and t.stride(0) % 16 == 0 and t.data_ptr() % 16 == 0 for t in (a, weight))
 
 
+def _act_descriptor(act: Fp8Act) -> tuple[TensorDescriptor, int]:
+    """The TMA kernels' activation operand: one box of all M rows (padded to a power of two >= 16) by
+    ``TMA_BLOCK_K`` columns, and that row count (their BLOCK_M)."""
+    block_m = max(16, triton.next_power_of_2(act.data.shape[0]))
+    return TensorDescriptor.from_tensor(act.data, [block_m, TMA_BLOCK_K]), block_m
+
+
 def _tma_matmul(
     act: Fp8Act, weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, stages: int
 ) -> torch.Tensor:
@@ -313,8 +320,7 @@ def _tma_matmul(
     m, k = act.data.shape
     n = weight.shape[0]
     out = torch.empty((m, n), dtype=dtype, device=act.data.device)
-    block_m = max(16, triton.next_power_of_2(m))
-    a_desc = TensorDescriptor.from_tensor(act.data, [block_m, TMA_BLOCK_K])
+    a_desc, block_m = _act_descriptor(act)
     b_desc = TensorDescriptor.from_tensor(weight, [TMA_BLOCK_N, TMA_BLOCK_K])
     _fp8_matmul_tma_kernel[(triton.cdiv(n, TMA_BLOCK_N),)](
         a_desc, b_desc, out, act.scale, scale, m, n, k, act.scale.stride(0), out.stride(0),
@@ -336,8 +342,8 @@ def silu_mul_product(
     applies = force or tma_applies(act.data, weight, num_sms(act.data.device))
     if weight.shape[0] % 2 or not applies:
         return None
-    block_m, block_h = max(16, triton.next_power_of_2(m)), TMA_BLOCK_N // 2
-    a_desc = TensorDescriptor.from_tensor(act.data, [block_m, TMA_BLOCK_K])
+    a_desc, block_m = _act_descriptor(act)
+    block_h = TMA_BLOCK_N // 2
     b_desc = TensorDescriptor.from_tensor(weight, [block_h, TMA_BLOCK_K])
     h = torch.empty((m, inter), dtype=dtype, device=act.data.device)
     n_amax = triton.cdiv(inter, block_h)
