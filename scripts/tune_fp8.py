@@ -94,8 +94,8 @@ def _graph_us(fn) -> float:
 
 
 def matmul(m: int, bandwidth: float) -> None:
-    """The Triton FP8 product, pointer kernel over tiles x stages x K splits (None: the defaults,
-    ``choose_split_k``'s pick) and TMA kernel over stages, beside cuBLASLt's, each timed from graph
+    """The Triton FP8 product, pointer and TMA kernels over tiles x K splits (x stages for TMA; None:
+    the defaults, ``tma_shape`` / ``choose_split_k``'s pick), beside cuBLASLt's, each timed from graph
     replays over enough weight copies (> 150 MB) that L2 (50 MB on the H200) holds none of them between
     calls, as in a forward. Split products are timed without their sum, which the forward leaves to the
     next op (``kernels/split_sums.py``)."""
@@ -110,8 +110,9 @@ def matmul(m: int, bandwidth: float) -> None:
 
         rows = [(_rotated_us(partial(_scaled_mm, a, scale), ws), "scaled_mm", 0.0)]
         configs = [(None, None, None, None), (None, None, None, False), (None, None, None, True)]  # defaults
-        configs += [(bn, st, sp, False) for bn in (16, 32, 64) for st in (4, 6) for sp in (1, 2, 3, 4, 6, 8)]
-        configs += [(None, st, None, True) for st in (2, 4)]  # the TMA kernel's stages
+        splits = (1, 2, 3, 4, 6, 8)
+        configs += [(bn, 4, sp, False) for bn in (32, 64) for sp in splits]
+        configs += [(bn, st, sp, True) for bn in (64, 128) for st in (3, 4) for sp in splits]  # TMA
         for block_n, stages, split, tma in configs:
             run = partial(triton_fp8_matmul, a, scale=scale, dtype=torch.bfloat16, split_k=split,
                           block_n=block_n, num_stages=stages, tma=tma, summed=False)  # fmt: skip

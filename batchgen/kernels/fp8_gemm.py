@@ -102,7 +102,7 @@ def _scale_rowwise(acc, as_ptr, bs_ptr, rm, rn, m_ok, n_ok, stride_as):
 def _fp8_matmul_tma_kernel(
     a_desc,  # [M, K] e4m3, boxes [BLOCK_M, BLOCK_K]; rows past M read as zeros
     b_desc,  # [N, K] e4m3, boxes [BLOCK_N, BLOCK_K]
-    c_ptr,  # [M, N] model dtype
+    c_ptr,  # [M, N] model dtype, or [splits, M, N] fp32 partial products (K split over program axis 1)
     as_ptr,  # [M, 1] fp32
     bs_ptr,  # [N] fp32
     M,
@@ -110,16 +110,21 @@ def _fp8_matmul_tma_kernel(
     K,
     stride_as,
     stride_cm,
+    stride_split,
+    tiles_per_split,  # K tiles each split covers
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     STAGES: tl.constexpr,
 ):
-    """Per-token x per-channel product of one row of tiles over the whole of K (decode sizes: BLOCK_M >=
+    """Per-token x per-channel product of one row of tiles over its split of K (decode sizes: BLOCK_M >=
     M), its operand tiles copied by TMA into a STAGES-deep ring (Triton's pipeliner)."""
     pid_n = tl.program_id(0)
+    split = tl.program_id(1)
+    k_first = split * tiles_per_split
+    k_end = tl.minimum(k_first + tiles_per_split, tl.cdiv(K, BLOCK_K))
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for kb in tl.range(0, tl.cdiv(K, BLOCK_K), num_stages=STAGES):
+    for kb in tl.range(k_first, k_end, num_stages=STAGES):
         a = a_desc.load([0, kb * BLOCK_K])
         b = b_desc.load([pid_n * BLOCK_N, kb * BLOCK_K])
         acc = tl.dot(a, b.T, acc)
@@ -128,7 +133,7 @@ def _fp8_matmul_tma_kernel(
     m_ok = rm < M
     n_ok = rn < N
     acc = _scale_rowwise(acc, as_ptr, bs_ptr, rm, rn, m_ok, n_ok, stride_as)
-    c_ptrs = c_ptr + rm.to(tl.int64)[:, None] * stride_cm + rn[None, :]
+    c_ptrs = c_ptr + split * stride_split + rm.to(tl.int64)[:, None] * stride_cm + rn[None, :]
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
@@ -252,17 +257,20 @@ def triton_fp8_matmul(
     """[M, K] x [N, K] -> [M, N]. ``group`` set: block scales (``scale`` [cdiv(N, scale_rows), cdiv(K,
     group)], activation scales per ``group`` columns); else per-token x per-channel (``scale`` [N]).
     ``split_k``: K splits (default: ``choose_split_k`` at decode sizes). ``tma``: the TMA kernel
-    (default: where ``tma_applies``; True also runs it under the interpreter, for the tests). ``summed``
+    (default: where ``tma_supported`` and ``tma_shape`` picks it, with its tile width and splits; True
+    also runs it under the interpreter, for the tests). ``summed``
     False: a K-split product comes back as its partials (``SplitSums``), for a consumer that adds them."""
     m, k = act.data.shape
     n = weight.shape[0]
     if m == 0:
         return torch.empty((m, n), dtype=dtype, device=act.data.device)
     sms = num_sms(act.data.device)
-    if tma is None:
-        tma = group is None and split_k is None and block_n is None and tma_applies(act.data, weight, sms)
+    chosen = group is not None or split_k is not None or block_n is not None
+    if tma is None and not chosen and tma_supported(act.data, weight):
+        shape = tma_shape(n, k, sms)
+        tma, block_n, split_k = shape is not None, *(shape or (None, None))
     if tma:
-        return _tma_matmul(act, weight, scale, dtype, num_stages or TMA_STAGES)
+        return _tma_matmul(act, weight, scale, dtype, split_k, block_n, num_stages, summed)
     block_k = group or (256 if m <= SMALL_M else 128)  # block scales: one K tile per scale group
     cfg = _config(m, n, sms)
     cfg.update({key: v for key, v in (("BLOCK_N", block_n), ("num_stages", num_stages)) if v})
@@ -284,7 +292,12 @@ def triton_fp8_matmul(
         scale.stride(0) if group else 0, m * n, per_split, BLOCKWISE=group is not None,
         SCALE_ROWS=scale_rows, BLOCK_K=block_k, **cfg, **pdl_options(act.data)
     )  # fmt: skip
-    if split_k == 1:
+    return _split_result(dest, dtype, summed)
+
+
+def _split_result(dest: torch.Tensor, dtype: torch.dtype, summed: bool) -> torch.Tensor | SplitSums:
+    """A product as its kernel wrote it ([M, N]), or its [S, M, N] partials summed or as ``SplitSums``."""
+    if dest.dim() == 2:
         return dest
     return SplitSums(dest, dtype) if not summed else sum_splits(dest, dtype)
 
@@ -295,14 +308,27 @@ def triton_fp8_matmul(
 TMA_BLOCK_N, TMA_BLOCK_K, TMA_STAGES = 128, 256, 3
 
 
-def tma_applies(a: torch.Tensor, weight: torch.Tensor, sms: int) -> bool:
-    """Decode sizes (<= 64 rows) with N wide enough for a 128-wide tile per SM, on sm_90+ with a Triton
-    that has host tensor descriptors; both operands row-major with 16-byte aligned rows (TMA's rule)."""
+def tma_supported(a: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Decode sizes (<= 64 rows) on sm_90+ with a Triton that has host tensor descriptors; both operands
+    row-major with 16-byte aligned rows (TMA's rule)."""
     if TensorDescriptor is None or a.device.type != "cuda" or a.shape[0] > SMALL_M:
         return False
-    if triton.cdiv(weight.shape[0], TMA_BLOCK_N) < sms or not device_has_tma(a.device.index):
+    if not device_has_tma(a.device.index):
         return False
     return all(t.stride(1) == 1 and t.stride(0) % 16 == 0 and t.data_ptr() % 16 == 0 for t in (a, weight))
+
+
+def tma_applies(a: torch.Tensor, weight: torch.Tensor, sms: int) -> bool:
+    """``tma_supported`` with N wide enough for a 128-wide tile per SM over the whole of K (gate|up)."""
+    return triton.cdiv(weight.shape[0], TMA_BLOCK_N) >= sms and tma_supported(a, weight)
+
+
+def tma_shape(n: int, k: int, sms: int) -> tuple[int, int] | None:
+    """The TMA kernel's tile width and K splits for an [N, K] weight at decode sizes, or None where the
+    pointer kernel reads faster: one 128-wide tile per SM or more over the whole of K (gate|up)."""
+    if triton.cdiv(n, TMA_BLOCK_N) >= sms:
+        return TMA_BLOCK_N, 1
+    return None
 
 
 def _act_descriptor(act: Fp8Act) -> tuple[TensorDescriptor, int]:
@@ -313,20 +339,27 @@ def _act_descriptor(act: Fp8Act) -> tuple[TensorDescriptor, int]:
 
 
 def _tma_matmul(
-    act: Fp8Act, weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, stages: int
-) -> torch.Tensor:
-    """Per-token x per-channel product by ``_fp8_matmul_tma_kernel``: one program per 128 columns. The
-    descriptors are encoded at each launch (a CUDA graph keeps the launch's)."""
+    act: Fp8Act, weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, split_k: int | None,
+    block_n: int | None, stages: int | None, summed: bool,
+) -> torch.Tensor | SplitSums:  # fmt: skip
+    """Per-token x per-channel product by ``_fp8_matmul_tma_kernel``: one program per ``block_n`` columns
+    (default 128) and K split. The descriptors are encoded at each launch (a CUDA graph keeps the
+    launch's)."""
     m, k = act.data.shape
     n = weight.shape[0]
-    out = torch.empty((m, n), dtype=dtype, device=act.data.device)
+    block_n = block_n or TMA_BLOCK_N
+    k_tiles = triton.cdiv(k, TMA_BLOCK_K)
+    per_split = triton.cdiv(k_tiles, split_k or 1)
+    split_k = triton.cdiv(k_tiles, per_split)  # no empty split
+    dest = torch.empty((split_k, m, n) if split_k > 1 else (m, n), device=act.data.device,
+                       dtype=torch.float32 if split_k > 1 else dtype)  # fmt: skip
     a_desc, block_m = _act_descriptor(act)
-    b_desc = TensorDescriptor.from_tensor(weight, [TMA_BLOCK_N, TMA_BLOCK_K])
-    _fp8_matmul_tma_kernel[(triton.cdiv(n, TMA_BLOCK_N),)](
-        a_desc, b_desc, out, act.scale, scale, m, n, k, act.scale.stride(0), out.stride(0),
-        BLOCK_M=block_m, BLOCK_N=TMA_BLOCK_N, BLOCK_K=TMA_BLOCK_K, STAGES=stages, num_warps=4,
+    b_desc = TensorDescriptor.from_tensor(weight, [block_n, TMA_BLOCK_K])
+    _fp8_matmul_tma_kernel[(triton.cdiv(n, block_n), split_k)](
+        a_desc, b_desc, dest, act.scale, scale, m, n, k, act.scale.stride(0), n, m * n, per_split,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=TMA_BLOCK_K, STAGES=stages or TMA_STAGES, num_warps=4,
     )  # fmt: skip
-    return out
+    return _split_result(dest, dtype, summed)
 
 
 def silu_mul_product(

@@ -21,6 +21,7 @@ from batchgen.kernels.fp8_quant import quantize_act
 from batchgen.kernels.fp8_reference import ActQuant
 from batchgen.kernels.norm import rms_norm
 from batchgen.kernels.rope import rope_write_kv
+from batchgen.kernels.split_sums import SplitSums, summed
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 QUANTS = [ActQuant(None), ActQuant(128), ActQuant(32)]
@@ -137,15 +138,21 @@ def test_split_k_matmul_matches_reference(split_k, group):
     assert torch.equal(got, triton_fp8_matmul(act, weight, scale, torch.float32, split_k=split_k, **kw))
 
 
-@pytest.mark.parametrize(("m", "n", "k"), [(32, 256, 512), (5, 200, 784), (64, 130, 256)])
-def test_tma_matmul_matches_reference(m, n, k):
+@pytest.mark.parametrize("split_k", [None, 3])
+@pytest.mark.parametrize(("m", "n", "k"), [(32, 256, 512), (5, 200, 784), (64, 130, 1024)])
+def test_tma_matmul_matches_reference(m, n, k, split_k):
     """The TMA kernel: rows past M, columns past N (a partial last tile) and K past the last full tile
-    read as zeros from the descriptors; scales in the epilogue as the pointer kernel's."""
+    read as zeros from the descriptors; scales in the epilogue as the pointer kernel's; K split into
+    partial products (2 or 3 splits of the 2-4 K tiles), summed or left to the consumer."""
     torch.manual_seed(9)
     act = ref.quantize_act(torch.randn(m, k, device=DEVICE), ActQuant())
     weight, scale = ref.quantize_rows(torch.randn(n, k, device=DEVICE))
-    got = triton_fp8_matmul(act, weight, scale, torch.float32, tma=True)
+    got = triton_fp8_matmul(act, weight, scale, torch.float32, tma=True, split_k=split_k, block_n=64)
     torch.testing.assert_close(got, ref.linear_rows(act, weight, scale, torch.float32), rtol=1e-5, atol=1e-4)
+    parts = triton_fp8_matmul(act, weight, scale, torch.float32, tma=True, split_k=split_k, summed=False)
+    assert isinstance(parts, SplitSums) == (split_k is not None)
+    assert torch.equal(summed(parts), triton_fp8_matmul(act, weight, scale, torch.float32, tma=True,
+                                                        split_k=split_k))  # fmt: skip
 
 
 def test_tma_applies_to_wide_decode_products_on_hopper_only():
