@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from batchgen.kernels import fp8_gemm, reference
+from batchgen.kernels import fp8_gemm_tma, reference
 from batchgen.kernels import fp8_reference as ref
 from batchgen.kernels.activation import silu_mul
 from batchgen.kernels.cases import llama_fp8_case, make_case, rel_error, to_fp8_cache
@@ -158,13 +158,13 @@ def test_tma_matmul_matches_reference(m, n, k, split_k):
 def test_tma_applies_to_wide_decode_products_on_hopper_only():
     act = torch.zeros(32, 4096, dtype=ref.FP8)
     gate_up, qkv = torch.zeros(28672, 4096, dtype=ref.FP8), torch.zeros(6144, 4096, dtype=ref.FP8)
-    assert not fp8_gemm.tma_applies(act, gate_up, 132)  # off CUDA
+    assert not fp8_gemm_tma.tma_applies(act, gate_up, 132)  # off CUDA
     if torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0):
         act, gate_up, qkv = act.cuda(), gate_up.cuda(), qkv.cuda()
-        assert fp8_gemm.tma_applies(act, gate_up, 132)  # 224 tiles of 128 columns
-        assert not fp8_gemm.tma_applies(act, qkv, 132)  # 48: fewer than the SMs
-        assert not fp8_gemm.tma_applies(act[:, 1:], gate_up, 132)  # rows not 16-byte aligned
-        assert not fp8_gemm.tma_applies(torch.zeros(65, 4096, dtype=ref.FP8, device="cuda"), gate_up, 132)
+        assert fp8_gemm_tma.tma_applies(act, gate_up, 132)  # 224 tiles of 128 columns
+        assert not fp8_gemm_tma.tma_applies(act, qkv, 132)  # 48: fewer than the SMs
+        assert not fp8_gemm_tma.tma_applies(act[:, 1:], gate_up, 132)  # rows not 16-byte aligned
+        assert not fp8_gemm_tma.tma_applies(torch.zeros(65, 4096, dtype=ref.FP8, device="cuda"), gate_up, 132)
 
 
 def test_split_k_choice_fills_the_sms_with_long_enough_splits():

@@ -1,0 +1,231 @@
+"""The FP8 products' TMA kernels (sm_90+, Triton host tensor descriptors), at decode sizes (<= 64 rows):
+per-token x per-channel products whose operand tiles TMA copies into a ring of shared memory (Triton's
+pipeliner), with K split into fp32 partials where N alone gives too few programs, and gate|up with
+SiLU-and-multiply in its epilogue. ``fp8_gemm`` chooses between them and the pointer kernel.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+try:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # a Triton without host tensor descriptors: the pointer kernel only
+    TensorDescriptor = None
+
+from batchgen.kernels.activation import silu_times
+from batchgen.kernels.decode import num_sms
+from batchgen.kernels.fp8_quant import exact_rounding, to_fp8
+from batchgen.kernels.fp8_reference import MIN_SCALE, Fp8Act, MaximaAct
+from batchgen.kernels.tma import supported as device_has_tma
+
+# Row counts up to this are decode sizes: narrow tiles with K split (pointer kernel) or TMA; above it,
+# cuBLASLt where it applies (else 128 x 128 tiles).
+SMALL_M = 64
+
+
+@triton.jit
+def scale_rowwise(acc, as_ptr, bs_ptr, rm, rn, m_ok, n_ok, stride_as):
+    """acc [BLOCK_M, BLOCK_N] times the rows' token scales and the columns' channel scales."""
+    sa = tl.load(as_ptr + rm * stride_as, mask=m_ok, other=0.0)
+    sb = tl.load(bs_ptr + rn, mask=n_ok, other=0.0)
+    return acc * sa[:, None] * sb[None, :]
+
+
+@triton.jit
+def _fp8_matmul_tma_kernel(
+    a_desc,  # [M, K] e4m3 (model dtype with A_MAXIMA), boxes [BLOCK_M, BLOCK_K]; rows past M read as zeros
+    b_desc,  # [N, K] e4m3, boxes [BLOCK_N, BLOCK_K]
+    c_ptr,  # [M, N] model dtype, or [splits, M, N] fp32 partial products (K split over program axis 1)
+    as_ptr,  # [M, 1] fp32 scales; A_MAXIMA: [M, n_amax] fp32 maxima of |a| over blocks of columns
+    bs_ptr,  # [N] fp32
+    M,
+    N,
+    K,
+    stride_as,
+    stride_cm,
+    stride_split,
+    tiles_per_split,  # K tiles each split covers
+    n_amax,
+    min_scale,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    STAGES: tl.constexpr,
+    A_MAXIMA: tl.constexpr = False,  # quantize a per row as it is loaded (scales from the maxima)
+    AMAX_PAD: tl.constexpr = 1,
+    ROUND: tl.constexpr = False,
+):
+    """Per-token x per-channel product of one row of tiles over its split of K (decode sizes: BLOCK_M >=
+    M), its operand tiles copied by TMA into a STAGES-deep ring (Triton's pipeliner). With A_MAXIMA the
+    activation arrives in the model dtype and each tile is quantized to e4m3 in registers, with the
+    per-row scales of the quantizing kernel (``activation.quantize_by_maxima``): the same bits, no launch."""
+    pid_n = tl.program_id(0)
+    split = tl.program_id(1)
+    rm = tl.arange(0, BLOCK_M)
+    m_ok = rm < M
+    if A_MAXIMA:
+        a_scale = _row_scales(as_ptr, rm, m_ok, stride_as, n_amax, min_scale, AMAX_PAD)
+    else:
+        a_scale = tl.load(as_ptr + rm * stride_as, mask=m_ok, other=0.0)
+    k_first = split * tiles_per_split
+    k_end = tl.minimum(k_first + tiles_per_split, tl.cdiv(K, BLOCK_K))
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for kb in tl.range(k_first, k_end, num_stages=STAGES):
+        a = a_desc.load([0, kb * BLOCK_K])
+        if A_MAXIMA:
+            a = to_fp8(a.to(tl.float32) / a_scale[:, None], tl.float8e4nv, ROUND)
+        b = b_desc.load([pid_n * BLOCK_N, kb * BLOCK_K])
+        acc = tl.dot(a, b.T, acc)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = rn < N
+    acc = acc * a_scale[:, None] * tl.load(bs_ptr + rn, mask=n_ok, other=0.0)[None, :]
+    c_ptrs = c_ptr + split * stride_split + rm.to(tl.int64)[:, None] * stride_cm + rn[None, :]
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _row_scales(amax_ptr, rm, m_ok, stride, n_amax, min_scale, AMAX_PAD: tl.constexpr):
+    """Per-row dynamic scales [BLOCK_M] from maxima [M, n_amax]: max(row max / 448, min_scale)."""
+    b = tl.arange(0, AMAX_PAD)
+    amax = tl.load(amax_ptr + rm[:, None] * stride + b[None, :], mask=m_ok[:, None] & (b < n_amax)[None, :],
+                   other=0.0)  # fmt: skip
+    return tl.maximum(tl.max(amax, axis=1) / 448.0, min_scale)
+
+
+@triton.jit
+def _fp8_gate_up_silu_tma_kernel(
+    a_desc,  # [M, K] e4m3, boxes [BLOCK_M, BLOCK_K]; rows past M read as zeros
+    b_desc,  # [2I, K] e4m3 (gate rows, then up rows), boxes [BLOCK_H, BLOCK_K]
+    h_ptr,  # [M, I] model dtype (I = inter): silu(gate) * up
+    amax_ptr,  # [M, cdiv(I, BLOCK_H)] fp32: each program's max |h| per row
+    as_ptr,  # [M, 1] fp32
+    bs_ptr,  # [2I] fp32
+    M,
+    inter,
+    K,
+    stride_as,
+    stride_hm,
+    n_amax,
+    BLOCK_M: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    STAGES: tl.constexpr,
+):
+    """The gate|up product with SiLU-and-multiply in its epilogue: a program takes BLOCK_H gate rows and
+    the matching up rows over the whole of K (decode sizes), rounds both products to the model dtype as
+    the plain product stores them, and writes h and its rows' maxima for the per-row quantization that
+    follows (``activation.quantize_by_maxima``): the same bits as product, then ``silu_mul``."""
+    pid = tl.program_id(0)
+    acc_gate = tl.zeros([BLOCK_M, BLOCK_H], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_H], dtype=tl.float32)
+    for kb in tl.range(0, tl.cdiv(K, BLOCK_K), num_stages=STAGES):
+        a = a_desc.load([0, kb * BLOCK_K])
+        gate = b_desc.load([pid * BLOCK_H, kb * BLOCK_K])
+        up = b_desc.load([inter + pid * BLOCK_H, kb * BLOCK_K])
+        acc_gate = tl.dot(a, gate.T, acc_gate)
+        acc_up = tl.dot(a, up.T, acc_up)
+    dt = h_ptr.dtype.element_ty
+    rm = tl.arange(0, BLOCK_M)
+    rh = pid * BLOCK_H + tl.arange(0, BLOCK_H)
+    m_ok = rm < M
+    h_ok = rh < inter
+    gate = scale_rowwise(acc_gate, as_ptr, bs_ptr, rm, rh, m_ok, h_ok, stride_as).to(dt).to(tl.float32)
+    up = scale_rowwise(acc_up, as_ptr, bs_ptr + inter, rm, rh, m_ok, h_ok, stride_as).to(dt).to(tl.float32)
+    h = silu_times(gate, up, dt)  # [BLOCK_M, BLOCK_H] fp32 of model-dtype values
+    ok = m_ok[:, None] & h_ok[None, :]
+    tl.store(h_ptr + rm.to(tl.int64)[:, None] * stride_hm + rh[None, :], h.to(dt), mask=ok)
+    tl.store(amax_ptr + rm * n_amax + pid, tl.max(tl.where(ok, tl.abs(h), 0.0), axis=1), mask=m_ok)
+
+
+# The TMA kernel's tiles: H200, M = 32, Llama-3-8B's gate_up (117 MB of e4m3 weights), graph replays over
+# weight copies: 33.1 us (3.55 TB/s) vs 38.0 for the pointer kernel's best (32-wide, 4 stages); its qkv,
+# o_proj and down_proj (fewer than 132 such tiles) gained nothing (scratch sweep, session 34).
+TMA_BLOCK_N, TMA_BLOCK_K, TMA_STAGES = 128, 256, 3
+
+
+def tma_supported(a: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Decode sizes (<= 64 rows) on sm_90+ with a Triton that has host tensor descriptors; both operands
+    row-major with 16-byte aligned rows (TMA's rule)."""
+    if TensorDescriptor is None or a.device.type != "cuda" or a.shape[0] > SMALL_M:
+        return False
+    if not device_has_tma(a.device.index):
+        return False
+    return all(t.stride(1) == 1 and t.stride(0) % 16 == 0 and t.data_ptr() % 16 == 0 for t in (a, weight))
+
+
+def tma_applies(a: torch.Tensor, weight: torch.Tensor, sms: int) -> bool:
+    """``tma_supported`` with N wide enough for a 128-wide tile per SM over the whole of K (gate|up)."""
+    return triton.cdiv(weight.shape[0], TMA_BLOCK_N) >= sms and tma_supported(a, weight)
+
+
+def tma_shape(n: int, k: int, sms: int) -> tuple[int, int] | None:
+    """The TMA kernel's tile width and K splits for an [N, K] weight at decode sizes, or None where the
+    pointer kernel reads faster: one 128-wide tile per SM or more over the whole of K (gate|up)."""
+    if triton.cdiv(n, TMA_BLOCK_N) >= sms:
+        return TMA_BLOCK_N, 1
+    return None
+
+
+def _act_descriptor(data: torch.Tensor) -> tuple[TensorDescriptor, int]:
+    """The TMA kernels' activation operand: one box of all M rows (padded to a power of two >= 16) by
+    ``TMA_BLOCK_K`` columns, and that row count (their BLOCK_M)."""
+    block_m = max(16, triton.next_power_of_2(data.shape[0]))
+    return TensorDescriptor.from_tensor(data, [block_m, TMA_BLOCK_K]), block_m
+
+
+def tma_product(
+    act: Fp8Act | MaximaAct, weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype,
+    split_k: int | None = None, block_n: int | None = None, stages: int | None = None,
+) -> torch.Tensor:  # fmt: skip
+    """Per-token x per-channel product by ``_fp8_matmul_tma_kernel``: one program per ``block_n`` columns
+    (default 128) and K split; [M, N] in ``dtype``, or [splits, M, N] fp32 partials with 2+ splits. The
+    descriptors are encoded at each launch (a CUDA graph keeps the launch's)."""
+    data, scales = act  # e4m3 [M, K] and [M, 1] scales, or model-dtype values and [M, B] maxima
+    m, k = data.shape
+    n = weight.shape[0]
+    block_n = block_n or TMA_BLOCK_N
+    k_tiles = triton.cdiv(k, TMA_BLOCK_K)
+    per_split = triton.cdiv(k_tiles, split_k or 1)
+    split_k = triton.cdiv(k_tiles, per_split)  # no empty split
+    dest = torch.empty((split_k, m, n) if split_k > 1 else (m, n), device=data.device,
+                       dtype=torch.float32 if split_k > 1 else dtype)  # fmt: skip
+    a_desc, block_m = _act_descriptor(data)
+    b_desc = TensorDescriptor.from_tensor(weight, [block_n, TMA_BLOCK_K])
+    maxima = isinstance(act, MaximaAct)
+    _fp8_matmul_tma_kernel[(triton.cdiv(n, block_n), split_k)](
+        a_desc, b_desc, dest, scales, scale, m, n, k, scales.stride(0), n, m * n, per_split, scales.shape[1],
+        MIN_SCALE, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=TMA_BLOCK_K, STAGES=stages or TMA_STAGES,
+        A_MAXIMA=maxima, AMAX_PAD=triton.next_power_of_2(scales.shape[1]) if maxima else 1,
+        ROUND=exact_rounding(data), num_warps=4,
+    )  # fmt: skip
+    return dest
+
+
+def silu_mul_product(
+    act: Fp8Act, weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, force: bool = False
+) -> MaximaAct | None:
+    """silu(gate) * up of the gate|up product (``weight`` [2I, K]: gate rows, then up rows) with its rows'
+    maxima, for a per-row quantization by the consumer (the next product as it loads it, else
+    ``activation.quantize_by_maxima``), by the TMA kernel with SiLU in its epilogue (the plain path: the
+    product, then a maxima pass and a quantizing pass over it). None where the TMA kernel does not apply
+    (``tma_applies``): the caller runs the plain path. ``force``: run it anyway (the tests, under the
+    interpreter)."""
+    m, k = act.data.shape
+    inter = weight.shape[0] // 2
+    applies = force or tma_applies(act.data, weight, num_sms(act.data.device))
+    if weight.shape[0] % 2 or not applies:
+        return None
+    a_desc, block_m = _act_descriptor(act.data)
+    block_h = TMA_BLOCK_N // 2
+    b_desc = TensorDescriptor.from_tensor(weight, [block_h, TMA_BLOCK_K])
+    h = torch.empty((m, inter), dtype=dtype, device=act.data.device)
+    n_amax = triton.cdiv(inter, block_h)
+    amax = torch.empty((m, n_amax), dtype=torch.float32, device=act.data.device)
+    _fp8_gate_up_silu_tma_kernel[(n_amax,)](
+        a_desc, b_desc, h, amax, act.scale, scale, m, inter, k, act.scale.stride(0), h.stride(0), n_amax,
+        BLOCK_M=block_m, BLOCK_H=block_h, BLOCK_K=TMA_BLOCK_K, STAGES=TMA_STAGES, num_warps=4,
+    )  # fmt: skip
+    return MaximaAct(h, amax)
