@@ -186,7 +186,7 @@ def _silu_mul_quant(x: torch.Tensor, group: int | None, whole_rows: bool | None 
 def quantize_by_maxima(h: torch.Tensor, amax: torch.Tensor) -> Fp8Act:
     """h [T, I] (silu(gate) * up, model dtype) -> e4m3 per row, the row's scale from ``amax`` [T, B]:
     the maxima of |h| over B column blocks, written by the kernel that produced h (the FP8 gate|up
-    product with SiLU in its epilogue, ``fp8_gemm.silu_mul_product``)."""
+    product with SiLU in its epilogue, ``fp8_gemm_tma.silu_mul_product``)."""
     rows, cols = h.shape
     out = fp8_quant.act_buffers(h, None)
     block = min(triton.next_power_of_2(cols), _BLOCK)

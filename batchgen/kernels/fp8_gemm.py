@@ -18,10 +18,9 @@ import torch
 import triton
 import triton.language as tl
 
-from batchgen.kernels.activation import quantize_by_maxima
 from batchgen.kernels.decode import num_sms
 from batchgen.kernels.fp8_gemm_tma import SMALL_M, scale_rowwise, tma_product, tma_shape, tma_supported
-from batchgen.kernels.fp8_reference import Fp8Act, MaximaAct
+from batchgen.kernels.fp8_reference import Fp8Act
 from batchgen.kernels.pdl import pdl_options, wait_for_producer
 from batchgen.kernels.split_sums import SplitSums
 
@@ -150,7 +149,7 @@ def choose_split_k(programs: int, k_tiles: int, sms: int, block_n: int = 32) -> 
 
 
 def triton_fp8_matmul(
-    act: Fp8Act | MaximaAct, weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, *,
+    act: Fp8Act, weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, *,
     group: int | None = None, scale_rows: int = 1, split_k: int | None = None, block_n: int | None = None,
     num_stages: int | None = None, tma: bool | None = None, summed: bool = True,
 ) -> torch.Tensor | SplitSums:  # fmt: skip
@@ -158,25 +157,21 @@ def triton_fp8_matmul(
     group)], activation scales per ``group`` columns); else per-token x per-channel (``scale`` [N]).
     ``split_k``: K splits (default: ``choose_split_k`` at decode sizes). ``tma``: the TMA kernel
     (default: where ``tma_supported`` and ``tma_shape`` picks it, with its tile width and splits; True
-    also runs it under the interpreter, for the tests), which quantizes a ``MaximaAct`` as it loads it
-    (else a kernel quantizes it first). ``summed`` False: a K-split product comes back as its partials
-    (``SplitSums``), for a consumer that adds them."""
-    data = act[0]  # [M, K]: e4m3, or the model dtype (MaximaAct)
-    m, k = data.shape
+    also runs it under the interpreter, for the tests). ``summed`` False: a K-split product comes back
+    as its partials (``SplitSums``), for a consumer that adds them."""
+    m, k = act.data.shape
     n = weight.shape[0]
     if m == 0:
-        return torch.empty((m, n), dtype=dtype, device=data.device)
-    sms = num_sms(data.device)
+        return torch.empty((m, n), dtype=dtype, device=act.data.device)
+    sms = num_sms(act.data.device)
     chosen = group is not None or split_k is not None or block_n is not None
-    if tma is None and not chosen and tma_supported(data, weight):
+    if tma is None and not chosen and tma_supported(act.data, weight):
         shape = tma_shape(n, k, sms)
         tma, block_n, split_k = shape is not None, *(shape or (None, None))
     if tma:
         return _split_result(
             tma_product(act, weight, scale, dtype, split_k, block_n, num_stages), dtype, summed
         )
-    if isinstance(act, MaximaAct):  # the pointer kernel reads e4m3 only
-        act = quantize_by_maxima(*act)
     block_k = group or (256 if m <= SMALL_M else 128)  # block scales: one K tile per scale group
     cfg = _config(m, n, sms)
     cfg.update({key: v for key, v in (("BLOCK_N", block_n), ("num_stages", num_stages)) if v})
@@ -214,7 +209,7 @@ def scaled_mm_applies(n: int, k: int, dtype: torch.dtype) -> bool:
 
 
 def rowwise_matmul(
-    act: Fp8Act | MaximaAct,
+    act: Fp8Act,
     weight: torch.Tensor,
     scale: torch.Tensor,
     dtype: torch.dtype,
@@ -225,8 +220,6 @@ def rowwise_matmul(
     m, k = act[0].shape
     n = weight.shape[0]
     if m > SMALL_M and scaled_mm_applies(n, k, dtype):  # at decode sizes the Triton kernel reads faster
-        if isinstance(act, MaximaAct):
-            act = quantize_by_maxima(*act)
         # weight.t() is column-major [K, N], as cuBLASLt wants its second operand.
         return torch._scaled_mm(
             act.data, weight.t(), scale_a=act.scale, scale_b=scale.view(1, n), out_dtype=dtype

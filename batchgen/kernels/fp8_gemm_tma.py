@@ -15,10 +15,9 @@ try:
 except ImportError:  # a Triton without host tensor descriptors: the pointer kernel only
     TensorDescriptor = None
 
-from batchgen.kernels.activation import silu_times
+from batchgen.kernels.activation import quantize_by_maxima, silu_times
 from batchgen.kernels.decode import num_sms
-from batchgen.kernels.fp8_quant import exact_rounding, to_fp8
-from batchgen.kernels.fp8_reference import MIN_SCALE, Fp8Act, MaximaAct
+from batchgen.kernels.fp8_reference import Fp8Act
 from batchgen.kernels.tma import supported as device_has_tma
 
 # Row counts up to this are decode sizes: narrow tiles with K split (pointer kernel) or TMA; above it,
@@ -36,10 +35,10 @@ def scale_rowwise(acc, as_ptr, bs_ptr, rm, rn, m_ok, n_ok, stride_as):
 
 @triton.jit
 def _fp8_matmul_tma_kernel(
-    a_desc,  # [M, K] e4m3 (model dtype with A_MAXIMA), boxes [BLOCK_M, BLOCK_K]; rows past M read as zeros
+    a_desc,  # [M, K] e4m3, boxes [BLOCK_M, BLOCK_K]; rows past M read as zeros
     b_desc,  # [N, K] e4m3, boxes [BLOCK_N, BLOCK_K]
     c_ptr,  # [M, N] model dtype, or [splits, M, N] fp32 partial products (K split over program axis 1)
-    as_ptr,  # [M, 1] fp32 scales; A_MAXIMA: [M, n_amax] fp32 maxima of |a| over blocks of columns
+    as_ptr,  # [M, 1] fp32
     bs_ptr,  # [N] fp32
     M,
     N,
@@ -48,51 +47,29 @@ def _fp8_matmul_tma_kernel(
     stride_cm,
     stride_split,
     tiles_per_split,  # K tiles each split covers
-    n_amax,
-    min_scale,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     STAGES: tl.constexpr,
-    A_MAXIMA: tl.constexpr = False,  # quantize a per row as it is loaded (scales from the maxima)
-    AMAX_PAD: tl.constexpr = 1,
-    ROUND: tl.constexpr = False,
 ):
     """Per-token x per-channel product of one row of tiles over its split of K (decode sizes: BLOCK_M >=
-    M), its operand tiles copied by TMA into a STAGES-deep ring (Triton's pipeliner). With A_MAXIMA the
-    activation arrives in the model dtype and each tile is quantized to e4m3 in registers, with the
-    per-row scales of the quantizing kernel (``activation.quantize_by_maxima``): the same bits, no launch."""
+    M), its operand tiles copied by TMA into a STAGES-deep ring (Triton's pipeliner)."""
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
-    rm = tl.arange(0, BLOCK_M)
-    m_ok = rm < M
-    if A_MAXIMA:
-        a_scale = _row_scales(as_ptr, rm, m_ok, stride_as, n_amax, min_scale, AMAX_PAD)
-    else:
-        a_scale = tl.load(as_ptr + rm * stride_as, mask=m_ok, other=0.0)
     k_first = split * tiles_per_split
     k_end = tl.minimum(k_first + tiles_per_split, tl.cdiv(K, BLOCK_K))
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for kb in tl.range(k_first, k_end, num_stages=STAGES):
         a = a_desc.load([0, kb * BLOCK_K])
-        if A_MAXIMA:
-            a = to_fp8(a.to(tl.float32) / a_scale[:, None], tl.float8e4nv, ROUND)
         b = b_desc.load([pid_n * BLOCK_N, kb * BLOCK_K])
         acc = tl.dot(a, b.T, acc)
+    rm = tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_ok = rm < M
     n_ok = rn < N
-    acc = acc * a_scale[:, None] * tl.load(bs_ptr + rn, mask=n_ok, other=0.0)[None, :]
+    acc = scale_rowwise(acc, as_ptr, bs_ptr, rm, rn, m_ok, n_ok, stride_as)
     c_ptrs = c_ptr + split * stride_split + rm.to(tl.int64)[:, None] * stride_cm + rn[None, :]
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
-
-
-@triton.jit
-def _row_scales(amax_ptr, rm, m_ok, stride, n_amax, min_scale, AMAX_PAD: tl.constexpr):
-    """Per-row dynamic scales [BLOCK_M] from maxima [M, n_amax]: max(row max / 448, min_scale)."""
-    b = tl.arange(0, AMAX_PAD)
-    amax = tl.load(amax_ptr + rm[:, None] * stride + b[None, :], mask=m_ok[:, None] & (b < n_amax)[None, :],
-                   other=0.0)  # fmt: skip
-    return tl.maximum(tl.max(amax, axis=1) / 448.0, min_scale)
 
 
 @triton.jit
@@ -141,9 +118,11 @@ def _fp8_gate_up_silu_tma_kernel(
 
 
 # The TMA kernel's tiles: H200, M = 32, Llama-3-8B's gate_up (117 MB of e4m3 weights), graph replays over
-# weight copies: 33.1 us (3.55 TB/s) vs 38.0 for the pointer kernel's best (32-wide, 4 stages); its qkv,
-# o_proj and down_proj (fewer than 132 such tiles) gained nothing (scratch sweep, session 34).
+# weight copies: 33.1 us (3.55 TB/s) vs 38.0 for the pointer kernel's best (32-wide, 4 stages).
 TMA_BLOCK_N, TMA_BLOCK_K, TMA_STAGES = 128, 256, 3
+# Narrower products (fewer 128-wide tiles than SMs: Llama-3-8B's qkv, o_proj, down_proj) stay with the
+# pointer kernel. H200, M = 32, session 36: alone, 64-wide TMA tiles in 4 K splits read faster (qkv 10.4 vs
+# 10.9 us, o_proj 7.9 vs 8.2, down 18.2 vs 19.3: tune_fp8.py), but B1's FP8 step took 5.353 vs 5.330 ms.
 
 
 def tma_supported(a: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -163,7 +142,8 @@ def tma_applies(a: torch.Tensor, weight: torch.Tensor, sms: int) -> bool:
 
 def tma_shape(n: int, k: int, sms: int) -> tuple[int, int] | None:
     """The TMA kernel's tile width and K splits for an [N, K] weight at decode sizes, or None where the
-    pointer kernel reads faster: one 128-wide tile per SM or more over the whole of K (gate|up)."""
+    pointer kernel serves better: one 128-wide tile per SM or more over the whole of K (gate|up). The
+    kernel also takes narrower tiles and K splits (``tma_product``), swept by ``scripts/tune_fp8.py``."""
     if triton.cdiv(n, TMA_BLOCK_N) >= sms:
         return TMA_BLOCK_N, 1
     return None
@@ -177,42 +157,37 @@ def _act_descriptor(data: torch.Tensor) -> tuple[TensorDescriptor, int]:
 
 
 def tma_product(
-    act: Fp8Act | MaximaAct, weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype,
+    act: Fp8Act, weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype,
     split_k: int | None = None, block_n: int | None = None, stages: int | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """Per-token x per-channel product by ``_fp8_matmul_tma_kernel``: one program per ``block_n`` columns
     (default 128) and K split; [M, N] in ``dtype``, or [splits, M, N] fp32 partials with 2+ splits. The
     descriptors are encoded at each launch (a CUDA graph keeps the launch's)."""
-    data, scales = act  # e4m3 [M, K] and [M, 1] scales, or model-dtype values and [M, B] maxima
-    m, k = data.shape
+    m, k = act.data.shape
     n = weight.shape[0]
     block_n = block_n or TMA_BLOCK_N
     k_tiles = triton.cdiv(k, TMA_BLOCK_K)
     per_split = triton.cdiv(k_tiles, split_k or 1)
     split_k = triton.cdiv(k_tiles, per_split)  # no empty split
-    dest = torch.empty((split_k, m, n) if split_k > 1 else (m, n), device=data.device,
+    dest = torch.empty((split_k, m, n) if split_k > 1 else (m, n), device=act.data.device,
                        dtype=torch.float32 if split_k > 1 else dtype)  # fmt: skip
-    a_desc, block_m = _act_descriptor(data)
+    a_desc, block_m = _act_descriptor(act.data)
     b_desc = TensorDescriptor.from_tensor(weight, [block_n, TMA_BLOCK_K])
-    maxima = isinstance(act, MaximaAct)
     _fp8_matmul_tma_kernel[(triton.cdiv(n, block_n), split_k)](
-        a_desc, b_desc, dest, scales, scale, m, n, k, scales.stride(0), n, m * n, per_split, scales.shape[1],
-        MIN_SCALE, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=TMA_BLOCK_K, STAGES=stages or TMA_STAGES,
-        A_MAXIMA=maxima, AMAX_PAD=triton.next_power_of_2(scales.shape[1]) if maxima else 1,
-        ROUND=exact_rounding(data), num_warps=4,
+        a_desc, b_desc, dest, act.scale, scale, m, n, k, act.scale.stride(0), n, m * n, per_split,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=TMA_BLOCK_K, STAGES=stages or TMA_STAGES, num_warps=4,
     )  # fmt: skip
     return dest
 
 
 def silu_mul_product(
     act: Fp8Act, weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, force: bool = False
-) -> MaximaAct | None:
-    """silu(gate) * up of the gate|up product (``weight`` [2I, K]: gate rows, then up rows) with its rows'
-    maxima, for a per-row quantization by the consumer (the next product as it loads it, else
-    ``activation.quantize_by_maxima``), by the TMA kernel with SiLU in its epilogue (the plain path: the
-    product, then a maxima pass and a quantizing pass over it). None where the TMA kernel does not apply
-    (``tma_applies``): the caller runs the plain path. ``force``: run it anyway (the tests, under the
-    interpreter)."""
+) -> Fp8Act | None:
+    """silu(gate) * up of the gate|up product (``weight`` [2I, K]: gate rows, then up rows), quantized
+    per row to e4m3, by the TMA kernel with SiLU in its epilogue and one quantizing launch from the rows'
+    maxima it wrote (the plain path: the product, then a maxima pass and a quantizing pass over it). None
+    where the TMA kernel does not apply (``tma_applies``): the caller runs the plain path. ``force``: run
+    it anyway (the tests, under the interpreter)."""
     m, k = act.data.shape
     inter = weight.shape[0] // 2
     applies = force or tma_applies(act.data, weight, num_sms(act.data.device))
@@ -228,4 +203,4 @@ def silu_mul_product(
         a_desc, b_desc, h, amax, act.scale, scale, m, inter, k, act.scale.stride(0), h.stride(0), n_amax,
         BLOCK_M=block_m, BLOCK_H=block_h, BLOCK_K=TMA_BLOCK_K, STAGES=TMA_STAGES, num_warps=4,
     )  # fmt: skip
-    return MaximaAct(h, amax)
+    return quantize_by_maxima(h, amax)

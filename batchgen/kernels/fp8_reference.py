@@ -38,15 +38,6 @@ class Fp8Act(NamedTuple):
     scale: torch.Tensor  # [T, 1] fp32 per token; [T, cdiv(K, group)] per group
 
 
-class MaximaAct(NamedTuple):
-    """An activation still in the model dtype with the maxima its producer saw, for a per-row dynamic
-    quantization by its consumer: scale = max(max over the row's blocks / 448, MIN_SCALE), as
-    ``quantize_act``'s per-token scale (the product may quantize it as it loads it)."""
-
-    values: torch.Tensor  # [T, K] model dtype
-    maxima: torch.Tensor  # [T, B] fp32: max |values| over each of B blocks of columns
-
-
 def is_fp8(t: torch.Tensor) -> bool:
     return t.dtype == FP8
 

@@ -167,6 +167,14 @@ def test_tma_applies_to_wide_decode_products_on_hopper_only():
         assert not fp8_gemm_tma.tma_applies(torch.zeros(65, 4096, dtype=ref.FP8, device="cuda"), gate_up, 132)
 
 
+def test_tma_shape_for_llama_3_8b_at_decode_sizes():
+    """gate|up: 128-wide tiles over the whole of K; qkv, o_proj, down_proj (fewer 128-wide tiles than
+    SMs): the pointer kernel (in B1's step it beat the TMA kernel's 64-wide tiles in 4 K splits)."""
+    shapes = [(28672, 4096), (6144, 4096), (4096, 4096), (4096, 14336)]
+    want = [(128, 1), None, None, None]
+    assert [fp8_gemm_tma.tma_shape(n, k, 132) for n, k in shapes] == want
+
+
 def test_split_k_choice_fills_the_sms_with_long_enough_splits():
     # Llama-3-8B at M = 32 on 132 SMs: 32-wide tiles where N gives enough of them, else 64-wide
     assert [_config(32, n, 132)["BLOCK_N"] for n in (6144, 28672, 4096)] == [32, 32, 64]

@@ -24,19 +24,15 @@ from collections.abc import Sequence
 import torch
 
 from batchgen.kernels import fp8_reference as ref
-from batchgen.kernels.fp8_reference import ActQuant, Fp8Act, MaximaAct
+from batchgen.kernels.fp8_reference import ActQuant, Fp8Act
 from batchgen.kernels.split_sums import SplitSums
 from batchgen.model.weights.formats import stacked_bias
 from batchgen.model.weights.sources import Part, WeightSource
 
 
-def quantize_input(x: torch.Tensor | Fp8Act | MaximaAct, quant: ActQuant) -> Fp8Act:
+def quantize_input(x: torch.Tensor | Fp8Act, quant: ActQuant) -> Fp8Act:
     if isinstance(x, Fp8Act):
         return x
-    if isinstance(x, MaximaAct):  # per-row dynamic scales, from the maxima its producer wrote
-        from batchgen.kernels.activation import quantize_by_maxima
-
-        return quantize_by_maxima(*x)
     if x.is_cuda:
         from batchgen.kernels.fp8_quant import quantize_act
 
@@ -53,9 +49,8 @@ class Fp8RowLinear:
         self.out_features = weight.shape[0]  # weight: [N, K] e4m3; scale: [N] fp32
         self.act_quant = ActQuant(None, None if input_scale is None else input_scale.float().reshape(()))
 
-    def __call__(self, x: torch.Tensor | Fp8Act | MaximaAct, summed: bool = True) -> torch.Tensor | SplitSums:
-        # [T, K] -> [T, N]; the CUDA product may quantize a MaximaAct as it loads it
-        act = x if isinstance(x, MaximaAct) and self.weight.is_cuda else quantize_input(x, self.act_quant)
+    def __call__(self, x: torch.Tensor | Fp8Act, summed: bool = True) -> torch.Tensor | SplitSums:
+        act = quantize_input(x, self.act_quant)  # [T, K] -> [T, N]
         if self.weight.is_cuda:
             from batchgen.kernels.fp8_gemm import rowwise_matmul
 
@@ -65,11 +60,10 @@ class Fp8RowLinear:
             y = ref.linear_rows(act, self.weight, self.scale, self.dtype)
         return y if self.bias is None else y + self.bias
 
-    def silu_mul(self, x: torch.Tensor | Fp8Act, quant: ActQuant | None) -> MaximaAct | None:
-        """silu(gate) * up of this gate|up projection ([T, 2I] -> [T, I]) with its rows' maxima, for the
-        per-row dynamic ``quant`` that down_proj asks, where the product's kernel applies SiLU itself
-        (CUDA, decode sizes: ``fp8_gemm_tma.silu_mul_product``); else None, and the caller runs the
-        product, then SiLU-and-multiply."""
+    def silu_mul(self, x: torch.Tensor | Fp8Act, quant: ActQuant | None) -> Fp8Act | None:
+        """silu(gate) * up of this gate|up projection ([T, 2I] -> [T, I]), quantized per row as ``quant``
+        asks, where the product's kernel applies SiLU itself (CUDA, decode sizes: ``fp8_gemm_tma.
+        silu_mul_product``); else None, and the caller runs the product, then SiLU-and-multiply."""
         dynamic_rows = quant is not None and quant.group is None and quant.static_scale is None
         if not (self.weight.is_cuda and self.bias is None and dynamic_rows):
             return None
