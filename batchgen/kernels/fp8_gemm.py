@@ -8,7 +8,7 @@
   Triton kernel; each K tile is one scale group, so its partial product is scaled before it is added.
 
 At decode sizes (<= 64 rows) on sm_90+ the TMA kernels (``fp8_gemm_tma.py``) take the products where
-``tma_shape`` says they read faster. All are what the tests run under the interpreter (tl.dot of e4m3
+``tma_shape`` picks them (gate|up). All are what the tests run under the interpreter (tl.dot of e4m3
 tiles, fp32 sums).
 """
 
@@ -165,9 +165,9 @@ def triton_fp8_matmul(
         return torch.empty((m, n), dtype=dtype, device=act.data.device)
     sms = num_sms(act.data.device)
     chosen = group is not None or split_k is not None or block_n is not None
-    if tma is None and not chosen and tma_supported(act.data, weight):
-        shape = tma_shape(n, k, sms)
-        tma, block_n, split_k = shape is not None, *(shape or (None, None))
+    shape = tma_shape(n, k, sms) if tma is None and not chosen else None
+    if shape is not None and tma_supported(act.data, weight):
+        tma, (block_n, split_k) = True, shape
     if tma:
         return _split_result(
             tma_product(act, weight, scale, dtype, split_k, block_n, num_stages), dtype, summed
