@@ -100,12 +100,12 @@ class WorkerPool:
 
     def send(self, message: tuple) -> None:
         self.check()
-        try:
-            for conn in self.conns:
+        for index, conn in enumerate(self.conns):
+            try:
                 conn.send(message)
-        except OSError as exc:
-            self._fail(f"lost the connection to a tensor-parallel rank ({exc})")
-            self.check()
+            except OSError as exc:
+                self._fail(self._lost(index + 1, exc))
+                self.check()
 
     def check(self) -> None:
         if self.failure is not None:
@@ -115,12 +115,14 @@ class WorkerPool:
         """Send to every worker, run ``local`` here meanwhile (its result first), collect one reply each."""
         with self._lock:  # the watch must not take a reply for a closed connection
             self.send(message)
-            own = [local()] if local is not None else []
-            try:
-                return own + [conn.recv() for conn in self.conns]
-            except (EOFError, OSError) as exc:
-                self._fail(f"lost the connection to a tensor-parallel rank ({exc})")
-                raise RankFailed(self.failure) from exc
+            replies = [local()] if local is not None else []
+            for index, conn in enumerate(self.conns):
+                try:
+                    replies.append(conn.recv())
+                except (EOFError, OSError) as exc:
+                    self._fail(self._lost(index + 1, exc))
+                    raise RankFailed(self.failure) from exc
+            return replies
 
     def close(self) -> None:
         if self._closing and not self.conns:
@@ -149,6 +151,14 @@ class WorkerPool:
             if closed:
                 rank = self.conns.index(closed[0]) + 1
                 self._fail(f"tensor-parallel rank {rank} exited{self._exit_status(rank)}")
+
+    def _lost(self, rank: int, exc: BaseException) -> str:
+        """The failure a broken connection to ``rank`` means: how its process exited, where it has (the
+        same words as the watch's, whichever of the two sees the death first)."""
+        status = self._exit_status(rank)
+        if status:
+            return f"tensor-parallel rank {rank} exited{status}"
+        return f"lost the connection to tensor-parallel rank {rank} ({exc})"
 
     def _exit_status(self, rank: int) -> str:
         if rank - 1 >= len(self.procs):
