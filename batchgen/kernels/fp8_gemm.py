@@ -19,7 +19,14 @@ import triton
 import triton.language as tl
 
 from batchgen.kernels.decode import num_sms
-from batchgen.kernels.fp8_gemm_tma import SMALL_M, scale_rowwise, tma_product, tma_shape, tma_supported
+from batchgen.kernels.fp8_gemm_tma import (
+    SMALL_M,
+    scale_rowwise,
+    split_destination,
+    tma_product,
+    tma_shape,
+    tma_supported,
+)
 from batchgen.kernels.fp8_reference import Fp8Act
 from batchgen.kernels.pdl import pdl_options, wait_for_producer
 from batchgen.kernels.split_sums import SplitSums
@@ -181,13 +188,8 @@ def triton_fp8_matmul(
     k_tiles = triton.cdiv(k, block_k)
     if split_k is None:
         split_k = choose_split_k(grid[0] * grid[1], k_tiles, sms, cfg["BLOCK_N"]) if m <= SMALL_M else 1
-    per_split = triton.cdiv(k_tiles, split_k)
-    split_k = triton.cdiv(k_tiles, per_split)  # no empty split
-    # fp32 partial products, one [M, N] slice per split, added in split order by a second kernel (or by
-    # the consumer of a SplitSums)
-    dest = torch.empty((split_k, m, n) if split_k > 1 else (m, n), device=act.data.device,
-                       dtype=torch.float32 if split_k > 1 else dtype)  # fmt: skip
-    _fp8_matmul_kernel[(*grid, split_k)](
+    dest, per_split, splits = split_destination(m, n, k_tiles, split_k, dtype, act.data.device)
+    _fp8_matmul_kernel[(*grid, splits)](
         act.data, weight, dest, act.scale, scale, m, n, k,
         act.data.stride(0), weight.stride(0), n, act.scale.stride(0),
         scale.stride(0) if group else 0, m * n, per_split, BLOCKWISE=group is not None,

@@ -25,6 +25,19 @@ from batchgen.kernels.tma import supported as device_has_tma
 SMALL_M = 64
 
 
+def split_destination(
+    m: int, n: int, k_tiles: int, split_k: int, dtype: torch.dtype, device: torch.device
+) -> tuple[torch.Tensor, int, int]:
+    """A product's output, its K tiles per split and its splits (at most ``split_k``, none left empty):
+    [M, N] in ``dtype`` unsplit, else [splits, M, N] fp32 partial products, added in split order by a
+    second kernel or by the consumer of a ``SplitSums``."""
+    per_split = triton.cdiv(k_tiles, split_k)
+    splits = triton.cdiv(k_tiles, per_split)
+    if splits == 1:
+        return torch.empty((m, n), dtype=dtype, device=device), per_split, splits
+    return torch.empty((splits, m, n), dtype=torch.float32, device=device), per_split, splits
+
+
 @triton.jit
 def scale_rowwise(acc, as_ptr, bs_ptr, rm, rn, m_ok, n_ok, stride_as):
     """acc [BLOCK_M, BLOCK_N] times the rows' token scales and the columns' channel scales."""
@@ -167,13 +180,10 @@ def tma_product(
     n = weight.shape[0]
     block_n = block_n or TMA_BLOCK_N
     k_tiles = triton.cdiv(k, TMA_BLOCK_K)
-    per_split = triton.cdiv(k_tiles, split_k or 1)
-    split_k = triton.cdiv(k_tiles, per_split)  # no empty split
-    dest = torch.empty((split_k, m, n) if split_k > 1 else (m, n), device=act.data.device,
-                       dtype=torch.float32 if split_k > 1 else dtype)  # fmt: skip
+    dest, per_split, splits = split_destination(m, n, k_tiles, split_k or 1, dtype, act.data.device)
     a_desc, block_m = _act_descriptor(act.data)
     b_desc = TensorDescriptor.from_tensor(weight, [block_n, TMA_BLOCK_K])
-    _fp8_matmul_tma_kernel[(triton.cdiv(n, block_n), split_k)](
+    _fp8_matmul_tma_kernel[(triton.cdiv(n, block_n), splits)](
         a_desc, b_desc, dest, act.scale, scale, m, n, k, act.scale.stride(0), n, m * n, per_split,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=TMA_BLOCK_K, STAGES=stages or TMA_STAGES, num_warps=4,
     )  # fmt: skip
