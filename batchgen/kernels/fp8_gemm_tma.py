@@ -149,8 +149,10 @@ def tma_supported(a: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 def tma_applies(a: torch.Tensor, weight: torch.Tensor, sms: int) -> bool:
-    """``tma_supported`` with N wide enough for a 128-wide tile per SM over the whole of K (gate|up)."""
-    return triton.cdiv(weight.shape[0], TMA_BLOCK_N) >= sms and tma_supported(a, weight)
+    """``tma_supported`` where ``tma_shape`` takes 128-wide tiles over the whole of K (gate|up: the shape
+    the SiLU epilogue kernel is built for)."""
+    n, k = weight.shape
+    return tma_shape(n, k, sms) == (TMA_BLOCK_N, 1) and tma_supported(a, weight)
 
 
 def tma_shape(n: int, k: int, sms: int) -> tuple[int, int] | None:
