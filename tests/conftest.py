@@ -1,11 +1,38 @@
 import os
+from collections import Counter
 
 import pytest
 
 from batchgen.model.loader import default_model_dir
 from batchgen.testing.models import TINY_CONFIGS, build_tiny_model
+from tests.skips import unexplained
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def _skip_reason(report: pytest.TestReport) -> str:
+    longrepr = report.longrepr
+    text = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    return text.removeprefix("Skipped: ")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A skip that names nothing this machine lacks fails its test (tests/skips.py)."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and not hasattr(report, "wasxfail"):
+        problem = unexplained(_skip_reason(report))
+        if problem is not None:
+            report.outcome, report.longrepr = "failed", f"skipped without cause: {problem}"
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """The number of skips and each reason, for CI's log (what a green run did not check)."""
+    reasons = Counter(_skip_reason(report) for report in terminalreporter.stats.get("skipped", []))
+    terminalreporter.write_line(f"skips: {sum(reasons.values())}")
+    for reason, count in sorted(reasons.items()):
+        terminalreporter.write_line(f"  {count} x {reason}")
 
 
 @pytest.fixture(scope="session")

@@ -136,7 +136,7 @@ def test_without_proc_the_load_average_counts_busy_cores(monkeypatch):
 def test_reads_this_process_from_proc():
     sample = threads.read_sample()
     if sample is None:
-        pytest.skip("no /proc here")
+        pytest.skip("needs /proc")
     assert sample.waited_s and all(w >= 0 for w in sample.waited_s.values()) and sample.idle_s >= 0
 
 

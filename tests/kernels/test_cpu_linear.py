@@ -11,7 +11,7 @@ from batchgen.kernels import cpu_linear
 from batchgen.model.weights.formats import DenseFormat, DenseLinear
 from batchgen.model.weights.sources import Part
 
-pytestmark = pytest.mark.skipif(not cpu_linear.ONEDNN, reason="torch built without oneDNN")
+pytestmark = pytest.mark.skipif(not cpu_linear.ONEDNN, reason="needs torch built with oneDNN")
 
 
 def _operands(rows: int, with_bias: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:

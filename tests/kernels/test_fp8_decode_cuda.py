@@ -36,7 +36,7 @@ def _cuda(case, kv_scales, splits: int, shape=None, out=None):
 @pytest.mark.parametrize("build", ["default pick", "cp.async", "tma"])
 def test_cuda_decode_matches_reference(group, splits, block_size, build):
     if build == "tma" and torch.cuda.get_device_capability() < (9, 0):
-        pytest.skip("TMA copies need Hopper")
+        pytest.skip("needs a Hopper GPU (TMA copies)")
     kv_scales = (0.5, 2.0)
     case = _case(group, block_size, torch.bfloat16, kv_scales)
     assert fp8_decode_cuda.supports(case.query, case.k_cache, case.v_cache, None)
@@ -65,7 +65,7 @@ def test_cuda_decode_matches_reference(group, splits, block_size, build):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_cuda_decode_launch_shapes_agree(shape, splits, dtype):
     if len(shape) > 4 and torch.cuda.get_device_capability() < (9, 0):
-        pytest.skip("TMA copies need Hopper")
+        pytest.skip("needs a Hopper GPU (TMA copies)")
     kv_scales = (0.5, 2.0)
     case = _case(4, 16, dtype, kv_scales)
     want = ref.paged_attention(*case.attn_args(), kv_scales)
@@ -113,7 +113,7 @@ def test_cuda_decode_reads_a_strided_query_and_larger_pages(tma, block_size):
     """q as a view into a fused qkv projection (the engine's case); pages of 32 / 64 tokens put chunks at
     offsets 16, 32, 48 inside a page (the TMA copy's page-offset coordinate)."""
     if tma and torch.cuda.get_device_capability() < (9, 0):
-        pytest.skip("TMA copies need Hopper")
+        pytest.skip("needs a Hopper GPU (TMA copies)")
     kv_scales = (0.5, 2.0)
     case = _case(4, block_size, torch.bfloat16, kv_scales)
     fused = torch.randn(case.query.shape[0], 48 * 128, device="cuda", dtype=torch.bfloat16)

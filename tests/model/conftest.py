@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-from batchgen.model.files.tokenizer import FileTokenizer, verified_transformers
+from tests.model.tokenizer_cases import open_as_installed
 
 
 @pytest.fixture(scope="module")
@@ -15,6 +15,4 @@ def hf(default_model_path):
 
 @pytest.fixture(scope="module")
 def ft(default_model_path):
-    if not verified_transformers():
-        pytest.skip("transformers is not a verified release")
-    return FileTokenizer.open(default_model_path)
+    return open_as_installed(default_model_path)

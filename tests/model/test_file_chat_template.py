@@ -78,6 +78,7 @@ def test_the_sandbox_rule_of_the_installed_release_is_followed(ft, hf, template)
         ("5.17.0", (False, False, False)), ("5.20.2", (False, False, False)),
         ("5.21.0", (False, True, False)), ("5.22.1", (False, True, False)), ("5.22.2", (False, True, True)),
         ("5.23.0", (True, True, True)), ("5.24.0", (True, True, True)),
+        ("5.25.0", (True, True, True)),
     ],
 )  # fmt: skip
 def test_template_rules_follow_the_release(default_model_path, monkeypatch, version, rules):

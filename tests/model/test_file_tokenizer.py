@@ -2,8 +2,10 @@
 ids, decoded text, special tokens and rendered chat templates for the embedded model's directory and for
 variants of it, and a refusal (None) for every variant where transformers would load differently.
 
-The comparisons run where the installed transformers is a verified release (``verified_transformers``);
-under any other (CI installs the newest) FileTokenizer must refuse every directory, and that is tested."""
+The comparisons run against whatever transformers is installed, with FileTokenizer held to that release's
+rules (``open_as_installed``), so that a new release is checked by the same tests before it is added to the
+verified ones. Outside those, ``FileTokenizer.open`` refuses every directory (``Unverified``), and that is
+tested."""
 
 from __future__ import annotations
 
@@ -18,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import transformers
 from tokenizers import Tokenizer
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
@@ -27,17 +28,15 @@ from batchgen.model.files.tokenizer import FileTokenizer, verified_transformers
 from tests.model.tokenizer_cases import (
     CONVERSATIONS,
     CORPUS,
+    INSTALLED,
     RICH_KWARGS,
     RICH_MESSAGES,
     RICH_TEMPLATE,
     heavy_modules_after,
+    open_as_installed,
 )
 
 _DROP = object()  # a tokenizer_config.json key to remove
-VERIFIED = verified_transformers()
-# Tests that need FileTokenizer to load: under an unverified release it refuses instead
-# (test_an_unverified_transformers_release_is_refused), so they are skipped.
-needs_verified = pytest.mark.skipif(not VERIFIED, reason="transformers is not a verified release")
 
 
 def _variant(src: str, dest: Path, config=None, model=None, remove=(), files=None, edit_json=None) -> str:
@@ -144,14 +143,13 @@ ACCEPTED: dict[str, dict[str, Any]] = {
 # fmt: on
 
 
-@needs_verified
 @pytest.mark.parametrize("case", ACCEPTED)
 def test_accepted_variants_match_transformers(default_model_path, tmp_path, case):
     variant = copy.deepcopy(ACCEPTED[case])
     if variant["config"].get("added_tokens_decoder"):
         variant["config"]["added_tokens_decoder"] = _tokenizer_json_decoder(default_model_path)
     path = _variant(default_model_path, tmp_path / "v", **variant)
-    mine, theirs = FileTokenizer.open(path), AutoTokenizer.from_pretrained(path)
+    mine, theirs = open_as_installed(path), AutoTokenizer.from_pretrained(path)
     _same_tokenizer(mine, theirs)
     kwargs = {**RICH_KWARGS, "add_generation_prompt": True, "tokenize": False}
     assert mine.apply_chat_template(RICH_MESSAGES, **kwargs) == theirs.apply_chat_template(
@@ -224,17 +222,14 @@ REFUSALS: dict[str, tuple[str, dict[str, Any]]] = {
 _DIFFERING = ["pad not added", "split_special_tokens", "decoder lstrip", "eos not special", "truncation"]
 
 
-@needs_verified
 @pytest.mark.parametrize("case", REFUSALS)
 def test_refuses_where_transformers_may_differ(default_model_path, tmp_path, case):
     reason, variant = REFUSALS[case]
     path = _variant(default_model_path, tmp_path / "v", **variant)
-    assert FileTokenizer.load(path) is None
     with pytest.raises(file_tokenizer.Refused, match=re.escape(reason)):
-        FileTokenizer.open(path)
+        open_as_installed(path)
 
 
-@needs_verified
 @pytest.mark.parametrize("case", [*_DIFFERING, "remapped model type"])
 def test_reading_a_refused_variant_as_is_would_differ_from_transformers(default_model_path, tmp_path, case):
     """Why the refusals matter: tokenizer.json read as is (what FileTokenizer would use) is not what
@@ -248,11 +243,10 @@ def test_reading_a_refused_variant_as_is_would_differ_from_transformers(default_
     assert not (same_backend and same_ids and same_text)
 
 
-@needs_verified
 def test_transformers_fails_on_chat_control_tokens_that_are_not_a_list(default_model_path, tmp_path):
     """5.20.0 and newer fail, older releases ignore it: refused on every release."""
     path = _variant(default_model_path, tmp_path / "v", **REFUSALS["chat_control_tokens not a list"][1])
-    if file_tokenizer._release(transformers.__version__) < (5, 20, 0):
+    if INSTALLED < (5, 20, 0):
         assert AutoTokenizer.from_pretrained(path) is not None  # ignored
         return
     with pytest.raises(TypeError, match="chat_control_tokens"):
@@ -264,27 +258,22 @@ def test_transformers_fails_on_chat_control_tokens_that_are_not_a_list(default_m
     [
         ("5.23.0", True), ("5.24.0", True), ("5.22.2", True), ("5.17.0", True), ("5.16.0", False),
         ("4.57.6", False),
-        ("5.24.1", False), ("5.25.0", False), ("6.0.0", False), ("5.24.0.dev0", False), ("5.24.0rc1", False),
+        ("5.25.0", True), ("5.25.1", False), ("5.26.0", False), ("6.0.0", False), ("5.24.0.dev0", False),
+        ("5.24.0rc1", False),
         ("5.23.0.post1", False), ("", False), (None, False),
     ],
 )  # fmt: skip
 def test_only_verified_releases_are_accepted(default_model_path, monkeypatch, version, verified):
     monkeypatch.setattr(file_tokenizer, "_transformers_version", lambda: version)
     assert verified_transformers() == verified
-    if not verified:
-        assert FileTokenizer.load(default_model_path) is None
-        with pytest.raises(file_tokenizer.Refused, match=re.escape(f"installed: {version}")):
-            FileTokenizer.open(default_model_path)
-
-
-def test_an_unverified_transformers_release_is_refused(default_model_path):
-    """Whatever transformers is installed: FileTokenizer loads only under a verified release."""
-    if VERIFIED:
-        assert FileTokenizer.load(default_model_path) is not None
+    if verified:
+        release = file_tokenizer.installed_release()
+        assert FileTokenizer.open(default_model_path).template_rules == file_tokenizer.rules(release)
         return
-    assert FileTokenizer.load(default_model_path) is None
-    with pytest.raises(file_tokenizer.Refused, match="checked against transformers"):
+    with pytest.raises(file_tokenizer.Unverified, match=re.escape(f"installed: {version}")):
         FileTokenizer.open(default_model_path)
+    explicit = FileTokenizer.open(default_model_path, release=(5, 22, 1))  # that release's rules, asked for
+    assert explicit.template_rules == file_tokenizer.rules((5, 22, 1))
 
 
 def test_copies_and_pickles_keep_encoding(ft):
@@ -296,14 +285,12 @@ def test_copies_and_pickles_keep_encoding(ft):
         )
 
 
-@needs_verified
 def test_transformers_tokenizer_is_loaded_once(default_model_path):
-    tokenizer = FileTokenizer.open(default_model_path)
+    tokenizer = open_as_installed(default_model_path)
     real = tokenizer.transformers_tokenizer()
     assert isinstance(real, PreTrainedTokenizerBase) and real is tokenizer.transformers_tokenizer()
     assert real.name_or_path == default_model_path
 
 
-@needs_verified
 def test_loading_does_not_import_transformers(default_model_path):
-    assert heavy_modules_after(f"FileTokenizer.load({default_model_path!r}) is not None") == []
+    assert heavy_modules_after(f"FileTokenizer.open({default_model_path!r}, release=INSTALLED)") == []

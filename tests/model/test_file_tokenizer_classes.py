@@ -20,7 +20,7 @@ from tokenizers.pre_tokenizers import ByteLevel
 from transformers import AutoTokenizer
 
 from batchgen.model.files import tokenizer as file_tokenizer
-from batchgen.model.files.tokenizer import FileTokenizer, verified_transformers
+from batchgen.model.files.tokenizer import FileTokenizer
 from tests.model.qwen_tokenizer_cases import (
     BYTE_LEVEL,
     CONVERSATIONS,
@@ -32,10 +32,7 @@ from tests.model.qwen_tokenizer_cases import (
     SPECIAL,
     TOOLS,
 )
-from tests.model.tokenizer_cases import heavy_modules_after
-
-VERIFIED = verified_transformers()
-needs_verified = pytest.mark.skipif(not VERIFIED, reason="transformers is not a verified release")
+from tests.model.tokenizer_cases import heavy_modules_after, open_as_installed
 
 _DROP = "<drop this key>"  # a tokenizer_config.json key to remove
 _BOTH = (True, False)
@@ -230,30 +227,27 @@ ACCEPTED: dict[str, dict[str, Any]] = {
 # fmt: on
 
 
-@needs_verified
 @pytest.mark.parametrize("case", ACCEPTED)
 def test_qwen_tokenizers_match_transformers(merges, tmp_path, case):
     path = _qwen_dir(merges, tmp_path / "q", **ACCEPTED[case])
-    mine, theirs = FileTokenizer.open(path), AutoTokenizer.from_pretrained(path)
+    mine, theirs = open_as_installed(path), AutoTokenizer.from_pretrained(path)
     assert type(theirs).__name__ == "Qwen2Tokenizer"
     _same_tokenizer(mine, theirs)
 
 
-@needs_verified
 def test_a_qwen_tokenizer_saved_by_transformers_matches(merges, tmp_path):
     path = _saved_by_transformers(merges, tmp_path)
     assert json.loads(Path(path, "tokenizer_config.json").read_text())["tokenizer_class"] == "Qwen2Tokenizer"
-    _same_tokenizer(FileTokenizer.open(path), AutoTokenizer.from_pretrained(path))
+    _same_tokenizer(open_as_installed(path), AutoTokenizer.from_pretrained(path))
 
 
-@needs_verified
 def test_qwen3_with_tokenizers_backend_class_is_read_as_is(merges, tmp_path):
     """qwen3 is not remapped: its TokenizersBackend keeps tokenizer.json as is, trim_offsets included."""
     path = _qwen_dir(merges, tmp_path / "q", config={"tokenizer_class": "TokenizersBackend"})
     theirs = AutoTokenizer.from_pretrained(path)
     assert type(theirs).__name__ == "TokenizersBackend"
     assert theirs.backend_tokenizer.to_str() == Tokenizer.from_file(f"{path}/tokenizer.json").to_str()
-    _same_tokenizer(FileTokenizer.open(path), theirs)
+    _same_tokenizer(open_as_installed(path), theirs)
 
 
 _DROP_THINK = {"added_tokens_decoder": "drop <think>"}  # an added_tokens_decoder without it
@@ -309,16 +303,13 @@ def _refused_dir(merges, tmp_path: Path, case: str) -> str:
     return _qwen_dir(merges, tmp_path / "q", **variant)
 
 
-@needs_verified
 @pytest.mark.parametrize("case", REFUSALS)
 def test_refuses_where_qwen2tokenizer_may_differ(merges, tmp_path, case):
     path = _refused_dir(merges, tmp_path, case)
-    assert FileTokenizer.load(path) is None
     with pytest.raises(file_tokenizer.Refused, match=re.escape(REFUSALS[case][0])):
-        FileTokenizer.open(path)
+        open_as_installed(path)
 
 
-@needs_verified
 @pytest.mark.parametrize("case", _DIFFERING)
 def test_reading_a_refused_qwen_variant_as_is_would_differ_from_transformers(merges, tmp_path, case):
     path = _refused_dir(merges, tmp_path, case)
@@ -326,7 +317,6 @@ def test_reading_a_refused_qwen_variant_as_is_would_differ_from_transformers(mer
     assert _as_is_differs(path)
 
 
-@needs_verified
 @pytest.mark.parametrize("model_type", ["qwen2", "qwen3"])
 def test_the_embedded_smollm2_tokenizer_json_is_not_qwen2tokenizers(default_model_path, tmp_path, model_type):
     """SmolLM2's tokenizer.json (ByteLevel with GPT-2's regex, no normalizer) is not Qwen2Tokenizer's: read as
@@ -340,14 +330,13 @@ def test_the_embedded_smollm2_tokenizer_json_is_not_qwen2tokenizers(default_mode
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
     (tmp_path / "config.json").write_text(json.dumps({"model_type": model_type}))
     with pytest.raises(file_tokenizer.Refused, match="whose normalizer tokenizer.json lacks"):
-        FileTokenizer.open(str(tmp_path))
+        open_as_installed(str(tmp_path))
     theirs = AutoTokenizer.from_pretrained(str(tmp_path))
     assert type(theirs).__name__ == "Qwen2Tokenizer"
     assert Tokenizer.from_file(str(tmp_path / "tokenizer.json")).encode("x\r\ny").ids == [104, 201, 198, 105]
     assert theirs.encode("x\r\ny") == [104, 2738, 105]
 
 
-@needs_verified
 def test_a_directory_named_as_a_tokenizers_backend_model_is_refused(merges, tmp_path, monkeypatch):
     """AutoTokenizer gives names matching MODEL_IDS_TO_TOKENIZERS_BACKEND (a local dir's name is its path)
     TokenizersBackend, whatever the class."""
@@ -356,16 +345,17 @@ def test_a_directory_named_as_a_tokenizers_backend_model_is_refused(merges, tmp_
     _qwen_dir(merges, tmp_path / path)
     assert type(AutoTokenizer.from_pretrained(path)).__name__ == "TokenizersBackend"
     with pytest.raises(file_tokenizer.Refused, match="MODEL_IDS_TO_TOKENIZERS_BACKEND"):
-        FileTokenizer.open(path)
+        open_as_installed(path)
 
 
 def test_an_unverified_transformers_release_refuses_qwen(merges, tmp_path, monkeypatch):
-    monkeypatch.setattr(file_tokenizer, "_transformers_version", lambda: "5.25.0")
-    assert FileTokenizer.load(_qwen_dir(merges, tmp_path / "q")) is None
+    monkeypatch.setattr(file_tokenizer, "_transformers_version", lambda: "9.0.0")
+    with pytest.raises(file_tokenizer.Unverified):
+        FileTokenizer.open(_qwen_dir(merges, tmp_path / "q"))
 
 
-@needs_verified
 def test_loading_qwen_does_not_import_transformers(merges, tmp_path):
     path = _qwen_dir(merges, tmp_path / "q")
     ids = Tokenizer.from_file(f"{path}/tokenizer.json").encode("<|im_start|>x").ids
-    assert heavy_modules_after(f"FileTokenizer.open({path!r}).encode('<|im_start|>x') == {ids}") == []
+    probe = f"FileTokenizer.open({path!r}, release=INSTALLED).encode('<|im_start|>x') == {ids}"
+    assert heavy_modules_after(probe) == []

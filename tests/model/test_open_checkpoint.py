@@ -5,6 +5,7 @@ transformers."""
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import pytest
 from transformers import GenerationConfig
 
 from batchgen.config import EngineConfig
+from batchgen.model.files import tokenizer as file_tokenizer
 from batchgen.model.files.config import FileConfig, read_config
 from batchgen.model.files.generation import GenerationDefaults, read_generation_defaults
 from batchgen.model.files.tokenizer import FileTokenizer, verified_transformers
@@ -72,6 +74,22 @@ def test_transformers_reads_what_the_files_readers_are_not_asked_to(tiny_llama, 
     # the tokenizer does not depend on the forward: only remote code or the variable send it to transformers
     file_tokenizer = not env and "trust_remote_code" not in options and verified_transformers()
     assert isinstance(checkpoint.tokenizer, FileTokenizer) == file_tokenizer
+
+
+@pytest.mark.parametrize("version", ["9.0.0", "5.16.0", "5.99.0.dev0"])
+def test_an_unverified_transformers_release_gives_its_own_tokenizer_and_says_so(
+    tiny_llama, monkeypatch, caplog, version
+):
+    """A transformers release outside the verified ones (simulated): the checkpoint still opens, with
+    transformers' tokenizer, which encodes; one line says why the start-up is slower."""
+    monkeypatch.setattr(file_tokenizer, "_transformers_version", lambda: version)
+    with caplog.at_level(logging.DEBUG, logger="batchgen"):
+        checkpoint = open_checkpoint(tiny_llama, EngineConfig(model=tiny_llama))
+    assert not isinstance(checkpoint.tokenizer, FileTokenizer)
+    assert checkpoint.tokenizer.encode("Hello") == FileTokenizer.open(tiny_llama, (5, 24, 0)).encode("Hello")
+    said = [record for record in caplog.records if record.name == "batchgen"]
+    assert len(said) == 1 and said[0].levelno == logging.INFO
+    assert f"installed: {version}" in said[0].getMessage() and "through transformers" in said[0].getMessage()
 
 
 def test_random_weights_read_the_config_through_transformers(tiny_llama):

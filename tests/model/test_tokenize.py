@@ -9,7 +9,6 @@ import threading
 import pytest
 from transformers import AutoTokenizer
 
-from batchgen.model.files.tokenizer import FileTokenizer
 from batchgen.model.tokenize import (
     backend_only,
     batch_decoder,
@@ -20,6 +19,7 @@ from batchgen.model.tokenize import (
     tokenizer_for_thread,
 )
 from batchgen.testing.models import tokenizer_path
+from tests.model.tokenizer_cases import open_as_installed
 
 
 def _sequences(tokenizer) -> list[list[int]]:
@@ -119,7 +119,7 @@ def test_a_shared_tokenizer_gives_each_thread_what_one_thread_gets(kind):
     the lean start-up's ``FileTokenizer``), the GIL given up inside both Rust calls: every result is the
     one a lone thread gets, and neither call fails."""
     path = str(tokenizer_path())
-    loaded = AutoTokenizer.from_pretrained(path) if kind == "transformers" else FileTokenizer.load(path)
+    loaded = AutoTokenizer.from_pretrained(path) if kind == "transformers" else open_as_installed(path)
     tokenizer = tokenizer_for_thread(loaded)
     assert tokenizer is loaded
     rendered = [render_prompt(tokenizer, p) for p in _PROMPTS] * 8

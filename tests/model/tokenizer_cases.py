@@ -1,13 +1,28 @@
 """Texts and conversations the FileTokenizer oracle tests (test_file_tokenizer.py,
-test_file_chat_template.py) compare on, and the probe of what loading a tokenizer imports (shared with
-test_file_tokenizer_classes.py)."""
+test_file_chat_template.py) compare on, the release they hold FileTokenizer to, and the probe of what
+loading a tokenizer imports (shared with test_file_tokenizer_classes.py)."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from typing import Any
+
+import transformers
+
+from batchgen.model.files.tokenizer import FileTokenizer
+
+# The oracle tests compare FileTokenizer with the installed transformers, whatever release it is: verified
+# or not, FileTokenizer follows that release's rules (a dev or pre-release: those of its version number).
+INSTALLED = tuple(int(part) for part in re.match(r"(\d+)\.(\d+)\.(\d+)", transformers.__version__).groups())
+
+
+def open_as_installed(path: str) -> FileTokenizer:
+    """``FileTokenizer.open`` held to the installed transformers' rules, even where that release is not a
+    verified one (where batchgen itself would read the tokenizer through transformers)."""
+    return FileTokenizer.open(path, release=INSTALLED)
 
 
 def heavy_modules_after(check: str) -> list[str]:
@@ -16,6 +31,7 @@ def heavy_modules_after(check: str) -> list[str]:
     probe = "\n".join([
         "import json, sys",
         "from batchgen.model.files.tokenizer import FileTokenizer",
+        f"INSTALLED = {INSTALLED!r}",
         f"assert {check}",
         "print(json.dumps([m for m in ('transformers', 'torch') if m in sys.modules]))",
     ])  # fmt: skip

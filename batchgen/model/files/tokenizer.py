@@ -1,10 +1,10 @@
 """A checkpoint's tokenizer read with ``tokenizers`` and ``jinja2`` alone (importing transformers for
-``AutoTokenizer.from_pretrained`` costs a CPU process ~2 s). ``FileTokenizer.load`` returns one only where
-transformers (releases 5.17.0 to 5.24.0: ``verified_transformers``) builds a ``TokenizersBackend`` over
-``tokenizer.json`` as is, or a ``Qwen2Tokenizer`` that encodes and decodes as tokenizer.json does
-(tokenizer_classes.py), with the same special tokens and chat template; wherever ids, decoding or
-rendering could differ it returns None, and the caller loads the tokenizer through transformers.
-``FileTokenizer.open`` raises ``Refused`` with the reason instead."""
+``AutoTokenizer.from_pretrained`` costs a CPU process ~2 s). ``FileTokenizer.open`` returns one only where
+transformers builds a ``TokenizersBackend`` over ``tokenizer.json`` as is, or a ``Qwen2Tokenizer`` that
+encodes and decodes as tokenizer.json does (tokenizer_classes.py), with the same special tokens and chat
+template; wherever ids, decoding or rendering could differ it raises ``Refused`` with the reason, and the
+caller loads the tokenizer through transformers (``model/loader.open_tokenizer``). Under a transformers
+release outside the verified ones (``verified_transformers``) it raises ``Unverified``, a ``Refused``."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from batchgen.model.files.tokenizer_classes import (
     QWEN2_SPECIAL_DEFAULTS,
     QWEN2_TOKENIZER,
     Refused,
+    Unverified,
     qwen2_backend,
     tokenizer_class,
 )
@@ -31,15 +32,17 @@ _NAMED = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_
 # bounds included. The rules were derived from 5.24.0; each other release was verified by diffing its
 # tokenizer code (tokenization_utils_tokenizers.py, tokenization_utils_base.py,
 # models/auto/tokenization_auto.py, models/qwen2/tokenization_qwen2.py, utils/chat_template_utils.py)
-# against 5.24.0's and by running tests/model/test_file_tokenizer*.py under it. They load and encode alike;
-# rendering differs by release (chat_template.TemplateRules, chosen by ``rules``). Loading details that
-# differ are refused on every release instead of mirrored: a model type remapped by any of them
-# (tokenizer_classes), an empty extra_special_tokens beside a non-empty additional_special_tokens (before
-# 5.18.0 the empty one wins) and a chat_control_tokens that is not a list (5.20.0 fails,
-# older releases ignore it). Newer releases are unverified, patch releases too (5.22.2 changed rendering),
-# so they are refused, as are dev and pre-releases and releases before 5.17.0 (not checked).
+# against 5.24.0's and by running tests/model/test_file_tokenizer*.py under it (they hold FileTokenizer to
+# the installed release's rules, verified or not). They load and encode alike; rendering differs by release
+# (chat_template.TemplateRules, chosen by ``rules``). Loading details that differ are refused on every
+# release instead of mirrored: a model type remapped by any of them (tokenizer_classes), an empty
+# extra_special_tokens beside a non-empty additional_special_tokens (before 5.18.0 the empty one wins) and a
+# chat_control_tokens that is not a list (5.20.0 fails, older releases ignore it). Newer releases are
+# unverified, patch releases too (5.22.2 changed rendering), so they are refused, as are dev and pre-releases
+# and releases before 5.17.0 (not checked). To add one: `make upgrade-deps` runs those tests under it; then
+# diff the files above and move the bound.
 _OLDEST_TRANSFORMERS = (5, 17, 0)
-_NEWEST_TRANSFORMERS = (5, 24, 0)
+_NEWEST_TRANSFORMERS = (5, 25, 0)
 # tokenizer_config.json keys that make transformers pick another class or build or patch the backend.
 _REFUSED_KEYS = (
     "auto_map", "fast_tokenizer_files", "tokenizer_object", "gguf_file", "post_processor",
@@ -79,22 +82,28 @@ def _release(version: str | None) -> tuple[int, int, int] | None:
     return (int(found[1]), int(found[2]), int(found[3])) if found else None
 
 
+def installed_release() -> tuple[int, int, int] | None:
+    """The installed transformers' (major, minor, patch); None when it is absent or not a final release."""
+    return _release(_transformers_version())
+
+
 def verified_transformers() -> bool:
-    """Whether the installed transformers is a release whose rules this module reproduces (with any other,
-    ``FileTokenizer.load`` returns None)."""
-    release = _release(_transformers_version())
+    """Whether the installed transformers is a release whose rules this module reproduces (under any other,
+    ``FileTokenizer.open`` raises ``Unverified`` unless told which release's rules to follow)."""
+    release = installed_release()
     return release is not None and _OLDEST_TRANSFORMERS <= release <= _NEWEST_TRANSFORMERS
 
 
-def rules() -> TemplateRules:
-    """How the installed transformers renders chat templates; Refused unless it is a verified release (the
-    rules here are those of the verified releases: another one may load or render differently)."""
-    release = _release(_transformers_version())
-    if not verified_transformers() or release is None:
+def rules(release: tuple[int, int, int] | None = None) -> TemplateRules:
+    """How transformers ``release`` renders chat templates; by default the installed one's, refused with
+    ``Unverified`` unless it is a verified release (another one may load or render differently)."""
+    if release is not None:
+        return template_rules(release)
+    if not verified_transformers():
         oldest, newest = (".".join(map(str, bound)) for bound in (_OLDEST_TRANSFORMERS, _NEWEST_TRANSFORMERS))
         installed = _transformers_version()
-        raise Refused(f"checked against transformers {oldest} to {newest} only (installed: {installed})")
-    return template_rules(release)
+        raise Unverified(f"checked against transformers {oldest} to {newest} only (installed: {installed})")
+    return template_rules(installed_release())
 
 
 def _check_class(directory: Path, config: dict[str, Any]) -> tuple[str, str]:
@@ -273,18 +282,11 @@ class FileTokenizer:
         self._transformers: Any = None
 
     @classmethod
-    def load(cls, path: str) -> FileTokenizer | None:
-        """The tokenizer of checkpoint directory ``path``, or None where transformers may differ."""
-        try:
-            return cls.open(path)
-        except (Refused, OSError, UnicodeError):  # an unreadable file: transformers says what is wrong
-            return None
-
-    @classmethod
-    def open(cls, path: str) -> FileTokenizer:
-        """``load``, raising ``Refused`` with the reason instead of returning None."""
+    def open(cls, path: str, release: tuple[int, int, int] | None = None) -> FileTokenizer:
+        """The tokenizer of checkpoint directory ``path`` as transformers ``release`` loads it (by default the
+        installed release, which must be a verified one); ``Refused`` with the reason where it may differ."""
         directory = Path(path)
-        release_rules = rules()
+        release_rules = rules(release)
         for name in ("tokenizer.json", "tokenizer_config.json"):
             if not (directory / name).is_file():
                 raise Refused(f"no {name}")

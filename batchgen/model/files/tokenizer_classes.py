@@ -1,5 +1,5 @@
 """Which tokenizer class ``AutoTokenizer.from_pretrained`` builds for a checkpoint, and Qwen2Tokenizer's
-backend built as transformers builds it, for ``tokenizer.FileTokenizer`` (transformers 5.17.0 to 5.24.0,
+backend built as transformers builds it, for ``tokenizer.FileTokenizer`` (the releases of
 ``tokenizer.verified_transformers``).
 
 TokenizersBackend (alias PreTrainedTokenizerFast) uses tokenizer.json as is. Qwen2Tokenizer defines its own
@@ -33,9 +33,10 @@ _QWEN2_CLASSES = frozenset({"Qwen2Tokenizer", "Qwen2TokenizerFast"})  # "Fast" i
 _QWEN2_MODEL_TYPES = frozenset({"qwen2", "qwen2_moe", "qwen3", "qwen3_moe"})
 # MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS (models/auto/tokenization_auto.py): AutoTokenizer builds these
 # model types' own tokenizer class, whatever tokenizer_class says (qwen2's: Qwen2Tokenizer, on every verified
-# release). The list differs by release: this is the union over 5.17.0-5.24.0, so that a model type that any
+# release). The list differs by release: this is the union over 5.17.0-5.25.0, so that a model type that any
 # of them remaps is refused on all (5.17-5.21 add chameleon, deepseek_*, janus, step3p5; 5.20-5.21
-# unlimited_ocr; 5.17 vision-encoder-decoder; internlm3 and iquestcoder come in 5.23, qwen3_5* in 5.18).
+# unlimited_ocr; 5.17 vision-encoder-decoder; internlm3 and iquestcoder come in 5.23, qwen3_5* in 5.18;
+# 5.25 drops camembertv2-base).
 _REMAPPED_MODEL_TYPES = frozenset((
     "arctic", "chatlm", "ernie4_5", "ernie4_5_moe", "fuyu", "h2ovl_chat", "hyperclovax", "hyperclovax_vlm",
     "hyperclovax_vision_v2", "internlm2", "internlm3", "iquestcoder", "jamba", "llava", "llava_next",
@@ -69,6 +70,11 @@ _QWEN2_BPE = {
 
 class Refused(Exception):
     """Why a directory's tokenizer cannot be reproduced without transformers."""
+
+
+class Unverified(Refused):
+    """The installed transformers is not a release whose loading rules were verified: no directory's
+    tokenizer is reproduced under it."""
 
 
 def tokenizer_class(path: str, config: dict[str, Any], model: dict[str, Any]) -> tuple[str, str]:
