@@ -61,8 +61,8 @@ gpu-assets: setup
 	mkdir -p .gpu-assets/tokenizer
 	dir=$$($(BIN)/python -c "from batchgen.model.loader import default_model_dir; print(default_model_dir())"); \
 	cp "$$dir/tokenizer.json" "$$dir/tokenizer_config.json" "$$dir/chat_template.jinja" .gpu-assets/tokenizer/
-	$(BIN)/pip download -q orjson --only-binary=:all: --no-deps --python-version 3.12 --platform manylinux_2_17_x86_64 -d .gpu-assets
-	$(BIN)/pip download -q xgrammar apache-tvm-ffi pydantic pydantic-core annotated-types typing-inspection \
+	$(BIN)/pip download -q $(PIN) orjson --only-binary=:all: --no-deps --python-version 3.12 --platform manylinux_2_17_x86_64 -d .gpu-assets
+	$(BIN)/pip download -q $(PIN) xgrammar apache-tvm-ffi pydantic pydantic-core annotated-types typing-inspection \
 		jsonschema jsonschema-specifications referencing rpds-py attrs \
 		--only-binary=:all: --no-deps --python-version 3.12 --platform manylinux_2_28_x86_64 \
 		--platform manylinux_2_17_x86_64 -d .gpu-assets

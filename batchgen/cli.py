@@ -15,6 +15,8 @@ import click
 from batchgen import __version__
 from batchgen.app.lean_imports import hide_for_command
 from batchgen.bench.command import bench_command
+from batchgen.cli_options import GroupedCommand, sampling_options
+from batchgen.config import EngineConfig
 
 EXIT_FATAL, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 75
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
@@ -77,7 +79,7 @@ def cli() -> None:
     """Offline batch generation for LLMs: a JSONL/Parquet file of prompts in, completions out, resumable."""
 
 
-@cli.command("run")
+@cli.command("run", cls=GroupedCommand)
 @click.argument("input_path", metavar="INPUT")
 @click.argument("output", metavar="OUTPUT")
 # input
@@ -107,23 +109,12 @@ def cli() -> None:
 )
 @click.option("--no-chat", is_flag=True, help="Same as --chat off: send plain prompts raw.")
 @click.option("--system-prompt", help="A system message added to every chat prompt.")
-# generation
-@click.option("--model", help="Hub id or local directory [default: the embedded SmolLM2-135M-Instruct].")
-@click.option("--max-new-tokens", type=click.IntRange(min=1), default=256, show_default=True)
-@click.option("--temperature", type=click.FloatRange(min=0), help="[default: the model's generation config]")
-@click.option("--top-p", type=click.FloatRange(min=0, max=1, min_open=True), help="[default: the model's]")
-@click.option("--top-k", type=click.IntRange(min=0), help="0 = off [default: the model's]")
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--n", type=click.IntRange(min=1), default=1, show_default=True, help="Samples per row.")
-@click.option("--stop", multiple=True, help="Stop string (repeatable); excluded from the completion.")
-@click.option(
-    "--json-schema", type=click.Path(dir_okay=False),
-    help="A JSON Schema file: every completion is compact JSON that validates (a row's json_schema, "
-    "regex or choices column overrides it).",
-)  # fmt: skip
-@click.option("--ignore-eos", is_flag=True, help="Generate max-new-tokens whatever the model says.")
-@click.option("--logprobs", is_flag=True, help="Add the sampled tokens' log-probabilities to each record.")
+# sampling: one option per SamplingParams field (rows override them by the same names)
+@sampling_options
+# output
 @click.option("--return-tokens", is_flag=True, help="Add the completion's token_ids to each record.")
+# model and engine
+@click.option("--model", help="Hub id or local directory [default: the embedded SmolLM2-135M-Instruct].")
 @click.option(
     "--dtype",
     type=click.Choice(_DTYPES),
@@ -134,8 +125,12 @@ def cli() -> None:
 @click.option("--device", help="cuda, cuda:1, cpu [default: cuda if present].")
 @click.option("--trust-remote-code", is_flag=True)
 # engine
-@click.option("--max-num-seqs", type=click.IntRange(min=1), default=256, show_default=True)
-@click.option("--max-batch-tokens", type=click.IntRange(min=1), default=8192, show_default=True)
+@click.option(
+    "--max-num-seqs", type=click.IntRange(min=1), default=EngineConfig.max_num_seqs, show_default=True
+)
+@click.option(
+    "--max-batch-tokens", type=click.IntRange(min=1), default=EngineConfig.max_batch_tokens, show_default=True
+)
 @click.option("--max-model-len", type=click.IntRange(min=2), help="[default: the model's context length]")
 @click.option(
     "--gpu-memory-utilization", type=click.FloatRange(0, 1, min_open=True), default=0.9, show_default=True
@@ -272,12 +267,14 @@ def _run(input_path: str, output: str, verbose: bool, kw: dict[str, Any]) -> int
     from batchgen.app.errors import FatalError
     from batchgen.app.run import run
     from batchgen.io.readers import InputError
-    from batchgen.io.rows import SchemaError
+    from batchgen.io.rows import SchemaError, UnknownKey
     from batchgen.io.writers import OutputError
 
     opts = _run_options(input_path, output, kw)
     try:
         return run(opts)
+    except UnknownKey as exc:
+        raise click.UsageError(f"INPUT {exc}") from None
     except InputError as exc:
         raise click.BadParameter(str(exc), param_hint="'INPUT'") from None
     except OutputError as exc:

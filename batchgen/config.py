@@ -3,61 +3,87 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, NamedTuple
 
 # Structured-output constraints: at most one per request, and a row's own replaces the run's.
 CONSTRAINT_FIELDS = ("json_schema", "regex", "choices")
+MAX_LOGPROBS = 20  # the most alternatives ``logprobs`` / ``prompt_logprobs`` may ask for (vLLM's default)
+LOGIT_BIAS_LIMIT = 100.0  # each bias is clipped to [-100, 100], as OpenAI's API does
+
+
+class Param(NamedTuple):
+    """How a sampling parameter is given: its value kind (``coerce``), its help, and its names. Every
+    parameter is a row key and a ``batchgen run`` option (``--min-p``); ``aliases`` are more names of both."""
+
+    kind: str  # int, float, bool, count (an int or nothing), strings, ints, bias, schema, regex, choices
+    help: str
+    aliases: tuple[str, ...] = ()
+
+
+def _param(default: Any, kind: str, help: str, *aliases: str) -> Any:
+    return field(default=default, metadata={"param": Param(kind, help, aliases)})
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How one prompt is sampled. ``temperature == 0`` (or ``top_k == 1``) means greedy."""
+    """How one prompt is sampled, with vLLM's ``SamplingParams`` names and meanings. ``temperature == 0``
+    (or ``top_k == 1``) means greedy. The engine applies them in vLLM's order: logit bias and min_tokens,
+    then the penalties, then temperature, then min-p, top-k and top-p."""
 
-    max_new_tokens: int = 256
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0  # 0 = no top-k cut
-    seed: int = 0
-    n: int = 1
-    stop: tuple[str, ...] = ()
-    ignore_eos: bool = False
-    logprobs: bool = False
+    n: int = _param(1, "int", "Samples per row.")
+    max_new_tokens: int = _param(256, "int", "Most tokens generated per sample.", "max_tokens")
+    min_tokens: int = _param(0, "int", "Tokens generated before EOS or a stop token id may end a sample.")
+    temperature: float = _param(0.0, "float", "0 = greedy.")
+    top_p: float = _param(1.0, "float", "Nucleus sampling: the smallest set of tokens with this mass.")
+    top_k: int = _param(0, "int", "Sample among the k most likely tokens; 0 (or -1) = all.")
+    min_p: float = _param(0.0, "float", "Drop tokens less likely than min_p x the most likely one's.")
+    seed: int = _param(0, "int", "With the row's index and sample number, fixes its random draws.")
+    repetition_penalty: float = _param(
+        1.0, "float", "> 1 discourages tokens of the prompt and the output so far (divides positive logits)."
+    )
+    presence_penalty: float = _param(0.0, "float", "Subtracted from the logit of every token already output.")
+    frequency_penalty: float = _param(0.0, "float", "Subtracted once per earlier output of the token.")
+    # ((token id, bias), ...) sorted by id; given as {token_id: bias}, each bias clipped to [-100, 100]
+    logit_bias: tuple[tuple[int, float], ...] = _param((), "bias", "Added to logits: '{\"1234\": -100}'.")
+    stop: tuple[str, ...] = _param((), "strings", "Stop string (repeatable); excluded from the completion.")
+    stop_token_ids: tuple[int, ...] = _param((), "ints", "Token ids that end a sample, as EOS does: 7,42.")
+    include_stop_str_in_output: bool = _param(False, "bool", "Keep a matched stop string in the completion.")
+    ignore_eos: bool = _param(False, "bool", "Generate max-new-tokens whatever the model says.")
+    skip_special_tokens: bool = _param(True, "bool", "Leave special tokens out of the completion's text.")
+    # None: none; 0: the sampled tokens' log-probabilities; N: and the N most likely tokens' at each step
+    logprobs: int | None = _param(None, "count", "Log-probabilities of the sampled tokens, and N more.")
+    prompt_logprobs: int | None = _param(None, "count", "Log-probabilities of the prompt tokens (and N).")
     # Structured output (engine/grammar.py): a JSON Schema (a dict, or its JSON text; kept as compact
     # JSON text), a regular expression, or a list of strings the completion must be exactly one of.
-    json_schema: str | dict | None = None
-    regex: str | None = None
-    choices: tuple[str, ...] | None = None
+    json_schema: str | dict | None = _param(None, "schema", "A JSON Schema the completions validate against.")
+    regex: str | None = _param(None, "regex", "A regular expression the completion matches.")
+    choices: tuple[str, ...] | None = _param(None, "choices", "Strings the completion is exactly one of.")
 
     def __post_init__(self) -> None:
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-        if self.n < 1:
-            raise ValueError(f"n must be >= 1, got {self.n}")
-        if isinstance(self.stop, str):
-            object.__setattr__(self, "stop", (self.stop,))
-        else:
-            object.__setattr__(self, "stop", tuple(self.stop))
-        if any(not isinstance(s, str) or not s for s in self.stop):
-            raise ValueError("stop strings must be non-empty strings")
+        for spec in fields(self):
+            value = getattr(self, spec.name)
+            if value is not None and value != spec.default:
+                object.__setattr__(self, spec.name, coerce(spec.name, value))
+        self._check_ranges()
         self._check_constraint()
 
+    def _check_ranges(self) -> None:
+        if self.top_k == -1:  # vLLM's "off"
+            object.__setattr__(self, "top_k", 0)
+        for name, (low, high, open_low) in _RANGES.items():
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if value < low or (open_low and value == low) or (high is not None and value > high):
+                bounds = f"{'(' if open_low else '['}{low}, {'inf)' if high is None else f'{high}]'}"
+                raise ValueError(f"{name} must be in {bounds}, got {value}")
+        if self.min_tokens > self.max_new_tokens:
+            raise ValueError(
+                f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_new_tokens})"
+            )
+
     def _check_constraint(self) -> None:
-        if self.json_schema is not None:
-            object.__setattr__(self, "json_schema", _schema_text(self.json_schema))
-        if self.regex is not None and (not isinstance(self.regex, str) or not self.regex):
-            raise ValueError("regex must be a non-empty string")
-        if self.choices is not None:
-            choices = (self.choices,) if isinstance(self.choices, str) else tuple(self.choices)
-            if not choices or any(not isinstance(c, str) or not c for c in choices):
-                raise ValueError("choices must be a non-empty list of non-empty strings")
-            object.__setattr__(self, "choices", choices)
         given = [name for name in CONSTRAINT_FIELDS if getattr(self, name) is not None]
         if len(given) > 1:
             raise ValueError(f"{' and '.join(given)} exclude each other: give one constraint")
@@ -70,6 +96,16 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0.0 or self.top_k == 1
 
+    @property
+    def penalized(self) -> bool:
+        """Whether a penalty applies: the engine keeps this row's token counts on the device."""
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+    @property
+    def adjusted(self) -> bool:
+        """Whether fixed per-token changes apply: a logit bias, or min_tokens holding back the stop ids."""
+        return bool(self.logit_bias) or self.min_tokens > 0
+
     def with_overrides(self, **overrides) -> SamplingParams:
         """A copy with the non-None overrides applied (per-row overrides from the input). A row's own
         constraint replaces the base one, whatever its kind."""
@@ -79,16 +115,118 @@ class SamplingParams:
         return replace(self, **given)
 
 
-def _schema_text(schema: Any) -> str:
+# name -> (lowest, highest or None, whether the lowest itself is refused)
+_RANGES = {
+    "n": (1, None, False), "max_new_tokens": (1, None, False), "min_tokens": (0, None, False),
+    "temperature": (0, None, False), "top_p": (0, 1, True), "top_k": (0, None, False), "min_p": (0, 1, False),
+    "repetition_penalty": (0, None, True), "presence_penalty": (-2, 2, False),
+    "frequency_penalty": (-2, 2, False), "logprobs": (0, MAX_LOGPROBS, False),
+    "prompt_logprobs": (0, MAX_LOGPROBS, False),
+}  # fmt: skip
+# name -> its Param, and every accepted name (aliases included) -> the field it sets
+PARAMS: dict[str, Param] = {f.name: f.metadata["param"] for f in fields(SamplingParams)}
+PARAM_NAMES: dict[str, str] = {
+    alias: name for name, param in PARAMS.items() for alias in (name, *param.aliases)
+}
+
+
+def coerce(name: str, value: Any) -> Any:
+    """A parameter's value as the dataclass holds it, from a row's JSON (or Parquet) value or the Python
+    API; ValueError naming the parameter when it has the wrong type."""
+    kind = PARAMS[name].kind
+    try:
+        return _COERCE[kind](value)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{name} {exc}") from None
+
+
+def _int(value: Any) -> int:
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # Parquet int columns with nulls come back as float
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"must be an integer, not {value!r}")
+    return value
+
+
+def _float(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        raise ValueError(f"must be a number, not {value!r}")
+    return float(value)
+
+
+def _bool(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"must be true or false, not {value!r}")
+    return value
+
+
+def _count(value: Any) -> int | None:
+    """logprobs: N, or true for the sampled tokens' alone (0), false for none."""
+    return None if value is False else 0 if value is True else _int(value)
+
+
+def _strings(value: Any) -> tuple[str, ...]:
+    items = (value,) if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not all(isinstance(s, str) and s for s in items):
+        raise ValueError(f"must be a string or a list of non-empty strings, not {value!r}")
+    return tuple(items)
+
+
+def _ints(value: Any) -> tuple[int, ...]:
+    items = (value,) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
+    if not isinstance(items, (list, tuple)):
+        raise ValueError(f"must be a list of token ids, not {value!r}")
+    ids = tuple(_int(item) for item in items)
+    if any(i < 0 for i in ids):
+        raise ValueError(f"must be token ids >= 0, not {value!r}")
+    return ids
+
+
+def _bias(value: Any) -> tuple[tuple[int, float], ...]:
+    """{token_id: bias} (keys strings, as JSON has them, or ints), or its JSON text, or (id, bias) pairs."""
+    if isinstance(value, str):
+        value = json.loads(value)
+    pairs = value.items() if isinstance(value, dict) else value
+    if not isinstance(pairs, (list, tuple)) and not isinstance(value, dict):
+        raise ValueError(f'must be an object of token ids to biases like {{"1234": -100}}, not {value!r}')
+    out: dict[int, float] = {}
+    for token, bias in pairs:
+        text = str(token)
+        if not text.isdigit():
+            raise ValueError(f"keys must be token ids, not {token!r}")
+        limit = LOGIT_BIAS_LIMIT
+        out[int(text)] = min(max(_float(bias), -limit), limit)
+    return tuple(sorted(out.items()))
+
+
+def _schema(value: Any) -> str:
     """A JSON Schema as compact JSON text (property order kept: it is the order of the output's keys)."""
-    if isinstance(schema, str):
+    if isinstance(value, str):
         try:
-            schema = json.loads(schema)
+            value = json.loads(value)
         except ValueError as exc:
-            raise ValueError(f"json_schema is not valid JSON: {exc}") from None
-    if not isinstance(schema, (dict, bool)):
-        raise ValueError(f"json_schema must be a JSON object (or true), not {type(schema).__name__}")
-    return json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
+            raise ValueError(f"is not valid JSON: {exc}") from None
+    if not isinstance(value, (dict, bool)):
+        raise ValueError(f"must be a JSON object (or true), not {type(value).__name__}")
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def _regex(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"must be a non-empty string, not {value!r}")
+    return value
+
+
+def _choices(value: Any) -> tuple[str, ...]:
+    if isinstance(value, str) or not isinstance(value, (list, tuple)) or not value:
+        raise ValueError(f"must be a non-empty list of non-empty strings, not {value!r}")
+    return _strings(value)
+
+
+_COERCE = {
+    "int": _int, "float": _float, "bool": _bool, "count": _count, "strings": _strings, "ints": _ints,
+    "bias": _bias, "schema": _schema, "regex": _regex, "choices": _choices,
+}  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from batchgen.engine.grammar import GrammarCompiler
 from batchgen.engine.outputs import CompletionOutput, GenerationRequest
 from batchgen.engine.scheduler import Scheduler
 from batchgen.engine.stats import EngineStats
+from batchgen.engine.step_sampling import features_of
 from batchgen.engine.stops import StopChecker
 from batchgen.model import attention
 from batchgen.model.build import ModelFiles
@@ -40,9 +41,13 @@ class LLM:
     ``tensor_parallel=K`` splits the model over K processes (this one is rank 0; the others are started
     here and stopped by ``close()``, or when this process exits)."""
 
-    def __init__(self, model: str | None = None, **options: Any) -> None:
+    def __init__(self, model: str | None = None, config: EngineConfig | None = None, **options: Any) -> None:
         started = time.perf_counter()
-        config = _engine_config(model, options)
+        if config is None:
+            config = _engine_config(model, options)
+        elif model is not None or options:
+            raise TypeError("give the options as config=EngineConfig(...) or as keywords, not both")
+        model = config.model
         path = local_model_dir(model)
         checkpoint = open_checkpoint(path, config)
         configs_s = round(time.perf_counter() - started, 3)
@@ -124,9 +129,12 @@ class LLM:
             runner = TensorParallelRunner(runner, self._workers)
         eos = self._eos_ids()
         stops = StopChecker(self.tokenizer, eos)
+        vocab = self.hf_config.get_text_config().vocab_size
         # Structured output's compiler: xgrammar is imported on the first constraint, not here.
-        self.grammars = GrammarCompiler(self.tokenizer, self.hf_config.get_text_config().vocab_size, eos)
-        return Engine(runner, blocks, scheduler, stops, self.max_model_len, self.async_mode, self.grammars)
+        self.grammars = GrammarCompiler(self.tokenizer, vocab, eos)
+        return Engine(
+            runner, blocks, scheduler, stops, self.max_model_len, self.async_mode, self.grammars, vocab
+        )
 
     def close(self) -> None:
         """Stop the tensor-parallel workers and leave their process group (nothing to do in one
@@ -178,9 +186,7 @@ class LLM:
         if getattr(runner, "buckets", None) and capture_graphs:  # a CUDA runner with graphs
             started = time.perf_counter()
             width = self.grammars.mask_width if sampling.constrained else None
-            runner.capture_all(
-                not sampling.greedy, sampling.logprobs, progress=self._progress, mask_width=width
-            )
+            runner.capture_all(features_of(sampling), progress=self._progress, mask_width=width)
             self.startup["prepare_s"] = round(time.perf_counter() - started, 3)
 
     def drain(self) -> None:

@@ -139,6 +139,13 @@ fp8 bench && stage fp8-bench 300 "$RUN/fp8-bench.log" "$PY" -m batchgen.bench --
 # shellcheck disable=SC2086
 has fp8-b1 && stage fp8-b1 200 "$RUN/fp8-b1.log" "$PY" -m batchgen.bench --workload B1 --mode async --no-compare-hf \
     $FP8 --out "$RUN/fp8-b1"
+# STAGES=sampling: B2 plain, then B2 with vLLM's penalties, min-p and 5 log-probabilities on every row
+# (SAMPLING_ARGS), in one process after the other on the same GPU: the cost of those parameters.
+SAMPLING_ARGS="${SAMPLING_ARGS:-{\"repetition_penalty\": 1.1, \"frequency_penalty\": 0.2, \"min_p\": 0.05, \"logprobs\": 5\}}"
+has sampling && stage sampling-plain 300 "$RUN/sampling-plain.log" "$PY" -m batchgen.bench --workload B2 --mode async \
+    --no-compare-hf --out "$RUN/sampling-plain"
+has sampling && stage sampling-params 300 "$RUN/sampling-params.log" "$PY" -m batchgen.bench --workload B2 \
+    --mode async --no-compare-hf --sampling "$SAMPLING_ARGS" --out "$RUN/sampling-params"
 # STAGES=b2-why: B2's FP8 decode kernels in bench_step against the whole run, under nsys (~6 minutes).
 has b2-why && stage b2-why 560 "$RUN/b2-why.log" bash scripts/b2_why.sh "$RUN"
 

@@ -69,7 +69,11 @@ def main() -> None:
     model, prompts = startup_inputs(tmp, args.model, args.prompts, args.arch)
     _run_once(tmp, prompts, model, {}, -1)  # untimed: compiles and caches what the first run would
     for name, code in FLOORS.items():
-        times = [_seconds([sys.executable, "-c", code], _env({})) for _ in range(args.rounds)]
+        try:
+            times = [_seconds([sys.executable, "-c", code], _env({})) for _ in range(args.rounds)]
+        except subprocess.CalledProcessError:  # e.g. no CUDA on this machine
+            print(f"floor {name:24s} unavailable here")
+            continue
         each = ", ".join(f"{t:.2f}" for t in times)
         print(f"floor {name:24s} median {statistics.median(times):6.2f} s  ({each})")
     runs: dict[str, list[dict]] = {v: [] for v in VARIANTS}

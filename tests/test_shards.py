@@ -248,6 +248,7 @@ def test_data_parallel_refusals_and_exit_codes(tiny_llama, tmp_path):
     from batchgen.app.options import RunOptions
     from batchgen.app.parallel import _exit_code
     from batchgen.app.run import merged_target_done
+    from batchgen.config import EngineConfig
 
     assert _exit_code(-signal.SIGTERM) == 75 and _exit_code(-signal.SIGKILL) == -signal.SIGKILL
     src = write_jsonl(tmp_path / "in.jsonl", ROWS)
@@ -256,8 +257,8 @@ def test_data_parallel_refusals_and_exit_codes(tiny_llama, tmp_path):
     refused = CliRunner(env=slurm).invoke(cli, args)
     assert refused.exit_code == 2 and "contiguous array" in refused.output
     out = tmp_path / "{shard}" / "res.jsonl"
-    engine = {"model": tiny_llama, "max_num_seqs": 4}
-    opts = RunOptions(input=src, output=str(out), max_new_tokens=4, engine=engine)
+    engine = EngineConfig(model=tiny_llama, max_num_seqs=4)
+    opts = RunOptions(input=src, output=str(out), sampling={"max_new_tokens": 4}, engine=engine)
     assert not merged_target_done(opts)  # nothing merged yet
     foreign = tmp_path / "all" / "res.jsonl"
     foreign.parent.mkdir()

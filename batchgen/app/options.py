@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from batchgen.app.shards import Shard
-from batchgen.config import SamplingParams
+from batchgen.config import PARAMS, EngineConfig, SamplingParams
 from batchgen.io.rows import RowSpec
 
 ON_ERROR = ("record", "skip", "fail")
@@ -26,20 +26,11 @@ class RunOptions:
     # prompts
     chat: bool | None = None  # None = auto
     system_prompt: str | None = None
-    # sampling; None = the model's generation config
-    max_new_tokens: int = 256
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    seed: int = 0
-    n: int = 1
-    stop: tuple[str, ...] = ()
-    ignore_eos: bool = False
-    logprobs: bool = False
-    json_schema: str | None = None  # --json-schema FILE's schema as compact JSON text
+    # the sampling parameters given on the command line, checked (by SamplingParams field name); the
+    # model's generation config and SamplingParams' defaults give the others, rows override them
+    sampling: dict[str, Any] = field(default_factory=dict)
     return_tokens: bool = False
-    # engine: EngineConfig fields (model, dtype, device, max_num_seqs, ...)
-    engine: dict[str, Any] = field(default_factory=dict)
+    engine: EngineConfig = field(default_factory=EngineConfig)
     # run control
     overwrite: bool = False
     on_error: str = "record"
@@ -57,32 +48,35 @@ class RunOptions:
     def row_stop(self) -> int | None:
         return None if self.limit is None else self.row_start + self.limit
 
+    @property
+    def n(self) -> int:
+        """Samples per row (rows may ask for another number)."""
+        return self.sampling.get("n", SamplingParams.n)
+
+    @property
+    def logprobs(self) -> bool:
+        """Whether the run asks for log-probabilities (rows may ask too)."""
+        return self.sampling.get("logprobs") is not None
+
+    def base_sampling(self, model_defaults: SamplingParams) -> SamplingParams:
+        """Every row's parameters before its own: the model's defaults with the command line's values."""
+        return replace(model_defaults, **self.sampling)
+
     def fingerprint(self, model_name: str, input_fingerprint: dict[str, Any]) -> dict[str, Any]:
         """What an output depends on. Not in it: --limit (a longer re-run extends a shorter one; a shard's
         rows, which --limit moves, are in it as ``part``), the input's path and mtime (a copy staged
         elsewhere is the same input), and throughput options."""
-        spec = self.spec
+        spec, engine = self.spec, self.engine
         part = {"part": list(self.part)} if self.part is not None else {}
         if self.split is not None:  # shards of batchgen before byte ranges covered other rows: refused
             part["split"] = self.split
         return {
             "model": model_name,
-            "dtype": self.engine.get("dtype"),
-            "quantization": self.engine.get("quantization"),  # None (absent in older states) = none
-            "kv_cache_dtype": None if self.engine.get("kv_cache_dtype", "auto") == "auto" else "fp8",
-            "max_model_len": self.engine.get("max_model_len"),
-            "sampling": {
-                "max_new_tokens": self.max_new_tokens,
-                "temperature": self.temperature,
-                "top_p": self.top_p,
-                "top_k": self.top_k,
-                "seed": self.seed,
-                "n": self.n,
-                "stop": list(self.stop),
-                "ignore_eos": self.ignore_eos,
-                "logprobs": self.logprobs,
-                "json_schema": _digest(self.json_schema),
-            },
+            "dtype": engine.dtype,
+            "quantization": engine.quantization,  # None (absent in older states) = none
+            "kv_cache_dtype": None if engine.kv_cache_dtype == "auto" else "fp8",
+            "max_model_len": engine.max_model_len,
+            "sampling": sampling_fingerprint(self.sampling),
             "prompts": {
                 "prompt_column": spec.prompt_column,
                 "template": spec.template,
@@ -96,6 +90,34 @@ class RunOptions:
             "row_start": self.row_start,
             **part,
         }
+
+
+# The sampling parameters every state records, as batchgen recorded them before the others existed (unset:
+# the model's default, or the dataclass's); the others are recorded only when set to something else, so a
+# state written before they existed compares equal to a run that does not use them.
+_ALWAYS = ("max_new_tokens", "temperature", "top_p", "top_k", "seed", "n", "stop", "ignore_eos", "logprobs")
+_MODEL_SET = ("temperature", "top_p", "top_k")
+
+
+def sampling_fingerprint(given: dict[str, Any]) -> dict[str, Any]:
+    """Every sampling parameter an output depends on: a re-run that changes any is refused, naming it."""
+    defaults = SamplingParams()
+    out: dict[str, Any] = {}
+    for name in _ALWAYS:
+        value = given.get(name, None if name in _MODEL_SET else getattr(defaults, name))
+        out[name] = _plain(value)
+    logprobs = given.get("logprobs")
+    out["logprobs"] = False if logprobs is None else True if logprobs == 0 else logprobs
+    out["json_schema"] = _digest(given.get("json_schema"))
+    for name, value in sorted(given.items()):
+        if name not in out and value != getattr(defaults, name):
+            out[name] = _plain(value)
+    return out
+
+
+def _plain(value: Any) -> Any:
+    """A value as JSON holds it (tuples become lists)."""
+    return [_plain(v) for v in value] if isinstance(value, (tuple, list)) else value
 
 
 def _digest(text: str | None) -> str | None:
@@ -117,14 +139,30 @@ def read_json_schema(path: str) -> str:
     return SamplingParams(json_schema=text).json_schema
 
 
-_ENGINE_FIELDS = (
-    "model", "device", "max_num_seqs", "max_batch_tokens", "max_model_len", "gpu_memory_utilization",
-    "block_size", "async_mode", "cuda_graphs", "prefix_caching", "attention_backend", "model_impl",
-    "trust_remote_code", "tensor_parallel", "quantization", "kv_cache_dtype", "threads",
-)  # fmt: skip
+def sampling_from_cli(kw: dict[str, Any]) -> dict[str, Any]:
+    """The sampling parameters given on the command line, by field name, checked by SamplingParams
+    (ValueError: a usage error). ``--json-schema FILE`` is read; ``--stop-token-ids 7,42`` is split."""
+    given: dict[str, Any] = {}
+    for name, param in PARAMS.items():
+        value = kw.get(name)
+        if value is None or value == ():
+            continue
+        if param.kind == "ints":
+            try:
+                value = [int(part) for part in value.replace(",", " ").split()]
+            except ValueError:
+                raise ValueError(
+                    f"--{name.replace('_', '-')} takes token ids like 7,42, not {value!r}"
+                ) from None
+        elif param.kind == "schema":
+            value = read_json_schema(value)
+        given[name] = value
+    params = SamplingParams(**given)
+    return {name: getattr(params, name) for name in given}
+
+
 _RUN_FIELDS = (
-    "limit", "system_prompt", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "n",
-    "ignore_eos", "logprobs", "return_tokens", "overwrite", "on_error", "flush_every", "log_every",
+    "limit", "system_prompt", "return_tokens", "overwrite", "on_error", "flush_every", "log_every",
     "drain_timeout", "stats_file", "progress_bar",
 )  # fmt: skip
 
@@ -134,14 +172,12 @@ def options_from_cli(
 ) -> RunOptions:
     """``batchgen run``'s option values -> RunOptions (ValueError: an invalid combination)."""
     from batchgen.app.shards import parse_shard, slurm_shard
-    from batchgen.config import EngineConfig
     from batchgen.io.rows import unescape_template
 
     keep = tuple(c.strip() for item in kw["keep_columns"] for c in item.split(",") if c.strip())
     chat = False if kw["no_chat"] else {"auto": None, "on": True, "off": False}[kw["chat_mode"]]
-    engine = {name: kw[name] for name in _ENGINE_FIELDS}
+    engine = {f.name: kw[f.name] for f in fields(EngineConfig) if kw.get(f.name) is not None}
     engine.update(dtype=None if kw["dtype"] == "auto" else kw["dtype"], kv_cache_bytes=kv_cache_bytes)
-    EngineConfig(**engine)
     spec = RowSpec(
         prompt_column=kw["prompt_column"],
         template=None if kw["template"] is None else unescape_template(kw["template"]),
@@ -150,6 +186,5 @@ def options_from_cli(
     )
     shard = parse_shard(kw["shard"]) if kw["shard"] is not None else slurm_shard()
     run = {name: kw[name] for name in _RUN_FIELDS}
-    schema = read_json_schema(kw["json_schema"]) if kw.get("json_schema") else None
     return RunOptions(input=input_path, output=output, spec=spec, shard=shard, chat=chat,
-                      stop=tuple(kw["stop"]), engine=engine, json_schema=schema, **run)  # fmt: skip
+                      sampling=sampling_from_cli(kw), engine=EngineConfig(**engine), **run)  # fmt: skip

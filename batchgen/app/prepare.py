@@ -13,6 +13,7 @@ per-prompt Python was what the engine waited on (B7, ``scripts/sample_stacks.py`
 from __future__ import annotations
 
 import itertools
+import logging
 import queue
 import threading
 from collections.abc import Callable, Iterator
@@ -28,6 +29,8 @@ from batchgen.io.records import RowKey
 from batchgen.io.rows import RowError, RowSpec
 from batchgen.model.tokenize import Rendered, encode_rendered, render_prompt
 from batchgen.threads import HostTurns
+
+log = logging.getLogger("batchgen")
 
 END = object()  # the queue's last item (the others are lists of requests): the input is exhausted
 CHUNK_ROWS = 32  # rows tokenized in one call
@@ -89,6 +92,7 @@ class Preparer(threading.Thread):
         self.queue: queue.Queue = queue.Queue(maxsize=-(-queue_size // CHUNK_ROWS))
         self.error: BaseException | None = None
         self.reached_end = False  # every row of the input (or of --limit) went through
+        self.warned_identical = False  # n > 1 greedy samples are said to be identical once a run
 
     def run(self) -> None:
         try:
@@ -165,6 +169,10 @@ class Preparer(threading.Thread):
             params = s.base.with_overrides(**row.overrides)
         except (TypeError, ValueError) as exc:
             return RowFailure(index, key, samples, f"bad per-row option: {exc}")
+        if params.n > 1 and params.greedy and not self.warned_identical:
+            self.warned_identical = True
+            log.warning("row %d asks for n = %d samples with greedy decoding: they will be identical "
+                        "(set a temperature > 0 to get different ones)", index, params.n)  # fmt: skip
         grammar = None
         if params.constrained:  # cached per distinct constraint: a run-wide schema compiles once
             try:

@@ -31,7 +31,6 @@ from batchgen.app.signals import Interrupt, SignalControl
 from batchgen.app.sink import RecordOptions, Sink
 from batchgen.app.sizing import engine_options, total_rows
 from batchgen.app.startup import process_started, startup_summary, startup_text
-from batchgen.config import SamplingParams
 from batchgen.io.checkpoint import DoneSet, OutputLock, RunState, diff_fingerprints, load_state, save_state
 from batchgen.io.faults import Faults
 from batchgen.io.readers import BadLine, Reader, open_input
@@ -63,7 +62,7 @@ def _run(opts: RunOptions) -> int:
         opts = for_shard(opts, reader)
     elif SHARD_PLACEHOLDER in opts.output:
         raise OutputError(f"{opts.output!r} holds {SHARD_PLACEHOLDER} but the run has no --shard I/N")
-    model_name = opts.engine.get("model") or DEFAULT_MODEL_NAME
+    model_name = opts.engine.model or DEFAULT_MODEL_NAME
     fingerprint = opts.fingerprint(model_name, reader.fingerprint())
     Path(opts.output).absolute().parent.mkdir(parents=True, exist_ok=True)
     lock = OutputLock(opts.output)
@@ -82,7 +81,7 @@ def merged_target_done(opts: RunOptions) -> bool:
     """For --data-parallel, before any worker starts: True when the merged OUTPUT already holds this
     whole job (nothing to do); a FatalError when it holds something else (without --overwrite)."""
     target = merged_output(opts.output)
-    model_name = opts.engine.get("model") or DEFAULT_MODEL_NAME
+    model_name = opts.engine.model or DEFAULT_MODEL_NAME
     fingerprint = opts.fingerprint(model_name, open_input(opts.input).fingerprint())
     state = check_target(target, fingerprint, opts.overwrite)
     if state is None or not state.covers(opts.limit):
@@ -113,6 +112,7 @@ def check_input(reader: Reader, opts: RunOptions) -> None:
         if reader.count_rows() <= opts.row_start:
             raise FatalError(f"input {opts.input!r} has no rows")
         opts.spec.check_columns(columns, "the Parquet schema")
+        opts.spec.check_keys(columns, "the Parquet schema")
         return
     rows = list(islice(reader.iter_rows(opts.row_start, opts.row_stop), _SCHEMA_ROWS))
     if not rows:
@@ -122,6 +122,9 @@ def check_input(reader: Reader, opts: RunOptions) -> None:
         first = rows[0][1]
         why = first.error if isinstance(first, BadLine) else f"a JSON {type(first).__name__}"
         raise SchemaError(f"none of the first {len(rows)} rows is a JSON object (row 0: {why})")
+    for i, r in objects:
+        row_id = r.get(opts.spec.id_column or "id")
+        opts.spec.check_keys(r, f"row {i}" + ("" if row_id is None else f" (id {row_id!r})"))
     parsed = [opts.spec.parse(i, r) for i, r in objects]
     if any(isinstance(p, ParsedRow) for p in parsed):
         return
@@ -220,7 +223,7 @@ class _Job:
             quiet_transformers_bars()
         self.engine_called = time.time()  # imports, reading the input's head, resume checks: before
         try:
-            return LLM(**engine_options(self.opts, self.reader, rows_done))
+            return LLM(config=engine_options(self.opts, self.reader, rows_done))
         except Interrupt:
             raise
         except Exception as exc:
@@ -277,7 +280,7 @@ class _Job:
             skip=done if done.count else None,
             columns=opts.spec.needed_columns(columns) if columns is not None else None,
         )
-        queue_size = max(64, 2 * opts.engine.get("max_num_seqs", 256))
+        queue_size = max(64, 2 * opts.engine.max_num_seqs)
         settings = self._prompt_settings(llm)
         llm.prepare(settings.base)  # tensor parallelism: the CUDA graphs of the run's sampling variant
         self.ready = time.time()
@@ -314,22 +317,11 @@ class _Job:
             stream.close()
 
     def _prompt_settings(self, llm: Any) -> PromptSettings:
-        opts, default = self.opts, llm.default_sampling
-        base = SamplingParams(
-            max_new_tokens=opts.max_new_tokens,
-            temperature=default.temperature if opts.temperature is None else opts.temperature,
-            top_p=default.top_p if opts.top_p is None else opts.top_p,
-            top_k=default.top_k if opts.top_k is None else opts.top_k,
-            seed=opts.seed,
-            n=opts.n,
-            stop=opts.stop,
-            ignore_eos=opts.ignore_eos,
-            logprobs=opts.logprobs,
-            json_schema=opts.json_schema,
-        )
+        opts = self.opts
         return PromptSettings(
-            opts.spec, base, opts.chat, opts.system_prompt, int(llm.max_model_len), opts.on_error == "fail"
-        )
+            opts.spec, opts.base_sampling(llm.default_sampling), opts.chat, opts.system_prompt,
+            int(llm.max_model_len), opts.on_error == "fail",
+        )  # fmt: skip
 
     # -- the end ---------------------------------------------------------------------------------------
     def _report(self, progress: Progress, llm: Any, complete: bool, failure: BaseException | None) -> int:

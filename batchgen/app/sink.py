@@ -21,9 +21,9 @@ from batchgen.app.progress import Progress
 from batchgen.engine.outputs import CompletionOutput
 from batchgen.io.checkpoint import DoneSet, RunState, save_state
 from batchgen.io.faults import Faults
-from batchgen.io.records import make_record
+from batchgen.io.records import alternatives, make_record
 from batchgen.io.writers import Writer
-from batchgen.model.tokenize import batch_decoder
+from batchgen.model.tokenize import TokenTexts, batch_decoder
 from batchgen.threads import HostTurns
 
 log = logging.getLogger("batchgen")
@@ -35,7 +35,7 @@ _BACKLOG = 4 * _BATCH  # queued outputs past which the writer stops waiting for 
 
 class RecordOptions(NamedTuple):
     return_tokens: bool
-    logprobs: bool
+    logprobs: bool  # the run asks for log-probabilities (error records of rows never parsed get them)
     on_error: str  # record | skip | fail
 
 
@@ -64,6 +64,7 @@ class Sink(threading.Thread):
         self.writer, self.output, self.done, self.state = writer, output, done, state
         self.progress, self.options = progress, options
         self.decode = batch_decoder(tokenizer)  # completions' token ids -> texts, many at a time
+        self.token_texts = TokenTexts(tokenizer)  # log-probability entries' token texts
         self.flush_every, self.stop, self.faults, self.on_tick = flush_every, stop, faults, on_tick
         self.queue: queue.SimpleQueue = queue.SimpleQueue()
         self.error: BaseException | None = None
@@ -131,9 +132,13 @@ class Sink(threading.Thread):
             if isinstance(item, CompletionOutput) and item.text is None and item.finish_reason != "error"
         ]  # fmt: skip
         texts: list[str | None] = [getattr(item, "text", None) for item in items]
-        if todo:
-            for i, text in zip(todo, self.decode([items[i].token_ids for i in todo]), strict=True):
-                texts[i] = text
+        for skip in (True, False):
+            picked = [i for i in todo if items[i].skip_special_tokens is skip]
+            if picked:
+                for i, text in zip(
+                    picked, self.decode([items[i].token_ids for i in picked], skip), strict=True
+                ):
+                    texts[i] = text
         return texts
 
     # -- records ---------------------------------------------------------------------------------------
@@ -151,9 +156,22 @@ class Sink(threading.Thread):
             error=(out.error or "engine error") if out.finish_reason == "error" else None,
             kept=out.key.kept,
             token_ids=list(out.token_ids) if self.options.return_tokens else None,
-            logprobs=list(out.logprobs or []) if self.options.logprobs else None,
+            logprobs=None if out.logprobs is None else list(out.logprobs),
+            top_logprobs=self._alternatives(out.top_logprobs),
+            prompt_logprobs=out.prompt_logprobs,
+            prompt_top_logprobs=self._alternatives(out.prompt_top_logprobs),
         )
         self._write(record)
+
+    def _alternatives(self, per_token: list[list[tuple[int, float]] | None] | None) -> list | None:
+        """Each position's most likely tokens as records hold them (a position without any: null)."""
+        if per_token is None:
+            return None
+        texts = iter(self.token_texts([token for entries in per_token if entries for token, _ in entries]))
+        return [
+            None if entries is None else alternatives(entries, [next(texts) for _ in entries])
+            for entries in per_token
+        ]
 
     def _failure(self, failure: RowFailure) -> None:
         if self._drop_error(failure.index, failure.key.id, failure.error):

@@ -4,7 +4,7 @@ the engine's batches)."""
 from __future__ import annotations
 
 import logging
-from typing import Any
+from dataclasses import replace
 
 from batchgen.app.options import RunOptions
 from batchgen.config import EngineConfig
@@ -38,13 +38,12 @@ def requests_left(opts: RunOptions, reader: Reader, rows_done: int, cap: int) ->
     return max(0, rows - rows_done) * opts.n
 
 
-def engine_options(opts: RunOptions, reader: Reader, rows_done: int) -> dict[str, Any]:
+def engine_options(opts: RunOptions, reader: Reader, rows_done: int) -> EngineConfig:
     """The engine's options. A run with fewer requests left than --max-num-seqs batches at most those:
     larger decode buckets could never run, and their CUDA graphs cost start-up time."""
-    engine = dict(opts.engine)
-    cap = engine.get("max_num_seqs") or EngineConfig.max_num_seqs
+    cap = opts.engine.max_num_seqs
     left = requests_left(opts, reader, rows_done, cap)
-    if left is not None and left < cap:
-        engine["max_num_seqs"] = max(1, left)
-        log.info("%d requests to generate: batching at most %d at a time", left, max(1, left))
-    return engine
+    if left is None or left >= cap:
+        return opts.engine
+    log.info("%d requests to generate: batching at most %d at a time", left, max(1, left))
+    return replace(opts.engine, max_num_seqs=max(1, left))

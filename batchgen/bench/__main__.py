@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 
 from batchgen.bench.cli_entry import CommandOptions, run_bench
@@ -27,6 +28,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--threads", type=int, help="B4: CPU threads of both commands [each its default]")
     ap.add_argument("--prompts", help="B4: a JSONL prompt file instead of the built-in mixed-length prompts")
     ap.add_argument("--repeat", type=int, default=1, help="B4: side-by-side rounds [1]")
+    ap.add_argument(
+        "--sampling", type=json.loads, help="batchgen's requests: more SamplingParams, '{\"min_p\": 0.1}'"
+    )
     return ap.parse_args(argv)
 
 
@@ -44,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         quantization=args.quantization,
         kv_cache_dtype=args.kv_cache_dtype,
         opts=CommandOptions(args.threads, args.prompts, args.repeat),
+        sampling=args.sampling,
     )
     return 1 if any(failed(r) for r in records) else 0
 

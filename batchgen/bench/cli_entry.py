@@ -30,13 +30,14 @@ from batchgen.bench.workloads import (
     text_prompts,
 )
 from batchgen.bench.workloads import quick as quick_workload
+from batchgen.config import EngineConfig
 from batchgen.model.loader import load_model, resolve_device
 from batchgen.model.tokenize import encode_prompt
 
 ENGINE_MODES = ("async", "sync")
 DEFAULT_MODES = list(ENGINE_MODES)
 _SAVE_LIMIT = 2_000_000_000  # params: without LLM.from_model, only models this small go through a temp dir
-_MAX_NUM_SEQS = 256  # EngineConfig's default, the concurrency the roofline assumes
+_MAX_NUM_SEQS = EngineConfig.max_num_seqs  # the concurrency the roofline assumes
 _BURN_IN_TOKENS = 1024
 
 
@@ -180,7 +181,9 @@ def run_mode(p: Prepared, mode: str) -> dict[str, Any]:
     if mode in ENGINE_MODES:
         llm = p.make_llm(async_mode=mode == "async", **w.engine_options)
         try:
-            return runners.run_batchgen(llm, mode, p.prompts, w.max_new_tokens, p.warmup, w.json_schema)
+            return runners.run_batchgen(
+                llm, mode, p.prompts, w.max_new_tokens, p.warmup, w.json_schema, w.sampling
+            )
         finally:
             llm.close()  # tensor-parallel workers release their GPUs before the next mode starts
             del llm
@@ -357,10 +360,15 @@ def run_bench(
     quantization: str | None = None,
     kv_cache_dtype: str = "auto",
     opts: CommandOptions | None = None,
+    sampling: dict | None = None,
 ) -> list[dict]:
     """Run each workload in each mode (plus the transformers baselines), print and write the tables.
-    ``quantization`` / ``kv_cache_dtype``: FP8 for batchgen's runs (the baselines run the model as built)."""
-    specs = [get_workload(name, device, tensor_parallel, quantization, kv_cache_dtype) for name in workloads]
+    ``quantization`` / ``kv_cache_dtype``: FP8 for batchgen's runs (the baselines run the model as built);
+    ``sampling``: more SamplingParams fields for batchgen's requests (the baselines sample greedily)."""
+    specs = [
+        get_workload(name, device, tensor_parallel, quantization, kv_cache_dtype, sampling)
+        for name in workloads
+    ]
     records: list[dict] = []
     for w in specs:
         w = quick_workload(w) if quick else w

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 
 import click
@@ -35,6 +36,9 @@ import click
 @click.option(
     "--repeat", type=click.IntRange(min=1), default=1, show_default=True, help="B4: side-by-side rounds."
 )
+@click.option(
+    "--sampling", type=json.loads, help="batchgen's requests: more SamplingParams, '{\"min_p\": 0.1}'."
+)
 def bench_command(workloads, modes, out_dir, quick, compare_hf, device, **kw) -> None:
     """The benchmark workloads (B1-B6): batchgen async and sync beside transformers (generate_batch, or
     its forward on batchgen's engine for the MoE workload B6; B4: whole commands)."""
@@ -59,5 +63,6 @@ def bench_command(workloads, modes, out_dir, quick, compare_hf, device, **kw) ->
         kw["quantization"],
         kw["kv_cache_dtype"],
         opts,
+        kw["sampling"],
     )
     sys.exit(1 if any(failed(r) for r in records) else 0)

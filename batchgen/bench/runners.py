@@ -81,14 +81,17 @@ def _consume(llm, prompts: list[list[int]], params: SamplingParams) -> tuple[int
 
 def run_batchgen(
     llm, mode: str, prompts: list[list[int]], new_tokens: int, warmup: list[list[int]] | None,
-    json_schema: dict | None = None,
+    json_schema: dict | None = None, sampling: tuple[tuple[str, Any], ...] = (),
 ) -> dict[str, Any]:  # fmt: skip
     """One timed ``stream`` over ``prompts``. ``warmup`` prompts run first, untimed: kernel compiles,
     CUDA-graph captures (all of them, up front: one GPU otherwise captures on demand, mid-run) and
     allocator growth are one-time costs, not throughput. ``json_schema``: every request is constrained
-    by it (structured output). B7 runs the whole ``batchgen run`` command instead, captures included."""
+    by it (structured output); ``sampling``: more SamplingParams fields for every request. B7 runs the whole
+    ``batchgen run`` command instead, captures included."""
     record = base_record(mode, "batchgen", len(prompts), new_tokens)
-    params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True, json_schema=json_schema)
+    params = SamplingParams(
+        max_new_tokens=new_tokens, ignore_eos=True, json_schema=json_schema, **dict(sampling)
+    )
     llm.prepare(params, capture_graphs=True)
     if warmup:
         _consume(llm, warmup, params.with_overrides(max_new_tokens=min(4, new_tokens)))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -139,11 +140,14 @@ class Workload:
     command: bool = False  # timed as whole commands (batchgen run vs a generate_batch script), mixed prompts
     staggered: bool = False  # whole commands: each row its own max_new_tokens (``staggered_lengths``)
     run_flags: tuple[str, ...] = ()  # whole commands: more `batchgen run` flags
+    # batchgen's runs: more SamplingParams fields for every request (penalties, logprobs, ...)
+    sampling: tuple[tuple[str, Any], ...] = ()
 
     @property
     def label(self) -> str:
         prompt = self.prompt_len if self.prompt_len else "text"
-        return f"{self.num_requests} x ({prompt} + {self.max_new_tokens})"
+        extra = "".join(f", {name}={value}" for name, value in self.sampling)
+        return f"{self.num_requests} x ({prompt} + {self.max_new_tokens}){extra}"
 
 
 # B3j's schema: records of the usual kinds (bounded integers, short strings, enums, booleans), at least
@@ -251,13 +255,14 @@ def quick(w: Workload) -> Workload:
 
 def get_workload(
     name: str, device: str | None = None, tensor_parallel: int | None = None,
-    quantization: str | None = None, kv_cache_dtype: str = "auto",
+    quantization: str | None = None, kv_cache_dtype: str = "auto", sampling: dict | None = None,
 ) -> Workload:  # fmt: skip
     try:
         w = WORKLOADS[name]
     except KeyError:
         raise ValueError(f"unknown workload {name!r}; choose from {', '.join(WORKLOADS)}") from None
     w = replace(w, quantization=quantization, kv_cache_dtype=kv_cache_dtype)
+    w = replace(w, sampling=tuple(sorted((sampling or {}).items())))
     w = replace(w, device=device) if device else w
     return replace(w, tensor_parallel=tensor_parallel) if tensor_parallel else w
 

@@ -7,12 +7,16 @@ the runner patches it in on the device from the previous step's output.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from batchgen.engine.rows import RowState
+from batchgen.engine.rows import COLUMN, RowState
 from batchgen.engine.scheduler import ScheduledStep
+from batchgen.engine.step_sampling import RowInit, SamplingFeatures
+
+if TYPE_CHECKING:
+    from batchgen.engine.request import Request
 
 
 class StepInputs(NamedTuple):
@@ -25,18 +29,31 @@ class StepInputs(NamedTuple):
     seq_lens: np.ndarray  # [B] int32, context length after this step
     block_tables: np.ndarray  # [B, max_blocks] int32 (0-padded)
     logits_indices: np.ndarray  # [S] int64: rows whose logits are sampled
+    # the sampled rows' parameters (sampler.SamplingTensors, same names)
     temperature: np.ndarray  # [S] float32
     top_p: np.ndarray  # [S] float32
     top_k: np.ndarray  # [S] int64 (0 = off)
+    min_p: np.ndarray  # [S] float32
     rng_keys: np.ndarray  # [S] int64: per-(row, sample) key
     rng_steps: np.ndarray  # [S] int64: index of the output token being sampled
-    any_sampling: bool  # some row is not greedy
-    want_logprobs: bool
+    repetition_penalty: np.ndarray  # [S] float32
+    presence_penalty: np.ndarray  # [S] float32
+    frequency_penalty: np.ndarray  # [S] float32
+    min_tokens: np.ndarray  # [S] int64
+    state_rows: np.ndarray  # [S] int64: rows of the persistent batch (their device statistics)
+    features: SamplingFeatures  # what the step's sampler computes
     max_q_len: int
     max_seq_len: int
     # Some sampled row is constrained (structured output): the runner computes the logits, and samples
     # once the engine has filled the step's token masks (``runner.sample``).
     masked: bool = False
+    # Rows whose device statistics (penalties, adjustments) are rebuilt before this step samples.
+    row_inits: tuple[RowInit, ...] = ()
+    rows_capacity: int = 0  # the persistent batch's rows (the statistics' size)
+    # Prompt log-probabilities: the token rows whose logits score the next prompt token, and that token
+    # ([P] int64 each; None: none in this step). Such a step runs eagerly.
+    prompt_rows: np.ndarray | None = None
+    prompt_targets: np.ndarray | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -65,6 +82,8 @@ def build_step(step: ScheduledStep, block_size: int, rows: RowState) -> StepInpu
     tables = rows.tables[scan.rows, : -(-max_seq_len // block_size)]  # [B, W] (a copy)
     blocks = tables[seq_of_row, positions // block_size]
     *sampling, masked = _sampling_rows(rows, scan.rows[scan.sampled], cu, scan)
+    inits = tuple(rows.take_inits())
+    prompt_rows, prompt_targets = _prompt_rows(step, cu)
     return StepInputs(
         step.step_id,
         scan.ids,
@@ -78,7 +97,40 @@ def build_step(step: ScheduledStep, block_size: int, rows: RowState) -> StepInpu
         max_q_len=int(counts.max()),
         max_seq_len=max_seq_len,
         masked=masked,
+        row_inits=inits,
+        rows_capacity=rows.num_rows,
+        prompt_rows=prompt_rows,
+        prompt_targets=prompt_targets,
     )
+
+
+class PromptSpan(NamedTuple):
+    """Prompt positions [start, stop) of a request whose logits this step scores (the token after each)."""
+
+    request: Request
+    sequence: int  # the step's sequence computing them
+    start: int
+    stop: int
+
+
+def prompt_spans(step: ScheduledStep) -> list[PromptSpan]:
+    """The prompt positions this step scores, in step order: of each chunk that wants prompt
+    log-probabilities, those whose next token is still a prompt token."""
+    spans, first = [], len(step.decodes.requests)
+    for i, (req, start, n, _) in enumerate(step.items, first):
+        stop = min(start + n, req.num_prompt - 1)
+        if req.prompt_logprobs is not None and stop > start:
+            spans.append(PromptSpan(req, i, start, stop))
+    return spans
+
+
+def _prompt_rows(step: ScheduledStep, cu: np.ndarray) -> tuple[np.ndarray | None, np.ndarray | None]:
+    spans = prompt_spans(step)
+    if not spans:
+        return None, None
+    rows = np.concatenate([np.arange(cu[s.sequence], cu[s.sequence] + s.stop - s.start) for s in spans])
+    targets = np.concatenate([np.array(s.request.tokens[s.start + 1 : s.stop + 1], np.int64) for s in spans])
+    return rows.astype(np.int64), targets
 
 
 class _Scan(NamedTuple):
@@ -152,16 +204,41 @@ def _concat(decodes: _Scan, items: _Scan) -> _Scan:
 
 
 def _sampling_rows(rows: RowState, sampled_rows: np.ndarray, cu: np.ndarray, scan: _Scan) -> tuple:
-    consts = rows.sampling[sampled_rows]  # [S, 6]: see Request.sampling_row
-    temperature = consts[:, 0].astype(np.float32)
+    """The sampled rows' parameters in StepInputs' order, the step's features, and whether it is masked."""
+    consts = rows.sampling[sampled_rows]  # [S, C]: see Request.sampling_row
+
+    def column(name: str, dtype=np.float32) -> np.ndarray:
+        return consts[:, COLUMN[name]].astype(dtype)
+
+    def some(name: str, rows_of: np.ndarray | None = None) -> bool:
+        values = consts[:, COLUMN[name]]
+        return bool((values if rows_of is None else values[rows_of]).any())
+
+    temperature = column("temperature")
+    sampling = temperature > 0
+    repetition = column("repetition_penalty")
+    presence, frequency = column("presence_penalty"), column("frequency_penalty")
+    features = SamplingFeatures(
+        sampling=bool(sampling.any()),
+        truncation=some("truncates", sampling),
+        logprobs=some("logprobs"),
+        top_logprobs=some("top_logprobs"),
+        penalties=bool((repetition != 1).any() or presence.any() or frequency.any()),
+        adjustments=some("adjusted"),
+    )
     return (
         cu[scan.sampled + 1].astype(np.int64) - 1,
         temperature,
-        consts[:, 1].astype(np.float32),
-        consts[:, 2].astype(np.int64),
-        consts[:, 3].astype(np.int64),
+        column("top_p"),
+        column("top_k", np.int64),
+        column("min_p"),
+        column("rng_key", np.int64),
         scan.rng_steps,
-        bool((temperature > 0).any()),
-        bool(consts[:, 4].any()),
-        bool(consts[:, 5].any()),
+        repetition,
+        presence,
+        frequency,
+        column("min_tokens", np.int64),
+        sampled_rows.astype(np.int64),
+        features,
+        some("constrained"),
     )

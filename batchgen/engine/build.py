@@ -84,7 +84,10 @@ def build_rank(
     )
     if warmup is not None:
         warmup.join()  # before any launch (tensor parallelism captures its graphs in ``_runner``)
-    runner = _runner(options, bundle, caches, device, limit, async_mode, progress, governor, graphs, group)
+    vocab = files.hf_config.get_text_config().vocab_size  # the logits' width
+    runner = _runner(
+        options, bundle, caches, device, limit, async_mode, progress, governor, graphs, group, vocab
+    )
     clock.mark("graphs_s" if device.type == "cuda" else "runner_s")
     return RankEngine(bundle, runner, num_blocks, device, dtype, limit, async_mode, clock.phases)
 
@@ -129,12 +132,12 @@ def _num_blocks(options: EngineConfig, shape: kv_cache.KVShape, device, dtype, l
 
 def _runner(
     options: EngineConfig, bundle: ModelBundle, caches, device, limit: int, async_mode: bool, progress,
-    governor: ThreadGovernor | None, graphs: bool, group: ParallelGroup,
+    governor: ThreadGovernor | None, graphs: bool, group: ParallelGroup, vocab: int,
 ):  # fmt: skip
     from batchgen.engine.runner import EagerRunner
 
     if device.type != "cuda":
-        return EagerRunner(bundle.forward, caches, TorchBackend(governor), device, bundle.sampler)
+        return EagerRunner(bundle.forward, caches, TorchBackend(governor), device, bundle.sampler, vocab)
     from batchgen.engine.cuda_runner import CudaRunner
 
     triton = options.attention_backend != "torch"
@@ -149,6 +152,7 @@ def _runner(
         capture_after=0 if group.is_parallel else CAPTURE_AFTER,
         # Steps with new prompts: graphs where measured launch-bound; ranks could measure apart.
         mixed_graphs=False if group.is_parallel else None,
+        vocab_size=vocab,
     )  # fmt: skip
     if group.is_parallel:
         runner.capture_all(progress=progress)

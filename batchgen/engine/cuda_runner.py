@@ -48,8 +48,10 @@ from batchgen.engine.cuda_slots import (
 from batchgen.engine.graph_capture import GraphCaptures
 from batchgen.engine.idle_gaps import IdleGaps
 from batchgen.engine.mixed_graphs import MixedGraphs, token_buckets
-from batchgen.engine.runner import Sampler, StepResult, apply_carry_over
-from batchgen.engine.sampler import SamplingTensors, sample
+from batchgen.engine.row_tokens import RowTokens, ready_row_tokens
+from batchgen.engine.runner import Sampler, StepResult, apply_carry_over, full_vocab, with_prompt_rows
+from batchgen.engine.sampler import PromptScores, SamplingTensors, sample, score_prompt
+from batchgen.engine.step_sampling import SamplingFeatures
 from batchgen.model.attention import PagedContext
 from batchgen.model.backends import KernelBackend
 from batchgen.model.forward import ModelForward
@@ -59,15 +61,15 @@ class CudaHandle(NamedTuple):
     step_id: int
     slot: int
     samples: int
-    want_logprobs: bool
+    features: SamplingFeatures
     masked: bool = False  # sampled by ``sample``, after ``launch``
     shape: Shape | None = None
     bucket: int = 0  # > 0: graphs of this bucket: decode rows, or tokens when ``mixed``
-    any_sampling: bool = False
     replayed: bool = False  # a graph ran it (else an eager forward)
     launch_ms: float = 0.0  # host time ``launch`` took
     mixed: bool = False  # new prompts or prefill chunks, padded to a token bucket
     captured: bool = False  # its launch captured a graph: its times are not a step's
+    prompt: PromptScores | None = None  # its scored prompt positions (an eager step)
 
 
 class CudaRunner(GraphCaptures):
@@ -86,9 +88,12 @@ class CudaRunner(GraphCaptures):
         sampler: Sampler = sample,
         capture_after: int = 0,
         mixed_graphs: bool | None = None,
+        vocab_size: int = 0,  # the logits' width: the size of the per-row statistics (RowTokens)
     ) -> None:
         self.forward, self.kv_caches, self.backend, self.device = forward, kv_caches, backend, device
         self.sampler = sampler
+        self.vocab_size = vocab_size
+        self.row_tokens: RowTokens | None = None  # made by the first step (or capture) that reads them
         self.max_model_len = max_model_len
         max_blocks = -(-max_model_len // block_size)
         max_tokens = max(max_batch_tokens, max_num_seqs)
@@ -97,11 +102,11 @@ class CudaRunner(GraphCaptures):
         self.buckets = decode_buckets(max_num_seqs) if cuda_graphs else []
         # Steps with new prompts: graphs per token bucket where measured host-bound (None), always, never.
         self.mixed = MixedGraphs(token_buckets(max_tokens) if cuda_graphs else [], mixed_graphs)
-        # (slot, bucket, part, any_sampling, want_logprobs) -> graph; part: "step" (forward + sampling),
-        # "mixed" (the same, padded to a token bucket), or a masked step's "logits" and "sample" (_run)
-        self.graphs: dict[tuple[int, int, str, bool, bool], torch.cuda.CUDAGraph] = {}
+        # (slot, bucket, part, SamplingFeatures) -> graph; part: "step" (forward + sampling), "mixed" (the
+        # same, padded to a token bucket), or a masked step's "logits" and "sample" (_run)
+        self.graphs: dict[tuple[int, int, str, SamplingFeatures], torch.cuda.CUDAGraph] = {}
         self.capture_after = capture_after  # eager uses of a key before its graph is captured
-        self._eager_uses: dict[tuple[int, int, str, bool, bool], int] = {}
+        self._eager_uses: dict[tuple[int, int, str, SamplingFeatures], int] = {}
         self._logits: torch.Tensor | None = None  # [max_seqs, V / K] float32: a masked step's logits
         self.pool = torch.cuda.graph_pool_handle() if cuda_graphs else None
         self.gpu_busy_s = 0.0
@@ -124,9 +129,11 @@ class CudaRunner(GraphCaptures):
         bucket, part, shape, bounds = step_layout(
             inputs, self.buckets, self.mixed.bucket, self.slots[0].max_seqs, self.max_model_len
         )
-        flags = (inputs.any_sampling, inputs.want_logprobs)
+        features = inputs.features
+        if inputs.row_inits or features.stateful:
+            self._ready_row_tokens(inputs.rows_capacity)  # before a graph that reads them is chosen
         graphs = len(self.graphs)
-        graph = self._graph(slot_id, bucket, part, *flags) if bucket else None
+        graph = self._graph(slot_id, bucket, part, features) if bucket else None
         self._wait(slot.h2d_done)  # the pinned inputs of this slot's last step are on the device
         views = slot.views(shape)
         fill_host(views.host, inputs)
@@ -134,25 +141,46 @@ class CudaRunner(GraphCaptures):
         with torch.cuda.stream(self.compute):
             self.compute.wait_event(slot.h2d_done)
             self.compute.wait_event(slot.d2h_done)  # its previous tokens were copied out
+            self._init_rows(inputs)
             slot.compute_start.record(self.compute)
             self.idle.start(inputs.step_id, self.compute)
+            prompt = None
             if graph is not None:
                 t1 = time.perf_counter()
                 graph.replay()
                 self.replay_s += time.perf_counter() - t1
             else:  # a bucket not captured yet runs as its graph would (same shape and bounds)
-                self._run(part, slot_id, shape, flags, bounds)
+                prompt = self._run(part, slot_id, shape, features, bounds, inputs)
             (slot.logits_done if inputs.masked else slot.compute_done).record(self.compute)
             self.idle.end(inputs.step_id, self.compute)
         if not inputs.masked:
-            self._copy_outputs(slot, shape.samples, inputs.want_logprobs)
+            self._copy_outputs(slot, shape.samples, features)
         took = time.perf_counter() - t0
         self.prep_s += took
         samples, masked = len(inputs.logits_indices), inputs.masked
         return CudaHandle(
-            inputs.step_id, slot_id, samples, inputs.want_logprobs, masked, shape, bucket, flags[0],
-            graph is not None, 1e3 * took, part == "mixed", len(self.graphs) > graphs,
+            inputs.step_id, slot_id, samples, features, masked, shape, bucket, graph is not None,
+            1e3 * took, part == "mixed", len(self.graphs) > graphs, prompt,
         )  # fmt: skip
+
+    def _init_rows(self, inputs: StepInputs) -> None:
+        """Rebuild the device statistics of the rows the step's new requests took (on the compute stream:
+        after every earlier step's updates of those rows)."""
+        if inputs.row_inits:
+            self.row_tokens.init(inputs.row_inits)
+
+    def _ready_row_tokens(self, capacity: int = 0) -> RowTokens:
+        """The per-row statistics for ``capacity`` rows of the persistent batch (at least max_num_seqs),
+        made or grown on the compute stream, after the steps that update them; graphs captured on
+        statistics that grew are dropped (they are captured again on their next use)."""
+        with torch.cuda.stream(self.compute):
+            current = ready_row_tokens(
+                self.row_tokens, max(capacity, self.slots[0].max_seqs), self.vocab_size, self.device
+            )
+        if self.row_tokens is not None and current is not self.row_tokens:
+            self.graphs = {key: graph for key, graph in self.graphs.items() if not key[3].stateful}
+        self.row_tokens = current
+        return current
 
     def mask_buffer(self, handle: CudaHandle, width: int) -> torch.Tensor:
         """Where the engine writes a masked step's token bitmask: [S, width] int32, pinned host memory."""
@@ -166,8 +194,7 @@ class CudaRunner(GraphCaptures):
         """Enqueue a masked step's sampling behind the copy of its masks (``mask_buffer``)."""
         t0 = time.perf_counter()
         slot, rows = self.slots[handle.slot], handle.shape.samples
-        flags = (handle.any_sampling, handle.want_logprobs)
-        graph = self._graph(handle.slot, handle.bucket, "sample", *flags) if handle.bucket else None
+        graph = self._graph(handle.slot, handle.bucket, "sample", handle.features) if handle.bucket else None
         slot.mask_host[handle.samples : rows] = -1  # graph padding rows: unconstrained
         with torch.cuda.stream(self.h2d):
             self.h2d.wait_event(slot.compute_done)  # the last sampling that read this slot's masks
@@ -179,10 +206,10 @@ class CudaRunner(GraphCaptures):
             if graph is not None:
                 graph.replay()
             else:
-                self._run("sample", handle.slot, handle.shape, flags, (1, 1, 0))
+                self._run("sample", handle.slot, handle.shape, handle.features, (1, 1, 0))
             slot.compute_done.record(self.compute)
             self.idle.end(handle.step_id, self.compute)
-        self._copy_outputs(slot, handle.samples, handle.want_logprobs)
+        self._copy_outputs(slot, handle.samples, handle.features)
         self.prep_s += time.perf_counter() - t0
 
     def reset(self) -> None:
@@ -207,9 +234,14 @@ class CudaRunner(GraphCaptures):
         gap = self.idle.fetched(handle.step_id, kind, handle.samples, busy)
         if not handle.masked and not handle.captured:
             self._measured(handle, kind, busy, gap)
-        tokens = slot.host_tokens[: handle.samples].tolist()
-        logprobs = slot.host_logprobs[: handle.samples].tolist() if handle.want_logprobs else None
-        return StepResult(handle.step_id, tokens, logprobs)
+        outputs = (
+            out[: handle.samples].tolist() if copied else None
+            for out, copied in zip(slot.host_outputs, _outputs_of(handle.features), strict=True)
+        )
+        prompt = (
+            None if handle.prompt is None else tuple(t.tolist() for t in handle.prompt)
+        )  # done: d2h waited
+        return StepResult(handle.step_id, *outputs, prompt)
 
     def _measured(self, handle: CudaHandle, kind: str, busy_ms: float, gap_ms: float) -> None:
         """What a step cost, for the price of new rows (admission.py) and the mixed graphs' choice."""
@@ -240,42 +272,50 @@ class CudaRunner(GraphCaptures):
             slot.dev_bytes[:nbytes].copy_(slot.host_bytes[:nbytes], non_blocking=True)
             slot.h2d_done.record(self.h2d)
 
-    def _copy_outputs(self, slot: Slot, samples: int, want_logprobs: bool) -> None:
+    def _copy_outputs(self, slot: Slot, samples: int, features: SamplingFeatures) -> None:
         with torch.cuda.stream(self.d2h):
             self.d2h.wait_event(slot.compute_done)
-            slot.host_tokens[:samples].copy_(slot.out_tokens[:samples], non_blocking=True)
-            if want_logprobs:
-                slot.host_logprobs[:samples].copy_(slot.out_logprobs[:samples], non_blocking=True)
+            for out, host, copied in zip(slot.outputs, slot.host_outputs, _outputs_of(features), strict=True):
+                if copied:
+                    host[:samples].copy_(out[:samples], non_blocking=True)
             slot.d2h_done.record(self.d2h)
 
     # --- the step body: eager or captured ---------------------------------------------------------
 
     def _run(
-        self, part: str, slot_id: int, shape: Shape, flags: tuple[bool, bool], bounds: tuple[int, int, int]
-    ):
+        self, part: str, slot_id: int, shape: Shape, features: SamplingFeatures, bounds: tuple[int, int, int],
+        inputs: StepInputs | None = None,
+    ) -> PromptScores | None:  # fmt: skip
         """A step's device work from the slot's buffers into its output buffers (no host sync). part:
         "step" (or "mixed": new prompts, padded to a token bucket) = forward + sampling; a masked step's
         "logits" = the forward into the logits buffer, then its "sample" = sampling those logits under the
-        slot's token masks."""
+        slot's token masks. An eager step's ``inputs`` may ask for prompt positions' scores: returned."""
         slot, samples = self.slots[slot_id], shape.samples
-        mask = None
+        mask = prompt = None
         if part == "sample":
             logits, mask = self._logits[:samples], slot.mask_dev[:samples]
         else:
-            logits = self._model_logits(slot_id, shape, bounds)  # [S, V / K]
+            kept, targets = with_prompt_rows(slot.views(shape).dev["logits_indices"], inputs)
+            logits = self._model_logits(slot_id, shape, bounds, kept)  # [S (+ P), V / K]
+            if targets is not None:
+                prompt = score_prompt(full_vocab(self.sampler)(logits[samples:]), targets)
+                logits = logits[:samples]
             if part == "logits":
                 if self._logits is None:  # first met outside any capture (warm-up runs come first)
                     self._logits = torch.empty((slot.max_seqs, logits.shape[1]), device=self.device)
                 self._logits[:samples].copy_(logits)
-                return
+                return prompt
         dev = slot.views(shape).dev
-        params = SamplingTensors(*(dev[n] for n in SAMPLE_FIELDS[1:]), token_mask=mask)
-        tokens, logprobs = self.sampler(logits, params, *flags)
-        slot.out_tokens[:samples].copy_(tokens)
-        if logprobs is not None:
-            slot.out_logprobs[:samples].copy_(logprobs)
+        row_tokens = self._ready_row_tokens() if features.stateful else None
+        params = SamplingTensors(*(dev[n] for n in SAMPLE_FIELDS[1:]), token_mask=mask, row_tokens=row_tokens)
+        for out, value in zip(slot.outputs, self.sampler(logits, params, features), strict=True):
+            if value is not None:
+                out[:samples].copy_(value)
+        return prompt
 
-    def _model_logits(self, slot_id: int, shape: Shape, bounds: tuple[int, int, int]) -> torch.Tensor:
+    def _model_logits(
+        self, slot_id: int, shape: Shape, bounds: tuple[int, int, int], kept: torch.Tensor
+    ) -> torch.Tensor:
         slot, other = self.slots[slot_id], self.slots[(slot_id - 1) % len(self.slots)]
         dev = slot.views(shape).dev  # each field holds exactly its rows for this shape
         max_q_len, max_seq_len, decodes = bounds
@@ -285,4 +325,9 @@ class CudaRunner(GraphCaptures):
             max_seq_len, self.backend, decodes, cu[decodes:] - decodes if decodes else None,
         )  # fmt: skip
         ids = apply_carry_over(dev["input_ids"], dev["carry_rows"], other.out_tokens)
-        return self.forward(ids, dev["positions"], dev["logits_indices"], ctx)
+        return self.forward(ids, dev["positions"], kept, ctx)
+
+
+def _outputs_of(features: SamplingFeatures) -> tuple[bool, bool, bool, bool]:
+    """Which of the sampler's outputs (sampler.SampleOutput) a step of ``features`` has."""
+    return True, features.logprobs, features.top_logprobs, features.top_logprobs

@@ -18,14 +18,19 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from batchgen.config import MAX_LOGPROBS
 from batchgen.engine.batch import StepInputs
+from batchgen.engine.sampler import SamplingTensors
 
 TOKEN_FIELDS = ("input_ids", "carry_rows", "positions", "slot_mapping")  # [T]
-SAMPLE_FIELDS = ("logits_indices", "temperature", "top_p", "top_k", "rng_keys", "rng_steps")  # [S]
-PAD = {"carry_rows": -1, "slot_mapping": -1, "top_p": 1.0}  # padding rows: no KV write, no carry
+# [S]: the rows whose logits are sampled, then sampler.SamplingTensors' fields (its tensors, in order)
+SAMPLE_FIELDS = ("logits_indices", *SamplingTensors._fields[:-2])
+# padding rows: no KV write, no carry, no truncation or penalty, the statistics' padding row
+PAD = {"carry_rows": -1, "slot_mapping": -1, "top_p": 1.0, "repetition_penalty": 1.0, "state_rows": -1}
 SEQ_FIELDS = ("cu_seqlens_q", "seq_lens", "block_tables")  # [B + 1], [B], [B, max_blocks]
 FIELDS = ("block_tables",) + TOKEN_FIELDS + SAMPLE_FIELDS + ("cu_seqlens_q", "seq_lens")  # packed order
-DTYPES = {"temperature": torch.float32, "top_p": torch.float32} | {n: torch.int32 for n in SEQ_FIELDS}
+_FLOATS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
+DTYPES = dict.fromkeys(_FLOATS, torch.float32) | {n: torch.int32 for n in SEQ_FIELDS}
 _ALIGN = 64  # bytes: each field of the packed buffer starts on a cache line
 _KEPT_LAYOUTS = 256  # views kept per slot: decode shapes, then recent others (remade when needed)
 
@@ -78,7 +83,8 @@ def step_layout(
         i = bisect.bisect_left(decode_buckets, len(inputs.seq_lens))
         bucket = decode_buckets[i] if i < len(decode_buckets) else 0
     else:
-        bucket = 0 if inputs.masked else mixed_bucket(inputs.num_tokens)
+        eager = inputs.masked or inputs.prompt_rows is not None  # (prompt scores: extra logits rows)
+        bucket = 0 if eager else mixed_bucket(inputs.num_tokens)
         part = "mixed" if bucket else part
     if bucket:
         return graph_layout(bucket, part, max_seqs, max_model_len)
@@ -104,10 +110,13 @@ class Slot:
         self.host_bytes = torch.zeros(size, dtype=torch.uint8, pin_memory=True)
         self.dev_bytes = torch.zeros(size, dtype=torch.uint8, device=device)
         self._views: dict[Shape, PackedViews] = {}
-        self.out_tokens = torch.zeros(max_seqs, dtype=torch.int64, device=device)
-        self.out_logprobs = torch.zeros(max_seqs, dtype=torch.float32, device=device)
-        self.host_tokens = torch.zeros(max_seqs, dtype=torch.int64, pin_memory=True)
-        self.host_logprobs = torch.zeros(max_seqs, dtype=torch.float32, pin_memory=True)
+        # the sampler's outputs (sampler.SampleOutput): tokens, their log-probabilities, the top ones'
+        shapes = ((max_seqs,), (max_seqs,), (max_seqs, MAX_LOGPROBS), (max_seqs, MAX_LOGPROBS))
+        dtypes = (torch.int64, torch.float32, torch.int64, torch.float32)
+        self.outputs = [torch.zeros(s, dtype=d, device=device) for s, d in zip(shapes, dtypes, strict=True)]
+        self.host_outputs = [
+            torch.zeros(s, dtype=d, pin_memory=True) for s, d in zip(shapes, dtypes, strict=True)
+        ]
         self.h2d_done = torch.cuda.Event()
         self.compute_start = torch.cuda.Event(enable_timing=True)
         self.compute_done = torch.cuda.Event(enable_timing=True)
@@ -120,6 +129,11 @@ class Slot:
         self.mask_host: torch.Tensor | None = None  # [max_seqs, W] int32 token bitmasks, made on first use
         self.mask_dev: torch.Tensor | None = None
         self.max_seqs = max_seqs
+
+    @property
+    def out_tokens(self) -> torch.Tensor:
+        """[max_seqs] int64: the sampled tokens (a decode's carry-over reads them)."""
+        return self.outputs[0]
 
     def views(self, shape: Shape) -> PackedViews:
         """The host and device views of a step of this shape (kept for the decode shapes)."""

@@ -16,7 +16,6 @@ the logits. Unconstrained rows never wait; docs/structured-output.md has the des
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections import defaultdict, deque
 from collections.abc import Iterable, Iterator
@@ -24,13 +23,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from batchgen.engine.batch import build_step
+from batchgen.engine.batch import build_step, prompt_spans
 from batchgen.engine.block_manager import BlockManager
-from batchgen.engine.grammar import GrammarCompiler, GrammarError
+from batchgen.engine.grammar import GrammarCompiler
+from batchgen.engine.intake import Intake
 from batchgen.engine.outputs import CompletionOutput, GenerationRequest
 from batchgen.engine.request import Request, Status
+from batchgen.engine.rows import COLUMN
 from batchgen.engine.runner import StepResult
-from batchgen.engine.sampler import rng_key
 from batchgen.engine.scheduler import Decodes, ScheduledStep, Scheduler
 from batchgen.engine.stats import EngineStats
 from batchgen.engine.stops import StopChecker
@@ -49,17 +49,17 @@ class Engine:
         max_model_len: int,
         async_mode: bool,
         grammars: GrammarCompiler | None = None,
+        vocab_size: int | None = None,  # token ids a row may name (logit_bias, stop_token_ids)
     ) -> None:
         self.runner = runner
         self.blocks = blocks
         self.scheduler = scheduler
         self.stops = stops
         self._eos_ids = sorted(stops.eos_ids)
-        self.max_model_len = max_model_len
         self.grammars = grammars
+        self.intake = Intake(blocks, max_model_len, vocab_size, self._eos_ids, grammars)
         self.lag = 1 if async_mode else 0
         self.stats = EngineStats()
-        self._ids = itertools.count()
         self._deferred: dict[int, list[Request]] = defaultdict(list)  # step id -> blocks to release after it
         self._done: list[CompletionOutput] = []
         self._detokenize = True
@@ -181,64 +181,14 @@ class Engine:
         waiting.extend(keep)
 
     def _add(self, row: GenerationRequest) -> None:
-        samples = row.samples if row.samples is not None else tuple(range(row.params.n))
-        error = self._validate(row)
-        grammar = None
-        if not error and row.params.constrained:
-            grammar, error = self._grammar(row)
-        parent = None
-        for sample in samples:
-            if error:
-                self._emit_error(row, sample, error)
-                continue
-            req = self._make_request(row, sample, parent, grammar)
-            parent = parent or req
+        made = self.intake.requests(row)
+        if isinstance(made, str):  # the row cannot run: an error record per sample
+            for sample in self.intake.samples(row):
+                self._emit_error(row, sample, made)
+            return
+        for req in made:
+            self.stats.prompt_tokens += req.num_prompt
             self.scheduler.add(req)
-
-    def _validate(self, row: GenerationRequest) -> str | None:
-        n = len(row.prompt_ids)
-        if n == 0:
-            return "empty prompt"
-        if n >= self.max_model_len:
-            return f"prompt has {n} tokens; the model allows at most {self.max_model_len - 1}"
-        need = self.blocks.blocks_for(min(n + row.params.max_new_tokens, self.max_model_len))
-        if need > self.blocks.num_blocks:
-            return (
-                f"prompt + max_new_tokens need {need} KV blocks, the cache holds {self.blocks.num_blocks}: "
-                "lower max_new_tokens or give the KV cache more memory"
-            )
-        return None
-
-    def _grammar(self, row: GenerationRequest) -> tuple[object | None, str | None]:
-        """The row's compiled constraint (``batchgen run`` compiles it on the prompt thread), or why not."""
-        if row.grammar is not None:
-            return row.grammar, None
-        if self.grammars is None:
-            return None, "structured output needs a tokenizer"
-        try:
-            return self.grammars.compile(row.params), None
-        except GrammarError as exc:
-            return None, str(exc)
-
-    def _make_request(
-        self, row: GenerationRequest, sample: int, parent: Request | None, grammar: object | None
-    ) -> Request:
-        n = len(row.prompt_ids)
-        self.stats.prompt_tokens += n
-        return Request(
-            request_id=next(self._ids),
-            index=row.index,
-            sample=sample,
-            key=row.key,
-            params=row.params,
-            tokens=list(row.prompt_ids),
-            num_prompt=n,
-            max_tokens=min(row.params.max_new_tokens, self.max_model_len - n),
-            rng_key=rng_key(row.params.seed, row.index, sample),
-            parent=parent,
-            logprobs=[] if row.params.logprobs else None,
-            guide=self.grammars.guide(grammar) if grammar is not None else None,
-        )
 
     def _emit_error(self, row: GenerationRequest, sample: int, error: str) -> None:
         self.stats.errors += 1
@@ -313,6 +263,8 @@ class Engine:
             self.stats.mask_s += time.perf_counter() - t0
         self._sample_pending()  # the next step waited for these tokens: start its sampling first
         t0 = time.perf_counter()
+        if result.prompt is not None:
+            self._record_prompt_scores(step, result.prompt)
         sampled, tokens, logprobs = step.sampled(), result.tokens, result.logprobs
         held, ends = self._advance_decodes(step.decodes, result)
         for row in self._rows_to_check(held, ends, len(sampled)):
@@ -325,6 +277,8 @@ class Engine:
                 req.add_token(tokens[row])
                 if req.logprobs is not None:
                     req.logprobs.append(logprobs[row])
+                if req.top_logprobs is not None:
+                    req.top_logprobs.append(_top(result, row, req.params.logprobs))
             self._check(req, step.step_id)
         for req in self._deferred.pop(step.step_id, ()):
             self.blocks.release(req)
@@ -332,6 +286,24 @@ class Engine:
         self.stats.partial_prefills = self.scheduler.num_partial_prefills
         self.stats.prefix_hit_rate = self.blocks.hit_rate
         self.stats.postprocess_s += time.perf_counter() - t0
+
+    @staticmethod
+    def _record_prompt_scores(step: ScheduledStep, scores: tuple[list, list, list]) -> None:
+        """The step's scored prompt positions (batch.prompt_spans, in order): each scored token's
+        log-probability, and its N most likely alternatives when the row asked for them."""
+        logprobs, top_ids, top_logprobs = scores
+        at = 0
+        for span in prompt_spans(step):
+            req, count = span.request, span.stop - span.start
+            n = req.params.prompt_logprobs
+            for k in range(at, at + count):
+                position = span.start + 1 + k - at  # the scored token's
+                req.prompt_logprobs[position] = logprobs[k]
+                if n:
+                    req.prompt_top_logprobs[position] = list(
+                        zip(top_ids[k][:n], top_logprobs[k][:n], strict=True)
+                    )
+            at += count
 
     def _advance_decodes(self, decodes: Decodes, result: StepResult) -> tuple[np.ndarray, np.ndarray]:
         """Give the decodes that still hold their rows (not finished or preempted since they were
@@ -349,8 +321,11 @@ class Engine:
         for req, token in zip(reqs, tokens.tolist(), strict=True):
             req.tokens.append(token)
         if result.logprobs is not None:
-            for i in at[rs.sampling[rows, 4] > 0].tolist():
-                decodes.requests[i].logprobs.append(result.logprobs[i])
+            for i in at[rs.sampling[rows, COLUMN["logprobs"]] > 0].tolist():
+                req = decodes.requests[i]
+                req.logprobs.append(result.logprobs[i])
+                if req.top_logprobs is not None:
+                    req.top_logprobs.append(_top(result, i, req.params.logprobs))
         ends = (rs.known[rows] >= rs.limit[rows]) | rs.watched[rows]
         for eos in self._eos_ids:  # one or a few ids: cheaper than np.isin's sort
             ends |= rs.check_eos[rows] & (tokens == eos)
@@ -382,13 +357,19 @@ class Engine:
         self.stats.finish_reasons[reason] += 1
         text = req.text
         if text is None and self._detokenize:
-            text = self.stops.decode(req.output_ids)
+            text = self.stops.decode(req.output_ids, req.params.skip_special_tokens)
         self._done.append(CompletionOutput(
             req.index, req.sample, req.key, req.output_ids, text, reason, req.num_prompt, req.logprobs,
-            req.error,
+            req.error, req.top_logprobs, req.prompt_logprobs, req.prompt_top_logprobs,
+            req.params.skip_special_tokens,
         ))  # fmt: skip
         self.stats.errors += reason == "error"
 
     def _drain_done(self) -> Iterator[CompletionOutput]:
         while self._done:
             yield self._done.pop(0)
+
+
+def _top(result: StepResult, row: int, n: int) -> list[tuple[int, float]]:
+    """Sampled row ``row``'s ``n`` most likely tokens and their log-probabilities, the best first."""
+    return list(zip(result.top_ids[row][:n], result.top_logprobs[row][:n], strict=True))

@@ -1,7 +1,7 @@
 """Capturing the CUDA runner's graphs (engine/cuda_runner.py): on demand after a key's eager uses, or
 all decode graphs up front (tensor parallelism, the bench).
 
-A graph's key is (slot, bucket, part, any_sampling, want_logprobs): part "step" is a decode step of
+A graph's key is (slot, bucket, part, SamplingFeatures): part "step" is a decode step of
 ``bucket`` rows, "mixed" a step with new prompts padded to ``bucket`` tokens (mixed_graphs.py), "logits"
 and "sample" a masked step's two parts. Replays read whatever the slot's buffers hold, at the layout of
 the key's shape, so a graph serves every step of its key.
@@ -14,6 +14,7 @@ import contextlib
 import torch
 
 from batchgen.engine.cuda_slots import graph_layout, reset_inputs
+from batchgen.engine.step_sampling import GREEDY, SamplingFeatures
 
 # Device bytes free below which a mid-run capture first empties the allocator's cache (a capture cannot
 # reuse or release the cached blocks of the default pool): 1 GiB for a decode graph (sampling over a
@@ -28,18 +29,18 @@ class GraphCaptures:
     and ``graph_memory``, and calls its ``_run`` and ``_wait``."""
 
     def _graph(
-        self, slot_id: int, bucket: int, part: str, any_sampling: bool, want_logprobs: bool
+        self, slot_id: int, bucket: int, part: str, features: SamplingFeatures
     ) -> torch.cuda.CUDAGraph | None:
         """This key's graph, captured on its first use after ``capture_after`` eager ones; a token
         bucket's ("mixed") also waits until its eager runs showed a launch-bound step (None until then:
         the caller runs the part eagerly)."""
-        key = _key(slot_id, bucket, part, any_sampling, want_logprobs)
+        key = _key(slot_id, bucket, part, features)
         graph = self.graphs.get(key)
         if graph is None:
             uses = self._eager_uses[key] = self._eager_uses.get(key, 0) + 1
             if uses > self.capture_after and (part != "mixed" or self.mixed.may_capture(bucket)):
                 self._room_for_capture(bucket if part == "mixed" else 0)
-                graph = self.graphs[key] = self._capture(slot_id, bucket, part, key[3:], warm=uses == 1)
+                graph = self.graphs[key] = self._capture(slot_id, bucket, part, key[3], warm=uses == 1)
         return graph
 
     def _room_for_capture(self, tokens: int) -> None:
@@ -52,13 +53,13 @@ class GraphCaptures:
             torch.cuda.empty_cache()
 
     def _capture(
-        self, slot_id: int, bucket: int, part: str, flags: tuple[bool, bool], warm: bool = True
+        self, slot_id: int, bucket: int, part: str, features: SamplingFeatures, warm: bool = True
     ) -> torch.cuda.CUDAGraph:
         """Capture one part of a step of ``bucket`` (``cuda_slots.graph_layout``); replays read whatever
         the slot buffers hold. ``warm`` (``capture_all``, a first use): run it twice first, as if nothing
         ran this key's shape yet."""
         _, _, shape, bounds = graph_layout(bucket, part, self.slots[0].max_seqs, self.max_model_len)
-        graph, run = torch.cuda.CUDAGraph(), (part, slot_id, shape, flags, bounds)
+        graph, run = torch.cuda.CUDAGraph(), (part, slot_id, shape, features, bounds)
         with torch.cuda.stream(self.compute):
             if not warm:
                 # After the key's eager runs (kernels compiled, cuBLAS's workspace made) a capture only
@@ -91,7 +92,7 @@ class GraphCaptures:
 
     @torch.inference_mode()
     def capture_all(
-        self, any_sampling: bool = False, want_logprobs: bool = False, progress: bool = True,
+        self, features: SamplingFeatures = GREEDY, progress: bool = True,
         mask_width: int | None = None,
     ) -> None:  # fmt: skip
         """Capture every (slot, bucket) decode graph of one sampling variant up front (those already
@@ -104,7 +105,7 @@ class GraphCaptures:
             for slot in self.slots:
                 slot.mask_buffers(mask_width)
         keys = [(s, b, p) for p in parts for s in range(len(self.slots)) for b in reversed(self.buckets)]
-        keys = [k for k in keys if _key(*k, any_sampling, want_logprobs) not in self.graphs]
+        keys = [k for k in keys if _key(*k, features) not in self.graphs]
         first = not self.graph_memory
         # A warm capture empties the allocator's cache first (``torch.cuda.graph``): do it now, or blocks
         # freed earlier (weights replaced by merged copies, say) would vanish from the baseline and make
@@ -114,15 +115,14 @@ class GraphCaptures:
         for slot_id, bucket, part in tqdm(
             keys, desc="capturing CUDA graphs", disable=not progress, leave=False
         ):
-            key = _key(slot_id, bucket, part, any_sampling, want_logprobs)
-            self.graphs[key] = self._capture(slot_id, bucket, part, key[3:])
+            key = _key(slot_id, bucket, part, features)
+            self.graphs[key] = self._capture(slot_id, bucket, part, key[3])
             if first and slot_id == 0 and bucket == self.buckets[0]:
                 self.graph_memory["one_slot"] = torch.cuda.memory_reserved(self.device) - base
         if first:
             self.graph_memory["all_slots"] = torch.cuda.memory_reserved(self.device) - base
 
 
-def _key(slot_id: int, bucket: int, part: str, any_sampling: bool, want_logprobs: bool) -> tuple:
+def _key(slot_id: int, bucket: int, part: str, features: SamplingFeatures) -> tuple:
     """A graph's key: a masked step's forward ("logits") is the same whatever its sampling variant."""
-    flags = (False, False) if part == "logits" else (any_sampling, want_logprobs)
-    return (slot_id, bucket, part, *flags)
+    return (slot_id, bucket, part, GREEDY if part == "logits" else features)

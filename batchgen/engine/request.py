@@ -66,6 +66,13 @@ class Request:
     text: str | None = None  # final text once a stop string matched
     guide: Any = None  # structured output: the row's grammar matcher (engine/grammar.py Guide)
     error: str | None = None  # why the row failed mid-generation (finish reason "error")
+    # (token id, added to its logit, only before min_tokens): its logit bias and held-back stop ids
+    adjustments: tuple[tuple[int, float, bool], ...] = ()
+    top_logprobs: list[list[tuple[int, float]]] | None = None  # per output token: the N most likely
+    # per prompt token: its log-probability and its N most likely (the first token's stay None), filled
+    # chunk by chunk as the prompt is computed (``prompt_logprobs`` asked)
+    prompt_logprobs: list[float | None] | None = None
+    prompt_top_logprobs: list[list[tuple[int, float]] | None] | None = None
 
     num_computed = RowCounter()
     num_pending = RowCounter()
@@ -78,16 +85,16 @@ class Request:
         self._num_computed = self._num_pending = self._num_cached_blocks = 0
         self._last_step = self._carry_step = self._carry_row = -1
         p = self.params
-        # The per-step sampling inputs that never change: (temperature, top_p, top_k, rng key, logprobs,
-        # constrained).
+        # The per-step sampling inputs that never change, in the order of rows.SAMPLING_COLUMNS.
         self.sampling_row = (
-            0.0 if p.greedy else p.temperature,
-            p.top_p,
-            p.top_k,
-            self.rng_key,
-            p.logprobs,
-            self.guide is not None,
-        )
+            0.0 if p.greedy else p.temperature, p.top_p, p.top_k, p.min_p, self.rng_key, p.repetition_penalty,
+            p.presence_penalty, p.frequency_penalty, p.min_tokens, p.logprobs is not None,
+            bool(p.logprobs), self.guide is not None, p.top_k > 0 or p.top_p < 1, bool(self.adjustments),
+        )  # fmt: skip
+        # Reads per-row statistics on the device (engine/row_tokens.py): rebuilt when it takes a row.
+        self.stateful = p.penalized or bool(self.adjustments)
+        # Its tokens are checked one by one (StopChecker) for what the batched EOS check cannot see.
+        self.watched = bool(p.stop or p.stop_token_ids or p.min_tokens) or self.guide is not None
 
     def add_token(self, token: int) -> None:
         """Append a confirmed output token (the postprocessor's per-row path)."""

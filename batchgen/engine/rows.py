@@ -17,10 +17,17 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from batchgen.engine.step_sampling import RowInit
+
 if TYPE_CHECKING:
     from batchgen.engine.request import Request
 
-SAMPLING_COLUMNS = 6  # Request.sampling_row: temperature, top_p, top_k, rng key, logprobs, constrained
+# Request.sampling_row: a request's per-step sampling constants, one column each
+SAMPLING_COLUMNS = (
+    "temperature", "top_p", "top_k", "min_p", "rng_key", "repetition_penalty", "presence_penalty",
+    "frequency_penalty", "min_tokens", "logprobs", "top_logprobs", "constrained", "truncates", "adjusted",
+)  # fmt: skip
+COLUMN = {name: i for i, name in enumerate(SAMPLING_COLUMNS)}
 COUNTERS = ("num_computed", "num_pending", "num_cached_blocks", "last_step", "carry_step", "carry_row")
 _INT_COLUMNS = COUNTERS + ("synced", "known", "prompt", "limit", "owner")
 
@@ -28,7 +35,7 @@ _INT_COLUMNS = COUNTERS + ("synced", "known", "prompt", "limit", "owner")
 class RowState:
     def __init__(self, rows: int = 256, blocks_per_row: int = 64) -> None:
         self.tables = np.zeros((rows, blocks_per_row), np.int32)  # [R, W] block ids, 0 past the end
-        self.sampling = np.zeros((rows, SAMPLING_COLUMNS), np.float64)  # [R, 6]
+        self.sampling = np.zeros((rows, len(SAMPLING_COLUMNS)), np.float64)  # [R, C]
         # [R] int64 each: the counters, then leading table entries written, len(tokens), the prompt's
         # length, prompt + max output tokens, the request id holding the row (-1: free).
         for name in _INT_COLUMNS:
@@ -37,6 +44,9 @@ class RowState:
         self.check_eos = np.zeros(rows, bool)  # [R] an EOS token ends it (not --ignore-eos)
         self.watched = np.zeros(rows, bool)  # [R] stop strings or a grammar: checked one by one
         self._free = list(range(rows - 1, -1, -1))  # lowest row first: active rows stay dense
+        # Requests that took a row and read per-row statistics on the device (penalties, adjustments):
+        # the next step rebuilds their rows there first (``take_inits``, engine/row_tokens.py).
+        self._inits: list[Request] = []
 
     @property
     def num_rows(self) -> int:
@@ -55,10 +65,22 @@ class RowState:
         self.known[row], self.prompt[row] = len(req.tokens), req.num_prompt
         self.limit[row], self.owner[row] = req.num_prompt + req.max_tokens, req.request_id
         self.check_eos[row] = not req.params.ignore_eos
-        self.watched[row] = bool(req.params.stop) or req.guide is not None
+        self.watched[row] = req.watched
         self.sampling[row] = req.sampling_row
         req.row, req.batch = row, self
         self.sync_table(req)
+        if req.stateful:
+            self._inits.append(req)
+
+    def take_inits(self) -> list[RowInit]:
+        """The rows claimed since the last call whose device statistics must be rebuilt (still held)."""
+        inits = [
+            RowInit(req.row, req.tokens[: req.num_prompt], req.tokens[req.num_prompt :], req.adjustments)
+            for req in self._inits
+            if req.row >= 0 and self.owner[req.row] == req.request_id
+        ]
+        self._inits.clear()
+        return inits
 
     def free(self, req: Request) -> None:
         """Return ``req``'s row: its counters move back onto it; its table entries are zeroed (a row's

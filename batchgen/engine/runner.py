@@ -19,7 +19,9 @@ import numpy as np
 import torch
 
 from batchgen.engine.batch import StepInputs
-from batchgen.engine.sampler import SamplingTensors, sample
+from batchgen.engine.row_tokens import RowTokens, ready_row_tokens
+from batchgen.engine.sampler import PromptScores, SampleOutput, SamplingTensors, sample, score_prompt
+from batchgen.engine.step_sampling import SamplingFeatures
 from batchgen.model.attention import PagedContext
 from batchgen.model.backends import KernelBackend
 from batchgen.model.forward import ModelForward
@@ -28,16 +30,49 @@ from batchgen.model.forward import ModelForward
 @dataclass
 class StepOutput:
     step_id: int
-    tokens: torch.Tensor | None  # [S] int64, on the device; None until a masked step is sampled
-    logprobs: torch.Tensor | None  # [S] float32
+    sampled: SampleOutput | None  # on the device; None until a masked step is sampled
     pending: tuple | None = None  # a masked step's (logits, sampling tensors, inputs) until sample()
     mask: torch.Tensor | None = None  # its [S, W] int32 token bitmask, filled by the engine
+    prompt: PromptScores | None = None  # its prompt positions' scores (prompt log-probabilities)
+
+    @property
+    def tokens(self) -> torch.Tensor | None:
+        return None if self.sampled is None else self.sampled.tokens
 
 
 class StepResult(NamedTuple):
     step_id: int
     tokens: list[int]
     logprobs: list[float] | None
+    top_ids: list[list[int]] | None = None  # per sampled row: the MAX_LOGPROBS most likely tokens
+    top_logprobs: list[list[float]] | None = None  # ... and their log-probabilities
+    # the step's scored prompt positions (StepInputs.prompt_rows), as PromptScores' fields on the host
+    prompt: tuple[list[float], list[list[int]], list[list[float]]] | None = None
+
+
+def step_result(step_id: int, out: SampleOutput, prompt: PromptScores | None = None) -> StepResult:
+    """A step's sampled output and prompt scores, on the host."""
+    lists = [None if t is None else t.tolist() for t in out[1:]]
+    scores = None if prompt is None else tuple(t.tolist() for t in prompt)
+    return StepResult(step_id, out.tokens.tolist(), *lists, scores)
+
+
+def full_vocab(sampler: Sampler) -> Callable[[torch.Tensor], torch.Tensor]:
+    """How rows of a step's logits become whole-vocabulary rows (prompt log-probabilities): a sampler over a
+    vocabulary split across ranks gathers them (``parallel.sampling.ShardedSampler.full_logits``)."""
+    return getattr(sampler, "full_logits", lambda logits: logits)
+
+
+def with_prompt_rows(
+    logits_indices: torch.Tensor, inputs: StepInputs | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The rows the forward keeps: the sampled ones, then the scored prompt positions (``prompt_rows``);
+    and those positions' targets on the device (None: no prompt log-probabilities this step)."""
+    if inputs is None or inputs.prompt_rows is None:
+        return logits_indices, None
+    rows = torch.from_numpy(inputs.prompt_rows).to(logits_indices.device, non_blocking=True)
+    targets = torch.from_numpy(inputs.prompt_targets).to(logits_indices.device, non_blocking=True)
+    return torch.cat([logits_indices, rows]), targets
 
 
 def apply_carry_over(input_ids: torch.Tensor, carry_rows: torch.Tensor, prev_tokens: torch.Tensor | None):
@@ -48,25 +83,9 @@ def apply_carry_over(input_ids: torch.Tensor, carry_rows: torch.Tensor, prev_tok
     return torch.where(carry_rows >= 0, prev_tokens[rows], input_ids)
 
 
-# (logits [S, V / K] in the model dtype or float32, params, any_sampling, want_logprobs)
-#   -> (tokens [S], logprobs [S] | None):
+# (logits [S, V / K] in the model dtype or float32, params, features) -> SampleOutput:
 # ``sample`` in one process, ``parallel.sampling.ShardedSampler`` over a vocabulary split across ranks.
-Sampler = Callable[[torch.Tensor, SamplingTensors, bool, bool], tuple[torch.Tensor, torch.Tensor | None]]
-
-
-def forward_and_sample(
-    forward: ModelForward,
-    sampler: Sampler,
-    input_ids: torch.Tensor,  # [T]
-    positions: torch.Tensor,  # [T]
-    logits_indices: torch.Tensor,  # [S]
-    ctx: PagedContext,
-    params: SamplingTensors,
-    inputs: StepInputs,  # host-side flags: any_sampling, want_logprobs
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One step on the device: the model over the packed tokens, then sampling of the kept rows."""
-    logits = forward(input_ids, positions, logits_indices, ctx)  # [S, V / K], widened if the step samples
-    return sampler(logits, params, inputs.any_sampling, inputs.want_logprobs)
+Sampler = Callable[[torch.Tensor, SamplingTensors, SamplingFeatures], SampleOutput]
 
 
 class EagerRunner:
@@ -77,12 +96,15 @@ class EagerRunner:
         backend: KernelBackend,
         device: torch.device,
         sampler: Sampler = sample,
+        vocab_size: int = 0,  # the logits' width: the size of the per-row statistics (RowTokens)
     ) -> None:
         self.forward = forward
         self.sampler = sampler
         self.kv_caches = kv_caches
         self.backend = backend
         self.device = device
+        self.vocab_size = vocab_size
+        self.row_tokens: RowTokens | None = None  # made by the first step that reads them
         self._prev: StepOutput | None = None
 
     def _tensor(self, array: np.ndarray) -> torch.Tensor:
@@ -101,9 +123,15 @@ class EagerRunner:
         )
 
     def _sampling(self, inputs: StepInputs) -> SamplingTensors:
-        return SamplingTensors(*(self._tensor(a) for a in (
-            inputs.temperature, inputs.top_p, inputs.top_k, inputs.rng_keys, inputs.rng_steps
-        )))  # fmt: skip
+        """The sampled rows' parameters, and the per-row statistics (their new rows built first)."""
+        arrays = [self._tensor(getattr(inputs, name)) for name in SamplingTensors._fields[:-2]]
+        if inputs.row_inits or inputs.features.stateful:
+            self.row_tokens = ready_row_tokens(
+                self.row_tokens, inputs.rows_capacity, self.vocab_size, self.device
+            )
+            if inputs.row_inits:
+                self.row_tokens.init(inputs.row_inits)
+        return SamplingTensors(*arrays, row_tokens=self.row_tokens)
 
     @torch.inference_mode()
     def launch(self, inputs: StepInputs) -> StepOutput:
@@ -115,15 +143,19 @@ class EagerRunner:
         input_ids = apply_carry_over(
             self._tensor(inputs.input_ids), self._tensor(inputs.carry_rows), prev and prev.tokens
         )
-        args = (input_ids, self._tensor(inputs.positions), self._tensor(inputs.logits_indices))
-        if inputs.masked:
-            logits = self.forward(*args, self._context(inputs)).float()
-            self._prev = StepOutput(inputs.step_id, None, None, (logits, self._sampling(inputs), inputs))
-            return self._prev
-        tokens, logprobs = forward_and_sample(
-            self.forward, self.sampler, *args, self._context(inputs), self._sampling(inputs), inputs
+        samples = len(inputs.logits_indices)
+        kept, targets = with_prompt_rows(self._tensor(inputs.logits_indices), inputs)
+        logits = self.forward(input_ids, self._tensor(inputs.positions), kept, self._context(inputs))
+        prompt = (
+            None if targets is None else score_prompt(full_vocab(self.sampler)(logits[samples:]), targets)
         )
-        self._prev = StepOutput(inputs.step_id, tokens, logprobs)
+        logits, params = logits[:samples], self._sampling(inputs)  # [S, V / K]
+        if inputs.masked:
+            self._prev = StepOutput(inputs.step_id, None, (logits.float(), params, inputs), prompt=prompt)
+        else:
+            self._prev = StepOutput(
+                inputs.step_id, self.sampler(logits, params, inputs.features), prompt=prompt
+            )
         return self._prev
 
     def mask_buffer(self, handle: StepOutput, width: int) -> torch.Tensor:
@@ -136,9 +168,7 @@ class EagerRunner:
         """Sample a masked step with the bitmask the engine wrote into ``mask_buffer(handle)``."""
         logits, params, inputs = handle.pending
         params = params._replace(token_mask=handle.mask.to(self.device, non_blocking=True))
-        handle.tokens, handle.logprobs = self.sampler(
-            logits, params, inputs.any_sampling, inputs.want_logprobs
-        )
+        handle.sampled = self.sampler(logits, params, inputs.features)
         handle.pending = handle.mask = None
 
     def reset(self) -> None:
@@ -146,5 +176,4 @@ class EagerRunner:
         self._prev = None
 
     def fetch(self, out: StepOutput) -> StepResult:
-        logprobs = out.logprobs.tolist() if out.logprobs is not None else None
-        return StepResult(out.step_id, out.tokens.tolist(), logprobs)
+        return step_result(out.step_id, out.sampled, out.prompt)

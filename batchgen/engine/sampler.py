@@ -1,8 +1,16 @@
 """Batched sampling with per-row parameters and counter-based randomness (no host syncs).
 
+Per step, in vLLM's order: the logits' log-probabilities first (the model's raw distribution), then the
+token masks of structured output, the fixed per-token adjustments (logit bias; the stop tokens held back
+until min_tokens), the penalties (repetition, frequency, presence), and for the rows that sample:
+temperature, min-p, top-k and top-p, then a draw. Greedy rows take the argmax of the adjusted logits.
+
 Noise is a pure function of (row key, output step, token id): a hash, not a generator state. So a
 row's samples do not depend on which other rows shared its batches, and CPU and CUDA draw the same
-noise. Sampling is Gumbel-max over the temperature-scaled, top-k/top-p-truncated logits.
+noise. Sampling is Gumbel-max over the temperature-scaled, truncated logits.
+
+Which of these parts a step runs is its ``SamplingFeatures``: on when some sampled row uses it, so rows
+that use none of them pay nothing, and a captured graph is one variant.
 """
 
 from __future__ import annotations
@@ -11,7 +19,10 @@ from typing import NamedTuple
 
 import torch
 
+from batchgen.config import MAX_LOGPROBS
 from batchgen.engine.grammar import apply_token_mask
+from batchgen.engine.row_tokens import RowTokens
+from batchgen.engine.step_sampling import SamplingFeatures
 
 _MASK32 = 0xFFFFFFFF
 
@@ -20,11 +31,25 @@ class SamplingTensors(NamedTuple):
     temperature: torch.Tensor  # [S] float32, 0 = greedy
     top_p: torch.Tensor  # [S] float32
     top_k: torch.Tensor  # [S] int64, 0 = off
+    min_p: torch.Tensor  # [S] float32, 0 = off
     rng_keys: torch.Tensor  # [S] int64
-    rng_steps: torch.Tensor  # [S] int64
+    rng_steps: torch.Tensor  # [S] int64: the index of the output token each row draws
+    repetition_penalty: torch.Tensor  # [S] float32, 1 = off
+    presence_penalty: torch.Tensor  # [S] float32
+    frequency_penalty: torch.Tensor  # [S] float32
+    min_tokens: torch.Tensor  # [S] int64
+    state_rows: torch.Tensor  # [S] int64: each row's row of ``RowTokens`` (-1: padding)
     # [S, W] int32 bitmask of the tokens each row may take (structured output, engine/grammar.py); an
     # all-ones row is unconstrained. None: no row of the step is constrained.
     token_mask: torch.Tensor | None = None
+    row_tokens: RowTokens | None = None  # the per-row statistics (stateful features only)
+
+
+class SampleOutput(NamedTuple):
+    tokens: torch.Tensor  # [S] int64
+    logprobs: torch.Tensor | None = None  # [S] float32: the sampled tokens' under the raw distribution
+    top_ids: torch.Tensor | None = None  # [S, MAX_LOGPROBS] int64, most likely first
+    top_logprobs: torch.Tensor | None = None  # [S, MAX_LOGPROBS] float32
 
 
 def _mix32(x: torch.Tensor) -> torch.Tensor:
@@ -57,6 +82,36 @@ def rng_key(seed: int, index: int, sample: int) -> int:
     return h & 0x7FFFFFFF
 
 
+def _adjust(logits: torch.Tensor, params: SamplingTensors, rows: torch.Tensor) -> torch.Tensor:
+    """Each row's sparse logit changes: its bias, and -inf on its stop ids while min_tokens holds them.
+    logits [S, V] float32; rows [S] rows of ``RowTokens``."""
+    state = params.row_tokens
+    ids, values, gated = state.adjust_ids[rows], state.adjust_values[rows], state.adjust_gated[rows]  # [S, A]
+    held = (params.rng_steps < params.min_tokens).unsqueeze(1)  # [S, 1]: still before min_tokens
+    return logits.scatter_add(1, ids, torch.where(gated & ~held, 0.0, values))
+
+
+def _penalize(logits: torch.Tensor, params: SamplingTensors, rows: torch.Tensor) -> torch.Tensor:
+    """vLLM's penalties. Repetition: over tokens of the prompt or the output, positive logits divided by
+    it, negative ones multiplied. Frequency: minus it per earlier output of the token; presence: minus it
+    once for a token output at all. logits [S, V] float32."""
+    state = params.row_tokens
+    counts = state.counts[rows]  # [S, V] int32
+    seen = state.prompt[rows] | (counts > 0)  # [S, V]
+    repetition = params.repetition_penalty.unsqueeze(1)  # [S, 1]
+    penalized = torch.where(logits > 0, logits / repetition, logits * repetition)
+    logits = torch.where(seen, penalized, logits)
+    logits = logits - params.frequency_penalty.unsqueeze(1) * counts
+    return logits - params.presence_penalty.unsqueeze(1) * (counts > 0)
+
+
+def _min_p(scaled: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Drop tokens whose probability is below min_p x the most likely token's. scaled [S, V]."""
+    probs = torch.softmax(scaled, dim=-1)
+    floor = min_p.unsqueeze(1) * probs.max(dim=-1, keepdim=True).values  # [S, 1]
+    return scaled.masked_fill(probs < floor, float("-inf"))
+
+
 def _truncate(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     """Set logits outside each row's top-k / top-p set to -inf. scaled: [S, V]."""
     sorted_logits, order = torch.sort(scaled, dim=-1, descending=True, stable=True)
@@ -75,7 +130,7 @@ def _truncate(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) ->
 
 def _argmax(logits: torch.Tensor) -> torch.Tensor:
     """[S, V] -> [S], torch.argmax's answer; on CUDA by two Triton passes over column blocks
-    (``kernels/argmax.py``: torch's one block a row took 34 us of B1's 5.7 ms FP8 step)."""
+    (``kernels/argmax.py``: torch's one block a row was slow on a decode step's few rows)."""
     if logits.is_cuda and logits.stride(-1) == 1:
         from batchgen.kernels.argmax import row_argmax  # Triton: installed with CUDA builds only
 
@@ -83,32 +138,63 @@ def _argmax(logits: torch.Tensor) -> torch.Tensor:
     return torch.argmax(logits, dim=-1)
 
 
+def _draw(logits: torch.Tensor, params: SamplingTensors, features: SamplingFeatures) -> torch.Tensor:
+    """The sampling rows' draws (greedy rows get any token: the caller picks): temperature, min-p, top-k
+    and top-p, then Gumbel-max. logits [S, V] float32."""
+    temperature = torch.where(params.temperature > 0, params.temperature, torch.ones_like(params.temperature))
+    scaled = _min_p(logits / temperature.unsqueeze(1), params.min_p)
+    if features.truncation:
+        scaled = _truncate(scaled, params.top_k, params.top_p)
+    noisy = scaled + gumbel_noise(params.rng_keys, params.rng_steps, logits.shape[-1])
+    return torch.argmax(noisy, dim=-1)
+
+
+class PromptScores(NamedTuple):
+    logprobs: torch.Tensor  # [P] float32: each scored prompt token's log-probability
+    top_ids: torch.Tensor  # [P, MAX_LOGPROBS] int64: the most likely tokens at its position
+    top_logprobs: torch.Tensor  # [P, MAX_LOGPROBS] float32
+
+
+def score_prompt(logits: torch.Tensor, targets: torch.Tensor) -> PromptScores:
+    """The raw log-probabilities of prompt tokens ``targets`` [P] under the logits of the positions before
+    them [P, V], and the most likely tokens there."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)  # [P, V]
+    top = torch.topk(logprobs, MAX_LOGPROBS, dim=-1)
+    return PromptScores(logprobs.gather(1, targets.unsqueeze(1)).squeeze(1), top.indices, top.values)
+
+
 def sample(
     logits: torch.Tensor,  # [S, V] in the model's dtype or float32
     params: SamplingTensors,
-    any_sampling: bool,
-    want_logprobs: bool,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Sampled token ids [S] and, when asked, their log-probabilities under the model [S] (before the
-    token mask, temperature and truncation, like vLLM's raw log-probabilities).
+    features: SamplingFeatures,
+) -> SampleOutput:
+    """Sampled token ids [S] and what ``features`` asks for besides: the sampled tokens' log-probabilities
+    and the most likely tokens' under the model (before masks, penalties, temperature and truncation,
+    like vLLM's raw log-probabilities).
 
-    Greedy steps take the argmax in the logits' own dtype: widening to float32 is exact, so the pick is
-    the same, and a small model's step skips a [S, V] float32 copy (B7: ~45 us of a ~1.5 ms step)."""
-    if any_sampling or want_logprobs:
+    Greedy steps without adjustments take the argmax in the logits' own dtype: widening to float32 is exact,
+    so the pick is the same, and a small model's step skips a [S, V] float32 copy."""
+    if features.sampling or features.logprobs or features.stateful:
         logits = logits.float()
     raw = logits
     if params.token_mask is not None:
         logits = apply_token_mask(logits, params.token_mask)
-    greedy = _argmax(logits)
-    tokens = greedy
-    if any_sampling:
-        temperature = torch.where(
-            params.temperature > 0, params.temperature, torch.ones_like(params.temperature)
-        )
-        scaled = _truncate(logits / temperature.unsqueeze(1), params.top_k, params.top_p)
-        noisy = scaled + gumbel_noise(params.rng_keys, params.rng_steps, logits.shape[-1])
-        tokens = torch.where(params.temperature > 0, torch.argmax(noisy, dim=-1), greedy)
-    logprobs = None
-    if want_logprobs:
-        logprobs = torch.log_softmax(raw, dim=-1).gather(1, tokens.unsqueeze(1)).squeeze(1)
-    return tokens, logprobs
+    if features.stateful:
+        rows = params.row_tokens.index(params.state_rows)
+        if features.adjustments:
+            logits = _adjust(logits, params, rows)
+        if features.penalties:
+            logits = _penalize(logits, params, rows)
+    tokens = _argmax(logits)
+    if features.sampling:
+        tokens = torch.where(params.temperature > 0, _draw(logits, params, features), tokens)
+    if features.penalties:
+        params.row_tokens.record(rows, tokens)
+    if not features.logprobs:
+        return SampleOutput(tokens)
+    logprobs = torch.log_softmax(raw, dim=-1)  # [S, V]
+    chosen = logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)
+    if not features.top_logprobs:
+        return SampleOutput(tokens, chosen)
+    top = torch.topk(logprobs, MAX_LOGPROBS, dim=-1)
+    return SampleOutput(tokens, chosen, top.indices, top.values)

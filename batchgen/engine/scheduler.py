@@ -22,6 +22,10 @@ from batchgen.engine.block_manager import BlockManager
 from batchgen.engine.request import Request, Status
 from batchgen.engine.rows import RowState
 
+# Most prompt tokens a step computes for a request that wants their log-probabilities: each has its logits
+# row ([tokens, vocab] float32 at once), where other chunks keep only the last one's.
+PROMPT_LOGPROBS_CHUNK = 512
+
 
 class ScheduledItem(NamedTuple):
     request: Request
@@ -233,6 +237,8 @@ class Scheduler:
     def _append(self, step: ScheduledStep, req: Request, budget: int) -> int:
         remaining = req.remaining
         n = min(remaining, budget)
+        if req.prompt_logprobs is not None and not req.prefill_done:
+            n = min(n, PROMPT_LOGPROBS_CHUNK)  # its chunk's logits are all computed: bounded
         samples = n == remaining
         step.items.append(ScheduledItem(req, req.num_computed, n, samples))
         req.num_computed += n
@@ -295,7 +301,8 @@ class Scheduler:
         return parent is None or parent.finished or parent.prefill_done
 
     def _try_start(self, req: Request, budget: int) -> bool:
-        self.blocks.match_prefix(req)
+        if req.prompt_logprobs is None:  # else every prompt position is computed, for its logits
+            self.blocks.match_prefix(req)
         need = req.num_computed + min(req.remaining, budget)
         if not self.blocks.can_grow(req, need):
             self.blocks.release(req)

@@ -1,4 +1,4 @@
-"""Finish checks after each appended token: EOS, stop strings (on decoded text), length."""
+"""Finish checks after each appended token: EOS and stop token ids, stop strings (on decoded text), length."""
 
 from __future__ import annotations
 
@@ -13,29 +13,36 @@ class StopChecker:
         self.eos_ids = eos_ids
 
     def check(self, req: Request) -> str | None:
-        """The finish reason after ``req``'s newest token, or None to go on. Sets ``req.text`` on a stop."""
+        """The finish reason after ``req``'s newest token, or None to go on. Sets ``req.text`` on a stop
+        string. Before ``min_tokens`` tokens are out, only the length ends a row (vLLM's rule: the sampler
+        holds EOS and the stop token ids back meanwhile)."""
         tokens, params = req.tokens, req.params  # once a token per row and step: no property calls here
-        if tokens[-1] in self.eos_ids and not params.ignore_eos:
-            return "stop"
-        if params.stop and self._stop_string_matched(req):
-            return "stop"
-        if len(tokens) - req.num_prompt >= req.max_tokens:
+        out = len(tokens) - req.num_prompt
+        if out >= params.min_tokens:
+            last = tokens[-1]
+            if (last in self.eos_ids and not params.ignore_eos) or last in params.stop_token_ids:
+                return "stop"
+            if params.stop and self._stop_string_matched(req):
+                return "stop"
+        if out >= req.max_tokens:
             return "length"
         return None
 
     def _stop_string_matched(self, req: Request) -> bool:
         # Every token decodes to at least one byte, so a stop string of L bytes spans at most L tokens.
-        longest = max(len(s.encode()) for s in req.params.stop)
+        params = req.params
+        longest = max(len(s.encode()) for s in params.stop)
         window = req.output_ids[-(longest + _STOP_WINDOW_SLACK) :]
-        tail = self.decode(window)
-        if not any(s in tail for s in req.params.stop):
+        tail = self.decode(window, params.skip_special_tokens)
+        if not any(s in tail for s in params.stop):
             return False
-        text = self.decode(req.output_ids)
-        cut = min((text.find(s) for s in req.params.stop if s in text), default=-1)
-        if cut < 0:  # the window saw it only through a decoding artefact at its left edge
+        text = self.decode(req.output_ids, params.skip_special_tokens)
+        found = [(text.find(s), s) for s in params.stop if s in text]
+        if not found:  # the window saw it only through a decoding artefact at its left edge
             return False
-        req.text = text[:cut]
+        cut, stop = min(found)
+        req.text = text[: cut + len(stop)] if params.include_stop_str_in_output else text[:cut]
         return True
 
-    def decode(self, token_ids: list[int]) -> str:
-        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)

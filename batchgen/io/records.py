@@ -27,6 +27,9 @@ def make_record(
     kept: dict[str, Any] | None = None,
     token_ids: list[int] | None = None,
     logprobs: list[float] | None = None,
+    top_logprobs: list[list[dict[str, Any]]] | None = None,
+    prompt_logprobs: list[float | None] | None = None,
+    prompt_top_logprobs: list[list[dict[str, Any]] | None] | None = None,
 ) -> dict[str, Any]:
     """A record in the documented field order; optional fields only when asked for (or, ``error``, set)."""
     record: dict[str, Any] = {
@@ -46,7 +49,18 @@ def make_record(
         record["token_ids"] = [int(t) for t in token_ids]
     if logprobs is not None:
         record["logprobs"] = [float(x) for x in logprobs]
+    optional = {"top_logprobs": top_logprobs, "prompt_logprobs": prompt_logprobs}
+    optional["prompt_top_logprobs"] = prompt_top_logprobs
+    record.update((name, value) for name, value in optional.items() if value is not None)
     return record
+
+
+def alternatives(entries: list[tuple[int, float]], texts: list[str]) -> list[dict[str, Any]]:
+    """One position's most likely tokens as records hold them: ``{"token_id", "token", "logprob"}``."""
+    return [
+        {"token_id": int(token), "token": text, "logprob": float(logprob)}
+        for (token, logprob), text in zip(entries, texts, strict=True)
+    ]
 
 
 def dumps_line(record: dict[str, Any]) -> bytes:

@@ -6,7 +6,11 @@ import math
 import string
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, NamedTuple
+
+from batchgen.config import PARAM_NAMES, coerce
+from batchgen.io.param_keys import key_problem
 
 # Output fields a kept column must not shadow.
 OUTPUT_FIELDS = (
@@ -20,13 +24,10 @@ OUTPUT_FIELDS = (
     "error",
     "token_ids",
     "logprobs",
+    "top_logprobs",
+    "prompt_logprobs",
+    "prompt_top_logprobs",
 )
-# Structured output (json_schema, regex, choices): a row's own constraint replaces --json-schema.
-OVERRIDE_FIELDS = (
-    "max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop", "json_schema", "regex", "choices",
-)  # fmt: skip
-_INT_FIELDS = ("max_new_tokens", "top_k", "seed")
-_FLOAT_FIELDS = ("temperature", "top_p")
 
 
 class ParsedRow(NamedTuple):
@@ -48,6 +49,11 @@ class RowError(NamedTuple):
 
 class SchemaError(ValueError):
     """The input as a whole has no usable prompt: fail before loading the model."""
+
+
+class UnknownKey(ValueError):
+    """A row key that looks like a sampling parameter batchgen lacks, or a near miss of one: a usage error
+    (exit 2) in the input's first rows, checked before the model loads; a row error later on."""
 
 
 def unescape_template(text: str) -> str:
@@ -117,7 +123,7 @@ class RowSpec:
     def needed_columns(self, available: Iterable[str]) -> list[str]:
         """The columns worth reading (Parquet projection): everything else is never decoded."""
         available = list(available)
-        wanted = set(OVERRIDE_FIELDS) | set(self.keep_columns) | {self.id_column or "id"}
+        wanted = set(PARAM_NAMES) | set(self.keep_columns) | {self.id_column or "id"}
         if self.prompt_column:
             wanted.add(self.prompt_column)
         elif self.template is not None:
@@ -136,7 +142,7 @@ class RowSpec:
             return row_id._replace(kept=kept)
         try:
             prompt = self._prompt(row)
-            overrides = parse_overrides(row)
+            overrides = parse_overrides(row, self.data_columns)
         except ValueError as exc:
             return RowError(index, row_id, str(exc), kept)
         return ParsedRow(index, row_id, prompt, overrides, kept)
@@ -169,6 +175,20 @@ class RowSpec:
                 return check_prompt(name, row[name])
         found = ", ".join(sorted(row)) or "none"
         raise ValueError(f"no prompt: the row has no 'messages' or 'prompt' column (found: {found})")
+
+    @cached_property
+    def data_columns(self) -> frozenset[str]:
+        """Columns read as data (the prompt, the id, kept ones, a template's fields): never refused."""
+        names = {*self.keep_columns, self.id_column or "id", self.prompt_column or "prompt", "messages"}
+        return frozenset(names | set(template_fields(self.template) if self.template else ()))
+
+    def check_keys(self, keys: Iterable[str], where: str) -> None:
+        """An ``UnknownKey`` for the first key of ``keys`` that only looks like a sampling parameter."""
+        data = self.data_columns
+        for key in keys:
+            problem = None if key in data else key_problem(key)
+            if problem:
+                raise UnknownKey(f"{where}: {problem}")
 
     # -- whole-input check -----------------------------------------------------------------------------
     def check_columns(self, columns: Iterable[str], where: str) -> None:
@@ -207,43 +227,22 @@ def check_prompt(name: str, value: Any) -> str | list[dict[str, Any]]:
     raise ValueError(f"column {name!r} must be a string or a list of messages, not {type(value).__name__}")
 
 
-def parse_overrides(row: dict) -> dict[str, Any]:
-    """Per-row sampling overrides present in the row (nulls and NaNs mean "not set")."""
+def parse_overrides(row: dict, data_columns: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """Per-row sampling parameters present in the row, by field name (nulls and NaNs mean "not set"). A
+    ValueError names a wrong value, an ``UnknownKey`` a key that only looks like a parameter
+    (``data_columns``, read as data, are never refused)."""
     out: dict[str, Any] = {}
-    for name in OVERRIDE_FIELDS:
-        value = row.get(name)
+    for key, value in row.items():
+        name = PARAM_NAMES.get(key)
+        if name is None:
+            problem = None if key in data_columns else key_problem(key)
+            if problem:
+                raise UnknownKey(problem)
+            continue
         if value is None or (isinstance(value, float) and math.isnan(value)):
             continue
-        out[name] = _override_value(name, value)
+        value = coerce(name, value)
+        if name in out and out[name] != value:
+            raise ValueError(f"{key} and {name} differ ({value!r} vs {out[name]!r}): give one")
+        out[name] = value
     return out
-
-
-def _override_value(name: str, value: Any) -> Any:
-    if name in _INT_FIELDS:
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"{name} must be an integer, not {value!r}")
-        return value
-    if name in _FLOAT_FIELDS:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"{name} must be a number, not {value!r}")
-        return float(value)
-    if name == "json_schema":  # an object, or its JSON text (checked by SamplingParams)
-        if not isinstance(value, (dict, str, bool)):
-            raise ValueError(f"json_schema must be an object or a JSON string, not {type(value).__name__}")
-        return value
-    if name == "regex":
-        if not isinstance(value, str):
-            raise ValueError(f"regex must be a string, not {value!r}")
-        return value
-    if name == "choices":
-        if not isinstance(value, (list, tuple)) or not all(isinstance(c, str) for c in value):
-            raise ValueError(f"choices must be a list of strings, not {value!r}")
-        return tuple(value)
-    # stop: a string or a list of strings
-    if isinstance(value, str):
-        return (value,)
-    if isinstance(value, list) and all(isinstance(s, str) and s for s in value):
-        return tuple(value)
-    raise ValueError(f"stop must be a string or a list of non-empty strings, not {value!r}")

@@ -246,6 +246,7 @@ def _scan_parquet(path: Path) -> Iterator[dict[str, Any]]:
 def _fixed_types() -> dict[str, Any]:
     import pyarrow as pa
 
+    alternative = pa.struct([("token_id", pa.int64()), ("token", pa.string()), ("logprob", pa.float64())])
     return {
         "index": pa.int64(),
         "sample": pa.int64(),
@@ -256,6 +257,9 @@ def _fixed_types() -> dict[str, Any]:
         "error": pa.string(),
         "token_ids": pa.list_(pa.int64()),
         "logprobs": pa.list_(pa.float64()),
+        "top_logprobs": pa.list_(pa.list_(alternative)),
+        "prompt_logprobs": pa.list_(pa.float64()),
+        "prompt_top_logprobs": pa.list_(pa.list_(alternative)),
     }
 
 

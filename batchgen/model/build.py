@@ -39,7 +39,7 @@ _FUSED_ONLY = (
 
 class ModelBundle(NamedTuple):
     forward: ModelForward
-    sampler: Callable  # (logits [S, V / K], SamplingTensors, any_sampling, want_logprobs) -> tokens, logprobs
+    sampler: Callable  # (logits [S, V / K], SamplingTensors, SamplingFeatures) -> SampleOutput
     kv_shape: kv_cache.KVShape  # this rank's
     module: torch.nn.Module | None  # the transformers model, when one was built or given
 

@@ -92,15 +92,32 @@ def encode_prompt(
     return encode_rendered(tokenizer, [render_prompt(tokenizer, prompt, chat, system_prompt)])[0]
 
 
-def batch_decoder(tokenizer) -> Callable[[list[list[int]]], list[str]]:
-    """Decode many completions in one call (``skip_special_tokens``). A fast tokenizer whose decode adds
-    no Python clean-up goes straight to its Rust ``decode_batch``, which releases the GIL while it works:
-    the engine thread keeps the interpreter (one decode at a time holds it, ~55 us per 256-token
+def batch_decoder(tokenizer) -> Callable[..., list[str]]:
+    """``decode(seqs, skip_special_tokens=True)``: many completions in one call. A fast tokenizer whose
+    decode adds no Python clean-up goes straight to its Rust ``decode_batch``, which releases the GIL while
+    it works: the engine thread keeps the interpreter (one decode at a time holds it, ~55 us per 256-token
     completion). Any other tokenizer decodes one sequence at a time, exactly as ``decode`` does."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", False):
-        return lambda seqs: backend.decode_batch(seqs, skip_special_tokens=True)
-    return lambda seqs: [tokenizer.decode(ids, skip_special_tokens=True) for ids in seqs]
+        return lambda seqs, skip_special_tokens=True: backend.decode_batch(seqs, skip_special_tokens)
+    return lambda seqs, skip_special_tokens=True: [
+        tokenizer.decode(ids, skip_special_tokens=skip_special_tokens) for ids in seqs
+    ]
+
+
+class TokenTexts:
+    """Each token id's own text (the ``token`` of a log-probability entry, special tokens included),
+    decoded once per id for the whole run."""
+
+    def __init__(self, tokenizer) -> None:
+        self.decode = batch_decoder(tokenizer)
+        self.texts: dict[int, str] = {}
+
+    def __call__(self, ids: list[int]) -> list[str]:
+        missing = list(dict.fromkeys(i for i in ids if i not in self.texts))
+        if missing:
+            self.texts.update(zip(missing, self.decode([[i] for i in missing], False), strict=True))
+        return [self.texts[i] for i in ids]
 
 
 def backend_only(tokenizer) -> bool:

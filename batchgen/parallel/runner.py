@@ -11,6 +11,7 @@ from typing import Any
 
 from batchgen.engine.batch import StepInputs
 from batchgen.engine.runner import StepResult
+from batchgen.engine.step_sampling import GREEDY, SamplingFeatures
 from batchgen.parallel.launch import WorkerPool
 
 
@@ -46,11 +47,11 @@ class TensorParallelRunner:
         self.local.reset()
 
     def capture_all(
-        self, any_sampling: bool = False, want_logprobs: bool = False, progress: bool = True,
+        self, features: SamplingFeatures = GREEDY, progress: bool = True,
         mask_width: int | None = None,
     ) -> None:  # fmt: skip
-        self.pool.send(("capture", any_sampling, want_logprobs, mask_width))
-        self.local.capture_all(any_sampling, want_logprobs, progress=progress, mask_width=mask_width)
+        self.pool.send(("capture", features, mask_width))
+        self.local.capture_all(features, progress=progress, mask_width=mask_width)
 
     def rank_stats(self) -> list[dict]:
         """Every rank's busy and host-prep time (rank 0 first)."""

@@ -2,7 +2,8 @@
 its own carry-over of sampled tokens into the next step (no broadcast from rank 0).
 
 Greedy steps reduce per rank: each sends its best (logit, token id) per row, [S, 2] instead of the
-[S, V / K] logits. Steps that sample or want log-probabilities gather the whole logits and run the
+[S, V / K] logits. Steps that sample, want log-probabilities or read per-row statistics (penalties,
+adjustments: every rank keeps the same, from the same step inputs) gather the whole logits and run the
 one-process sampler on every rank (its noise is a function of row, step and token id: identical).
 Steps with token masks (structured output) gather too: every rank holds the same masks (rank 0 sends
 them with the step's sampling order), so every rank applies them alike.
@@ -12,7 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from batchgen.engine.sampler import SamplingTensors, sample
+from batchgen.engine.sampler import SampleOutput, SamplingTensors, sample
+from batchgen.engine.step_sampling import GREEDY, SamplingFeatures
 from batchgen.parallel.group import ParallelGroup
 from batchgen.parallel.shard import Span
 
@@ -23,11 +25,16 @@ class ShardedSampler:
         self.width = -(-vocab_size // group.size)  # every rank's padded share
 
     def __call__(
-        self, logits: torch.Tensor, params: SamplingTensors, any_sampling: bool, want_logprobs: bool
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:  # logits: [S, vocab.size], model dtype or float32
-        if any_sampling or want_logprobs or params.token_mask is not None:
-            return sample(self._gather(logits.float()), params, any_sampling, want_logprobs)
-        return self._greedy(logits), None  # in the logits' dtype, as ``sample``'s greedy steps
+        self, logits: torch.Tensor, params: SamplingTensors, features: SamplingFeatures
+    ) -> SampleOutput:  # logits: [S, vocab.size], model dtype or float32
+        if features != GREEDY or params.token_mask is not None:
+            return sample(self._gather(logits.float()), params, features)
+        return SampleOutput(self._greedy(logits))  # in the logits' dtype, as ``sample``'s greedy steps
+
+    def full_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """This rank's share of some rows' logits [P, vocab.size] -> the whole vocabulary's [P, V] float32
+        (every rank calls it: prompt log-probabilities)."""
+        return self._gather(logits.float())
 
     def _greedy(self, logits: torch.Tensor) -> torch.Tensor:
         best, index = logits.max(dim=-1)  # [S]: the first maximum, like argmax

@@ -49,8 +49,8 @@ def serve(conn: Connection, runner, group) -> None:
         if kind == "reset":
             runner.reset()
         elif kind == "capture":
-            any_sampling, want_logprobs, mask_width = args
-            runner.capture_all(any_sampling, want_logprobs, progress=False, mask_width=mask_width)
+            features, mask_width = args
+            runner.capture_all(features, progress=False, mask_width=mask_width)
         elif kind == "stats":
             conn.send(runner_stats(runner))
         elif kind == "time_all_reduce":

@@ -52,7 +52,7 @@ def test_hand_worked_mixed_step():
     np.testing.assert_array_equal(inputs.rng_steps, [1, 0])
     np.testing.assert_array_equal(inputs.temperature, np.array([0.0, 0.7], np.float32))
     np.testing.assert_array_equal(inputs.top_k, [0, 5])
-    assert inputs.any_sampling and not inputs.decode_only
+    assert inputs.features.sampling and not inputs.decode_only
     assert (inputs.max_q_len, inputs.max_seq_len) == (5, 9)
     assert (a.carry_step, a.carry_row, b.carry_step, b.carry_row) == (4, 0, 4, 1)
 

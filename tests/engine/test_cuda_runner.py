@@ -9,6 +9,7 @@ from batchgen import LLM, GenerationRequest, SamplingParams
 from batchgen.engine.build import CAPTURE_AFTER
 from batchgen.engine.kv_cache import kv_shape
 from batchgen.engine.mixed_graphs import MixedGraphs
+from batchgen.engine.step_sampling import SamplingFeatures
 from batchgen.testing.models import MOE_ARCHS
 from tests.engine.oracle import generate_greedy, make_prompts, reference_greedy
 
@@ -157,7 +158,49 @@ def test_decode_graphs_are_captured_on_demand(tiny_models):
     for key, uses in runner._eager_uses.items():  # the uses that ran eagerly, then the capture
         if key[2] != "mixed":  # a token bucket's graph also waits for its verdict (mixed_graphs.py)
             assert (key in runner.graphs) == (uses > 3), (key, uses)
-    assert {k[3:] for k in runner.graphs} == {(False, False), (True, True)}  # greedy; sampled + logprobs
+    # greedy; sampled with log-probabilities
+    assert {k[3] for k in runner.graphs} == {
+        SamplingFeatures(),
+        SamplingFeatures(sampling=True, logprobs=True),
+    }
+
+
+def test_every_sampling_parameter_in_captured_graphs_equals_the_eager_engine(tiny_models):
+    """Penalties (per-row token counts kept on the device, inside the graphs), a logit bias, min_tokens,
+    stop token ids, min-p, top-N and prompt log-probabilities, rows mixing them: captured decode and mixed
+    graphs, async, give the eager synchronous engine's tokens and log-probabilities."""
+    kinds = [
+        SamplingParams(max_new_tokens=20, temperature=0.9, top_p=0.9, min_p=0.05, seed=2,
+                       repetition_penalty=1.3, frequency_penalty=0.4, presence_penalty=0.2, logprobs=3,
+                       ignore_eos=True),
+        SamplingParams(max_new_tokens=20, logit_bias={"7": 4.0, "9": -100}, min_tokens=6,
+                       stop_token_ids=[11], prompt_logprobs=2),
+        SamplingParams(max_new_tokens=12, temperature=0.7, seed=5, ignore_eos=True),
+        GREEDY,
+    ]  # fmt: skip
+    prompts = [[1 + (i * j) % 97 for j in range(3 + i % 30)] for i in range(24)]
+    rows = [GenerationRequest(i, p, kinds[i % 4]) for i, p in enumerate(prompts)]
+    results = {}
+    for mode in ("async_graphs", "sync_eager"):
+        llm = LLM(tiny_models["llama"], dtype="float32", max_num_seqs=8, max_batch_tokens=64, **MODES[mode])
+        _capture_soon(llm)
+        llm._engine.runner.mixed.forced = True if mode == "async_graphs" else None
+        outs = sorted(llm.stream(rows), key=lambda o: (o.index, o.sample))
+        results[mode] = outs
+        if mode == "async_graphs":
+            assert any(k[3].penalties for k in llm._engine.runner.graphs), "no penalty graph captured"
+        del llm
+        torch.cuda.empty_cache()
+    for got, want in zip(results["async_graphs"], results["sync_eager"], strict=True):
+        assert got.token_ids == want.token_ids, got.index
+        for field in ("logprobs", "prompt_logprobs"):
+            a, b = getattr(got, field), getattr(want, field)
+            assert (a is None) == (b is None) and (a is None or a == pytest.approx(b, abs=1e-4)), field
+        assert (got.top_logprobs is None) == (want.top_logprobs is None)
+        if got.top_logprobs:
+            assert [[t for t, _ in top] for top in got.top_logprobs] == [
+                [t for t, _ in top] for top in want.top_logprobs
+            ]
 
 
 SCHEMA = {

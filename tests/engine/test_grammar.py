@@ -13,7 +13,9 @@ import torch
 
 from batchgen import LLM, GenerationRequest, SamplingParams
 from batchgen.engine.grammar import GrammarCompiler, GrammarError, apply_token_mask, check_json_schema
-from batchgen.engine.sampler import SamplingTensors, sample
+from batchgen.engine.sampler import sample
+from batchgen.engine.step_sampling import SamplingFeatures
+from tests.engine.sampling_cases import tensors
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -196,8 +198,7 @@ def test_masks_apply_on_the_logits_and_logprobs_stay_the_models():
     masked = apply_token_mask(logits, bitmask)
     assert torch.isfinite(masked[0]).tolist() == [i in (1, 3) for i in range(70)]
     assert torch.equal(masked[1], logits[1])  # all ones: unconstrained, padding ids included
-    params = SamplingTensors(*(torch.zeros(2),) * 2, *(torch.zeros(2, dtype=torch.int64),) * 3, bitmask)
-    params = params._replace(top_p=torch.ones(2))
-    tokens, logprobs = sample(logits, params, any_sampling=False, want_logprobs=True)
+    params = tensors(2)._replace(token_mask=bitmask)
+    tokens, logprobs, *_ = sample(logits, params, SamplingFeatures(logprobs=True))
     assert tokens[0].item() == (1 if logits[0, 1] > logits[0, 3] else 3)
     assert torch.allclose(logprobs, torch.log_softmax(logits, -1).gather(1, tokens[:, None]).squeeze(1))

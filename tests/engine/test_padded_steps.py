@@ -16,6 +16,7 @@ from batchgen.engine.batch import StepInputs
 from batchgen.engine.kv_cache import kv_shape
 from batchgen.engine.mixed_graphs import MixedGraphs, token_buckets
 from batchgen.engine.runner import EagerRunner
+from batchgen.engine.sampler import SampleOutput
 
 MAX_SEQS, MAX_TOKENS, BLOCK_SIZE = 8, 160, 16
 
@@ -37,8 +38,7 @@ class PaddedRunner(EagerRunner):
             return super().launch(inputs)
         samples = len(inputs.logits_indices)
         out = super().launch(self._pad(inputs))
-        out.tokens = out.tokens[:samples]
-        out.logprobs = out.logprobs[:samples] if out.logprobs is not None else None
+        out.sampled = SampleOutput(*(None if t is None else t[:samples] for t in out.sampled))
         return out
 
     def _pad(self, inputs: StepInputs) -> StepInputs:

@@ -6,7 +6,9 @@ import pytest
 import torch
 
 from batchgen import LLM, GenerationRequest, SamplingParams
-from batchgen.engine.sampler import SamplingTensors, rng_key, sample
+from batchgen.engine.sampler import rng_key, sample
+from batchgen.engine.step_sampling import SamplingFeatures
+from tests.engine.sampling_cases import tensors
 
 SAMPLED = SamplingParams(max_new_tokens=10, temperature=0.9, top_p=0.95, top_k=40, seed=7, ignore_eos=True)
 PROMPTS = ["alpha beta", "the river runs", "one two three four five six", "question:", "a", "hello world"]
@@ -67,30 +69,29 @@ def test_seed_changes_samples(llm):
 
 
 def _tensors(n, temperature, top_p=1.0, top_k=0, key=1):
-    return SamplingTensors(
-        torch.full((n,), temperature),
-        torch.full((n,), top_p),
-        torch.full((n,), top_k, dtype=torch.int64),
-        torch.full((n,), key, dtype=torch.int64),
-        torch.arange(n, dtype=torch.int64),
+    return tensors(
+        n, temperature=temperature, top_p=top_p, top_k=top_k, rng_keys=key, rng_steps=torch.arange(n)
     )
+
+
+SAMPLING, GREEDY_LOGPROBS = SamplingFeatures(sampling=True, truncation=True), SamplingFeatures(logprobs=True)
 
 
 def test_sampler_matches_the_distribution():
     probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
     logits = probs.log().repeat(4000, 1)
-    tokens, _ = sample(logits, _tensors(4000, 1.0), any_sampling=True, want_logprobs=False)
+    tokens = sample(logits, _tensors(4000, 1.0), SamplingFeatures(sampling=True)).tokens
     freq = torch.bincount(tokens, minlength=4).float() / 4000
     assert torch.allclose(freq, probs, atol=0.03), freq
 
 
 def test_top_k_and_top_p_truncate():
     logits = torch.tensor([[2.0, 1.9, 1.8, 0.0]]).repeat(2000, 1)
-    top2, _ = sample(logits, _tensors(2000, 1.0, top_k=2), True, False)
+    top2 = sample(logits, _tensors(2000, 1.0, top_k=2), SAMPLING).tokens
     assert set(top2.tolist()) == {0, 1}
-    nucleus, _ = sample(logits, _tensors(2000, 1.0, top_p=0.3), True, False)
+    nucleus = sample(logits, _tensors(2000, 1.0, top_p=0.3), SAMPLING).tokens
     assert set(nucleus.tolist()) == {0}
-    greedy_rows, logprobs = sample(logits[:3], _tensors(3, 0.0), False, True)
+    greedy_rows, logprobs, *_ = sample(logits[:3], _tensors(3, 0.0), GREEDY_LOGPROBS)
     assert greedy_rows.tolist() == [0, 0, 0]
     assert torch.allclose(logprobs, torch.log_softmax(logits[0], -1)[0].expand(3))
 
@@ -104,10 +105,12 @@ def test_greedy_in_the_model_dtype_picks_what_float32_picks():
     greedy, mixed = _tensors(64, 0.0), _tensors(64, 0.8, top_k=5)
     mixed = mixed._replace(temperature=torch.where(torch.arange(64) % 2 == 0, 0.0, 0.8))
     mask = torch.randint(-(2**31), 2**31 - 1, (64, 10), dtype=torch.int32)  # [S, ceil(300 / 32)]
-    for params, flags in ((greedy, (False, False)), (greedy._replace(token_mask=mask), (False, False)),
-                          (greedy, (False, True)), (mixed, (True, True))):  # fmt: skip
-        got, got_logprobs = sample(logits, params, *flags)
-        want, want_logprobs = sample(wide, params, *flags)
+    logprobs_sampled = SamplingFeatures(sampling=True, truncation=True, logprobs=True)
+    masked = greedy._replace(token_mask=mask)
+    for params, features in ((greedy, SamplingFeatures()), (masked, SamplingFeatures()),
+                             (greedy, GREEDY_LOGPROBS), (mixed, logprobs_sampled)):  # fmt: skip
+        got, got_logprobs, *_ = sample(logits, params, features)
+        want, want_logprobs, *_ = sample(wide, params, features)
         assert torch.equal(got, want)
         assert (got_logprobs is None and want_logprobs is None) or torch.equal(got_logprobs, want_logprobs)
         assert got_logprobs is None or got_logprobs.dtype == torch.float32
@@ -123,9 +126,9 @@ def test_cuda_greedy_in_bf16_picks_the_first_maximum_as_float32_does():
     logits[1, 5], logits[1, 128000] = 40, 40  # a tie between the two ends of the vocabulary
     logits[2] = float("-inf")
     logits[3, 777] = float("nan")
-    greedy = SamplingTensors(*(t.cuda() for t in _tensors(64, 0.0)[:5]))  # token_mask: None
-    got, _ = sample(logits, greedy, False, False)
-    want, _ = sample(logits.float(), greedy, False, False)
+    greedy = tensors(64, device="cuda")
+    got = sample(logits, greedy, SamplingFeatures()).tokens
+    want = sample(logits.float(), greedy, SamplingFeatures()).tokens
     assert torch.equal(got, want) and got[1].item() == 5
 
 
@@ -141,9 +144,8 @@ def test_noise_is_finite_and_truncation_holds_at_the_top_hash_value():
     assert torch.isfinite(noise).all()  # a 24-bit uniform rounded to 1.0 here gave +inf at one token
     logits = torch.full((1, 128256), -30.0)
     logits[0, :5] = 20.0
-    params = SamplingTensors(torch.tensor([0.7]), torch.tensor([0.9]), torch.tensor([5]),
-                             torch.tensor([12345]), torch.tensor([4]))  # fmt: skip
-    tokens, _ = sample(logits, params, True, False)
+    params = tensors(1, temperature=0.7, top_p=0.9, top_k=5, rng_keys=12345, rng_steps=4)
+    tokens = sample(logits, params, SAMPLING).tokens
     assert tokens.item() < 5
 
 

@@ -54,7 +54,7 @@ class Recorder:
         mix = mix + inputs.rng_keys % 97 + inputs.rng_steps * 13 + (inputs.temperature * 10).astype(np.int64)
         tokens = mix % VOCAB
         self._prev = tokens
-        logprobs = (-tokens / VOCAB).tolist() if inputs.want_logprobs else None
+        logprobs = (-tokens / VOCAB).tolist() if inputs.features.logprobs else None
         return inputs.step_id, tokens.tolist(), logprobs
 
     def fetch(self, handle) -> StepResult:

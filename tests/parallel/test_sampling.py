@@ -10,8 +10,10 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from batchgen.engine.sampler import SamplingTensors, sample
+from batchgen.engine.step_sampling import SamplingFeatures
 from batchgen.parallel.sampling import ShardedSampler
 from batchgen.parallel.shard import Span, vocab_span
+from tests.engine.sampling_cases import tensors
 
 
 class _ThreadRanks:
@@ -40,19 +42,19 @@ class _ThreadRanks:
 
 
 def _greedy(rows: int) -> SamplingTensors:
-    zeros = torch.zeros(rows)
-    return SamplingTensors(zeros, torch.ones(rows), torch.zeros(rows, dtype=torch.int64),
-                           torch.arange(rows), torch.zeros(rows, dtype=torch.int64))  # fmt: skip
+    return tensors(rows, rng_keys=torch.arange(rows))
 
 
-def _sharded(logits: torch.Tensor, size: int, params: SamplingTensors, flags: tuple[bool, bool], ranks=None):
+def _sharded(
+    logits: torch.Tensor, size: int, params: SamplingTensors, features: SamplingFeatures, ranks=None
+):
     vocab = logits.shape[1]
     ranks = ranks or _ThreadRanks(size)
 
     def run(rank: int):
         span = vocab_span(vocab, rank, size)
         sampler = ShardedSampler(ranks.group(rank), Span(span.start, span.stop), vocab)
-        return sampler(logits[:, span.start : span.stop], params, *flags)
+        return sampler(logits[:, span.start : span.stop], params, features)
 
     with ThreadPoolExecutor(size) as pool:
         return list(pool.map(run, range(size)))
@@ -64,9 +66,9 @@ def test_greedy_over_ranks_in_bf16_picks_the_first_maximum_of_the_whole_vocabula
     torch.manual_seed(1)
     logits = (torch.randint(-3, 4, (32, 301)).float() / 2).to(torch.bfloat16)  # [S, V]: 7 values, ties
     logits[0, 150], logits[0, 151] = 9, 9  # one row's maximum on both sides of a two-way split
-    want, _ = sample(logits.float(), _greedy(32), False, False)
+    want = sample(logits.float(), _greedy(32), SamplingFeatures()).tokens
     for size in (2, 3):
-        for tokens, logprobs in _sharded(logits, size, _greedy(32), (False, False)):
+        for tokens, logprobs, *_ in _sharded(logits, size, _greedy(32), SamplingFeatures()):
             assert torch.equal(tokens, want) and logprobs is None
     assert want[0].item() == 150
 
@@ -75,8 +77,8 @@ def test_steps_that_want_logprobs_gather_float32_logits():
     """301 tokens over 3 ranks: the last share is padded with -inf before the gather."""
     torch.manual_seed(2)
     logits = torch.randn(8, 301).to(torch.bfloat16)
-    want, want_logprobs = sample(logits.float(), _greedy(8), False, True)
+    want, want_logprobs, *_ = sample(logits.float(), _greedy(8), SamplingFeatures(logprobs=True))
     ranks = _ThreadRanks(3)
-    for tokens, logprobs in _sharded(logits, 3, _greedy(8), (False, True), ranks):
+    for tokens, logprobs, *_ in _sharded(logits, 3, _greedy(8), SamplingFeatures(logprobs=True), ranks):
         assert torch.equal(tokens, want) and torch.equal(logprobs, want_logprobs)
     assert ranks.gathered == [torch.float32] * 3

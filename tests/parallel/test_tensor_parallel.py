@@ -20,6 +20,16 @@ GREEDY = SamplingParams(max_new_tokens=NEW_TOKENS)
 SAMPLED = SamplingParams(
     max_new_tokens=NEW_TOKENS, temperature=0.9, top_p=0.8, top_k=40, seed=3, logprobs=True
 )
+# Every per-row device statistic, and prompt log-probabilities (gathered over the vocabulary's shares).
+EVERYTHING = SAMPLED.with_overrides(
+    min_p=0.05,
+    repetition_penalty=1.2,
+    frequency_penalty=0.3,
+    logit_bias={"5": 3.0},
+    min_tokens=2,
+    logprobs=3,
+    prompt_logprobs=2,
+)
 # Small batches and chunks: queueing and chunked prefill happen under tensor parallelism too.
 ENGINE = dict(max_num_seqs=4, max_batch_tokens=48)
 
@@ -52,10 +62,18 @@ def test_two_ranks_match_one_and_transformers(tiny_models, tiny_prompts, arch):
     with LLM(path, tensor_parallel=2, **ENGINE) as split:
         assert _tokens(split, tiny_prompts, GREEDY) == expected
         sampled = split.generate(tiny_prompts, SAMPLED)
+        everything = split.generate(tiny_prompts, EVERYTHING)
     reference = single.generate(tiny_prompts, SAMPLED)
     assert [o.token_ids for o in sampled] == [o.token_ids for o in reference]
     for got, want in zip(sampled, reference, strict=True):
         assert got.logprobs == pytest.approx(want.logprobs, abs=1e-4)
+    for got, want in zip(everything, single.generate(tiny_prompts, EVERYTHING), strict=True):
+        assert got.token_ids == want.token_ids
+        assert got.logprobs == pytest.approx(want.logprobs, abs=1e-4)
+        assert got.prompt_logprobs[1:] == pytest.approx(want.prompt_logprobs[1:], abs=1e-4)
+        assert [[t for t, _ in top] for top in got.top_logprobs] == [
+            [t for t, _ in top] for top in want.top_logprobs
+        ]
 
 
 def test_embedded_model_over_three_ranks(default_model_path):
