@@ -7,10 +7,8 @@ from collections.abc import Callable
 
 import click
 
-from batchgen.config import PARAMS, SamplingParams
+from batchgen.config import MODEL_DEFAULTS, PARAMS, SamplingParams
 
-# The model's generation config gives these when neither the command nor the row does.
-MODEL_DEFAULTS = ("temperature", "top_p", "top_k")
 # ``--help``'s sections, in order: each option of ``batchgen run`` is listed in one (tests check it).
 HELP_GROUPS = {
     "Input": (

@@ -10,6 +10,8 @@ from typing import Any, NamedTuple
 CONSTRAINT_FIELDS = ("json_schema", "regex", "choices")
 MAX_LOGPROBS = 20  # the most alternatives ``logprobs`` / ``prompt_logprobs`` may ask for (vLLM's default)
 LOGIT_BIAS_LIMIT = 100.0  # each bias is clipped to [-100, 100], as OpenAI's API does
+# The model's generation config gives these when neither the command nor the row does.
+MODEL_DEFAULTS = ("temperature", "top_p", "top_k")
 
 
 class Param(NamedTuple):

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from batchgen.app.shards import Shard
-from batchgen.config import PARAMS, EngineConfig, SamplingParams
+from batchgen.config import MODEL_DEFAULTS, PARAMS, EngineConfig, SamplingParams
 from batchgen.io.rows import RowSpec
 
 ON_ERROR = ("record", "skip", "fail")
@@ -95,8 +95,7 @@ class RunOptions:
 # The sampling parameters every state records, as batchgen recorded them before the others existed (unset:
 # the model's default, or the dataclass's); the others are recorded only when set to something else, so a
 # state written before they existed compares equal to a run that does not use them.
-_ALWAYS = ("max_new_tokens", "temperature", "top_p", "top_k", "seed", "n", "stop", "ignore_eos", "logprobs")
-_MODEL_SET = ("temperature", "top_p", "top_k")
+_ALWAYS = ("max_new_tokens", "temperature", "top_p", "top_k", "seed", "n", "stop", "ignore_eos")
 
 
 def sampling_fingerprint(given: dict[str, Any]) -> dict[str, Any]:
@@ -104,9 +103,9 @@ def sampling_fingerprint(given: dict[str, Any]) -> dict[str, Any]:
     defaults = SamplingParams()
     out: dict[str, Any] = {}
     for name in _ALWAYS:
-        value = given.get(name, None if name in _MODEL_SET else getattr(defaults, name))
+        value = given.get(name, None if name in MODEL_DEFAULTS else getattr(defaults, name))
         out[name] = _plain(value)
-    logprobs = given.get("logprobs")
+    logprobs = given.get("logprobs")  # before N: a flag
     out["logprobs"] = False if logprobs is None else True if logprobs == 0 else logprobs
     out["json_schema"] = _digest(given.get("json_schema"))
     for name, value in sorted(given.items()):

@@ -97,12 +97,13 @@ def _penalize(logits: torch.Tensor, params: SamplingTensors, rows: torch.Tensor)
     once for a token output at all. logits [S, V] float32."""
     state = params.row_tokens
     counts = state.counts[rows]  # [S, V] int32
-    seen = state.prompt[rows] | (counts > 0)  # [S, V]
+    output = counts > 0  # [S, V]
+    seen = state.prompt[rows] | output
     repetition = params.repetition_penalty.unsqueeze(1)  # [S, 1]
     penalized = torch.where(logits > 0, logits / repetition, logits * repetition)
     logits = torch.where(seen, penalized, logits)
     logits = logits - params.frequency_penalty.unsqueeze(1) * counts
-    return logits - params.presence_penalty.unsqueeze(1) * (counts > 0)
+    return logits - params.presence_penalty.unsqueeze(1) * output
 
 
 def _min_p(scaled: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
