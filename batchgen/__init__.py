@@ -1,11 +1,17 @@
 """batchgen: offline batch generation for LLMs."""
 
 from batchgen.config import EngineConfig, SamplingParams
-from batchgen.engine.outputs import CompletionOutput, GenerationRequest
+from batchgen.engine.outputs import GenerationRequest
+from batchgen.outputs import CompletionOutput, Logprob, RequestOutput
 
 __version__ = "0.1.0"
 
-__all__ = ["LLM", "EngineConfig", "SamplingParams", "GenerationRequest", "CompletionOutput", "__version__"]
+# RequestOutput and CompletionOutput are vLLM's shapes (what generate and chat return); the engine's
+# per-sample output that LLM.stream yields is batchgen.engine.outputs.CompletionOutput.
+__all__ = [
+    "LLM", "EngineConfig", "SamplingParams", "GenerationRequest",
+    "RequestOutput", "CompletionOutput", "Logprob", "__version__",
+]  # fmt: skip
 
 
 def __getattr__(name: str):

@@ -15,7 +15,7 @@ import click
 from batchgen import __version__
 from batchgen.app.lean_imports import hide_for_command
 from batchgen.bench.command import bench_command
-from batchgen.cli_options import GroupedCommand, sampling_options
+from batchgen.cli_options import GroupedCommand, chat_template_options, reasoning_option, sampling_options
 from batchgen.config import EngineConfig
 
 EXIT_FATAL, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 75
@@ -88,6 +88,9 @@ def cli() -> None:
 @click.option("--id-column", help="Column holding the row id [default: 'id' when present, else the index].")
 @click.option("--keep-columns", multiple=True, help="Input columns to copy into each record: a,b.")
 @click.option("--limit", type=click.IntRange(min=1), help="Only the first N rows.")
+@click.option("--input-format", type=click.Choice(["auto", "openai", "rows"]), default="auto",
+              show_default=True, help="openai: OpenAI Batch requests (custom_id, url, body), answered in "
+              "OpenAI's response lines; auto: by the first line.")  # fmt: skip
 @click.option(
     "--shard",
     help="Run shard I (0-based) of N: a contiguous part of the input [default: the Slurm array task's].",
@@ -109,10 +112,12 @@ def cli() -> None:
 )
 @click.option("--no-chat", is_flag=True, help="Same as --chat off: send plain prompts raw.")
 @click.option("--system-prompt", help="A system message added to every chat prompt.")
+@chat_template_options
 # sampling: one option per SamplingParams field (rows override them by the same names)
 @sampling_options
 # output
 @click.option("--return-tokens", is_flag=True, help="Add the completion's token_ids to each record.")
+@reasoning_option
 # model and engine
 @click.option("--model", help="Hub id or local directory [default: the embedded SmolLM2-135M-Instruct].")
 @click.option(
@@ -168,6 +173,14 @@ def cli() -> None:
     help="A bad row: an error record, nothing, or stop with exit 1.",
 )
 @click.option(
+    "--max-error-rate",
+    type=click.FloatRange(0, 1),
+    default=1.0,
+    show_default=True,
+    help="Exit 1 when more than this fraction of rows failed (errors and skips), once all are written. "
+    "A run in which every row failed exits 1 whatever it is.",
+)
+@click.option(
     "--flush-every",
     type=click.FloatRange(min=0),
     default=10.0,
@@ -200,7 +213,8 @@ def cli() -> None:
 def run_command(input_path: str, output: str, verbose: bool, **kw: Any) -> None:
     """Generate a completion for every row of INPUT into OUTPUT (.jsonl or .parquet).
 
-    Re-running the same command resumes; SIGTERM/SIGINT/SIGUSR1 save and exit 75.
+    Re-running the same command resumes; SIGTERM/SIGINT/SIGUSR1 save and exit 75. INPUT - reads JSONL
+    from stdin, streamed: such a run cannot resume (a re-run needs --overwrite) nor be sharded.
     """
     _setup_logging(verbose, tag=f"shard {kw['shard'].strip()}" if kw["shard"] else None)
     hide_for_command(kw["trust_remote_code"])  # before anything imports transformers
@@ -249,8 +263,9 @@ def _data_parallel(input_path: str, output: str, verbose: bool, kw: dict[str, An
         if merged_target_done(_run_options(input_path, output, kw)):
             return 0
         return run_data_parallel(
-            argv[1:], kw["data_parallel"], output, kw["overwrite"], kw["stats_file"], kw["tensor_parallel"]
-        )
+            argv[1:], kw["data_parallel"], output, kw["overwrite"], kw["stats_file"], kw["tensor_parallel"],
+            kw["max_error_rate"],
+        )  # fmt: skip
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     except (FatalError, RuntimeError) as exc:
@@ -267,19 +282,22 @@ def _run(input_path: str, output: str, verbose: bool, kw: dict[str, Any]) -> int
     from batchgen.app.errors import FatalError
     from batchgen.app.run import run
     from batchgen.io.readers import InputError
-    from batchgen.io.rows import SchemaError, UnknownKey
+    from batchgen.io.rows import MissingColumn, SchemaError, UnknownKey
     from batchgen.io.writers import OutputError
+    from batchgen.model.location import ModelNotFound
 
     opts = _run_options(input_path, output, kw)
     try:
         return run(opts)
     except UnknownKey as exc:
         raise click.UsageError(f"INPUT {exc}") from None
+    except MissingColumn as exc:
+        raise click.UsageError(str(exc)) from None
     except InputError as exc:
         raise click.BadParameter(str(exc), param_hint="'INPUT'") from None
     except OutputError as exc:
         raise click.BadParameter(str(exc), param_hint="'OUTPUT'") from None
-    except (FatalError, SchemaError) as exc:
+    except (FatalError, SchemaError, ModelNotFound) as exc:
         _fail(exc, verbose)
     except Exception as exc:  # unexpected: still one line, -v for the traceback
         _fail(exc, verbose, expected=False)

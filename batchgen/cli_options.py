@@ -8,14 +8,16 @@ from collections.abc import Callable
 import click
 
 from batchgen.config import MODEL_DEFAULTS, PARAMS, SamplingParams
+from batchgen.model.reasoning import CHOICES
 
 # ``--help``'s sections, in order: each option of ``batchgen run`` is listed in one (tests check it).
 HELP_GROUPS = {
     "Input": (
-        "prompt_column", "template", "id_column", "chat_mode", "no_chat", "system_prompt", "limit",
+        "prompt_column", "template", "id_column", "chat_mode", "no_chat", "system_prompt", "chat_template",
+        "chat_template_kwargs", "input_format", "limit",
     ),
     "Sampling": tuple(PARAMS),
-    "Output": ("keep_columns", "return_tokens"),
+    "Output": ("keep_columns", "return_tokens", "reasoning_parser"),
     "Model and engine": (
         "model", "dtype", "device", "trust_remote_code", "model_impl", "quantization", "kv_cache_dtype",
         "max_num_seqs", "max_batch_tokens", "max_model_len", "gpu_memory_utilization", "block_size",
@@ -23,8 +25,8 @@ HELP_GROUPS = {
     ),
     "Parallelism": ("shard", "data_parallel", "tensor_parallel"),
     "Run control": (
-        "overwrite", "on_error", "flush_every", "log_every", "drain_timeout", "stats_file", "verbose",
-        "help",
+        "overwrite", "on_error", "max_error_rate", "flush_every", "log_every", "drain_timeout", "stats_file",
+        "verbose", "help",
     ),
 }  # fmt: skip
 
@@ -79,3 +81,32 @@ def sampling_options(command: Callable) -> Callable:
     for name in reversed(PARAMS):
         command = _option(name)(command)
     return command
+
+
+def chat_template_options(command: Callable) -> Callable:
+    """Decorate ``command`` with the chat template's options (checked in ``app/template_options.py``)."""
+    kwargs = click.option(
+        "--chat-template-kwargs",
+        metavar="JSON",
+        help="Extra chat template variables, e.g. '{\"enable_thinking\": false}'; a row's "
+        "chat_template_kwargs object wins key by key.",
+    )
+    template = click.option(
+        "--chat-template",
+        metavar="FILE",
+        help="A Jinja chat template replacing the model's (the template text itself is accepted too).",
+    )
+    return template(kwargs(command))
+
+
+def reasoning_option(command: Callable) -> Callable:
+    """Decorate ``command`` with ``--reasoning-parser`` (model/reasoning.py)."""
+    return click.option(
+        "--reasoning-parser",
+        type=click.Choice(CHOICES),
+        default="auto",
+        show_default=True,
+        help="Split a thinking block (<think>...</think>) from the answer: records get 'reasoning' and the "
+        "answer in 'completion'; structured output applies after the block. auto: when the tokenizer has "
+        "think tokens.",
+    )(command)

@@ -1,10 +1,12 @@
-"""The Python API: ``LLM(model=...)``, ``generate`` in input order, ``stream`` in completion order."""
+"""The Python API: ``LLM(model=...)``; ``generate`` and ``chat`` return vLLM-shaped results in input
+order, ``stream`` the engine's per-sample outputs in completion order."""
 
 from __future__ import annotations
 
 import gc
+import itertools
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import fields
 from typing import Any
 
@@ -15,17 +17,31 @@ from batchgen.engine.block_manager import BlockManager
 from batchgen.engine.build import RankEngine, build_rank
 from batchgen.engine.engine import Engine
 from batchgen.engine.grammar import GrammarCompiler
-from batchgen.engine.outputs import CompletionOutput, GenerationRequest
+from batchgen.engine.outputs import CompletionOutput as SampleOutput
+from batchgen.engine.outputs import GenerationRequest
 from batchgen.engine.scheduler import Scheduler
 from batchgen.engine.stats import EngineStats
 from batchgen.engine.step_sampling import features_of
 from batchgen.engine.stops import StopChecker
+from batchgen.llm_inputs import (
+    ChatOptions,
+    PromptInput,
+    chat_inputs,
+    conversations_of,
+    prompt_inputs,
+    sampling_per_prompt,
+)
+from batchgen.llm_results import ResultBuilder, collect_samples, progress_bar
 from batchgen.model import attention
 from batchgen.model.build import ModelFiles
 from batchgen.model.loader import DEFAULT_MODEL_NAME, local_model_dir, open_checkpoint
-from batchgen.model.tokenize import encode_prompt
+from batchgen.model.tokenize import Messages, encode_prompt
+from batchgen.outputs import RequestOutput
 from batchgen.parallel.group import ParallelGroup
 from batchgen.threads import HostTurns
+
+# One prompt or a sequence of them: text, token ids, or vLLM's dicts {"prompt"} / {"prompt_token_ids"}.
+PromptsArgument = str | dict | Sequence[str | list[int] | dict]
 
 
 def _engine_config(model: str | None, options: dict[str, Any]) -> EngineConfig:
@@ -76,6 +92,7 @@ class LLM:
         self.config, self.tokenizer, self.model_name = config, tokenizer, name
         self.hf_config, self.generation_config = files.hf_config, generation_config
         self._workers = None
+        self._request_counter = itertools.count()  # RequestOutput.request_id, as vLLM numbers them
         group = ParallelGroup.single()
         if config.tensor_parallel > 1:
             from batchgen.model.build import tensor_parallel_problem
@@ -206,7 +223,7 @@ class LLM:
 
     def stream(
         self, requests: Iterable[GenerationRequest], detokenize: bool = True, turns: HostTurns | None = None
-    ) -> Iterator[CompletionOutput]:
+    ) -> Iterator[SampleOutput]:
         """Each (row, sample) as soon as it finishes. Rows are pulled lazily from ``requests``."""
         # As a decorator on a generator, inference mode is on only while the engine runs a step,
         # not in the caller's loop body between outputs.
@@ -215,12 +232,57 @@ class LLM:
 
     def generate(
         self,
+        prompts: PromptsArgument,
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool | Callable[..., Any] = True,
+    ) -> list[RequestOutput]:
+        """vLLM's ``generate``: one ``RequestOutput`` per prompt, in input order, holding its ``n``
+        samples. Prompts: strings (sent raw, no chat template), token-id lists, or vLLM's dicts
+        ``{"prompt": text}`` / ``{"prompt_token_ids": ids}``; one prompt or a sequence of them.
+        ``sampling_params``: one for all, or one per prompt; None: the model's generation config."""
+        inputs = prompt_inputs(self.tokenizer, prompts)
+        return self._request_outputs(inputs, sampling_params, use_tqdm)
+
+    def chat(
+        self,
+        messages: Messages | Sequence[Messages],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool | Callable[..., Any] = True,
+        *,
+        chat_template: str | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        add_generation_prompt: bool = True,
+        tools: list[dict] | None = None,
+    ) -> list[RequestOutput]:
+        """vLLM's ``chat``: one conversation (a list of ``{"role", "content"}`` messages) or a list of
+        them, each rendered by the chat template (``chat_template``: the template's text, else the
+        tokenizer's own) and generated as ``generate`` does."""
+        options = ChatOptions(chat_template, chat_template_kwargs, add_generation_prompt, tools)
+        inputs = chat_inputs(self.tokenizer, conversations_of(messages), options)
+        return self._request_outputs(inputs, sampling_params, use_tqdm)
+
+    def _request_outputs(self, inputs: list[PromptInput], sampling_params, use_tqdm) -> list[RequestOutput]:
+        params = sampling_per_prompt(sampling_params, len(inputs), self.default_sampling)
+        request_ids = [str(next(self._request_counter)) for _ in inputs]
+        requests = [
+            GenerationRequest(i, p.token_ids, sp, key=i)
+            for i, (p, sp) in enumerate(zip(inputs, params, strict=True))
+        ]
+        bar = progress_bar(use_tqdm, len(requests))
+        samples = collect_samples(self.stream(requests), [sp.n for sp in params], bar)
+        build = ResultBuilder(self.tokenizer)
+        return [build.request_output(*result) for result in zip(request_ids, inputs, samples, strict=True)]
+
+    def generate_samples(
+        self,
         prompts: Sequence[str | list[dict] | list[int]],
         sampling: SamplingParams | Sequence[SamplingParams] | None = None,
         chat: bool | None = None,
         system_prompt: str | None = None,
-    ) -> list[CompletionOutput]:
-        """Outputs in input order (``n`` per prompt, by sample). Token-id lists are sent as they are."""
+    ) -> list[SampleOutput]:
+        """The engine's outputs, one per (prompt, sample), flat in input order and by sample. Prompts as
+        ``batchgen run`` reads them (``chat`` None: a chat template for strings when the model has one);
+        token-id lists are sent as they are."""
         if sampling is None or isinstance(sampling, SamplingParams):
             sampling = [sampling or self.default_sampling] * len(prompts)
         requests = [

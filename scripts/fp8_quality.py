@@ -62,7 +62,7 @@ CONFIGS = {
 
 def greedy(llm: LLM, tokens: int) -> list[list[int]]:
     params = SamplingParams(max_new_tokens=tokens, ignore_eos=True)
-    return [o.token_ids for o in llm.generate(PROMPTS, params)]
+    return [o.token_ids for o in llm.generate_samples(PROMPTS, params)]
 
 
 def text_logprobs(llm: LLM, ids: torch.Tensor) -> torch.Tensor:

@@ -6,6 +6,7 @@ import signal
 
 import pytest
 
+from batchgen.app.error_kinds import MAX_KINDS, ErrorKinds
 from batchgen.app.errors import storage_failure
 from batchgen.app.progress import Counters, Progress, summary_text
 from batchgen.app.shards import shard_pattern
@@ -54,6 +55,49 @@ def test_progress_counts_rows_tokens_and_eta():
     assert summary_text(summary).startswith("complete: 1 rows, 2 records, 1 errors (output now 3/10 rows)")
 
 
+def test_progress_eta_comes_from_tokens_not_rows():
+    resumed = Counters(rows_done=2, records=2, completion_tokens=100)  # two long rows already written
+    progress = Progress(resumed, total_rows=10, log_every=30, bar=False)
+    progress.record("length", 5, 10, row_done=True)
+    progress.record("stop", 5, 10, row_done=True)
+    progress.stop_clock()
+    progress.end = progress.start + 10.0  # 20 tokens in 10 s
+    # 6 rows left x 30 tokens a finished row (120 / 4) = 180 tokens at 2 tok/s (by rows it would be 30 s)
+    assert progress.eta_s() == pytest.approx(90.0)
+    assert progress.line() == "4/10 rows (40.0%), 0 errors, 20 tokens out, 2.0 tok/s, ETA 0:01:30"
+    assert progress.summary("complete")["tokens_per_s"] == 2.0
+
+
+def test_progress_bar_counts_rows_and_tokens(capsys):
+    progress = Progress(Counters(), total_rows=4, log_every=30, bar=True)
+    progress.record("length", 5, 7, row_done=True)
+    progress.close()
+    bar = capsys.readouterr().err.strip().split("\r")[-1]
+    assert "1/4 rows" in bar and "7 tokens out" in bar and "tok/s" in bar and "0 err" in bar
+
+
+def test_a_failed_row_counts_once_by_its_commonest_error():
+    progress = Progress(Counters(), total_rows=4, log_every=30, bar=False)
+    for index, error in [
+        (0, "prompt too long: 90 tokens"),
+        (1, "prompt too long: 95 tokens"),
+        (2, "no prompt"),
+    ]:
+        progress.record("error", 3, 0, row_done=False)
+        progress.failed(index, error)
+    progress.failed(0, "prompt too long: 90 tokens")  # another sample of row 0: the row counted once
+    progress.skipped(3, "no prompt")
+    kinds = progress.total.error_kinds
+    assert progress.total.failed_rows == 4 and progress.total.skipped == 1
+    assert kinds.commonest() == ("prompt too long: 90 tokens", 2)
+    assert kinds.as_counts() == {"prompt too long: 90 tokens": 2, "no prompt": 2}
+
+
+def test_error_kinds_keep_a_bounded_number_of_kinds():
+    many = ErrorKinds({f"column {chr(65 + i % 26)}{chr(65 + i // 26)}": 1 for i in range(MAX_KINDS + 5)})
+    assert len(many.as_counts()) == MAX_KINDS and sum(many.as_counts().values()) == MAX_KINDS
+
+
 def test_progress_counts_back_to_the_last_flush():
     progress = Progress(Counters(rows_done=2, records=2), total_rows=10, log_every=30, bar=False)
     progress.record("length", 5, 7, row_done=True)
@@ -77,6 +121,18 @@ def test_status_of_one_run(tmp_path):
     assert data["totals"]["rows_done"] == 2 and not data["totals"]["complete"]
     text = status_text(data)
     assert "interrupted" in text and "2/8 rows (25.0%)" in text and "1 errors" in text
+
+
+def test_status_names_the_commonest_error_and_the_rate(tmp_path):
+    out = tmp_path / "o.jsonl"
+    sidecar_dir(out).mkdir()
+    errors = {"prompt too long: 90 tokens": 2, "no prompt": 1}
+    save_state(out, RunState({}, rows_done=3, records=3, errors=3, failed_rows=3, error_counts=errors,
+                             rate_tok_s=12.34, complete=True))  # fmt: skip
+    text = status_text(status_data(str(out)))
+    assert "\n  failed     3 rows; commonest error (2 rows): prompt too long: 90 tokens\n" in text
+    assert "\n  rate       12.3 tok/s out in the last run, saved " in text
+    assert status_data(str(out))["totals"]["failed_rows"] == 3
 
 
 def test_faults_fire_once_at_the_kth_visit():
@@ -108,8 +164,12 @@ def test_a_filling_disk_takes_its_room_then_fails(tmp_path):
         (errno.EDQUOT, "(EDQUOT); free some space, then re-run"),
         (errno.EIO, "Input/output error (EIO); re-run the same command to resume"),
         (errno.ENOENT, "No such file or directory (ENOENT); re-run"),
+        (errno.EISDIR, "Is a directory (EISDIR); a re-run meets it again: fix the path or its permissions"),
+        (errno.EROFS, "(EROFS); a re-run meets it again"),
+        (errno.EACCES, "Permission denied (EACCES); a re-run meets it again"),
     ],
 )
 def test_storage_failures_read_as_one_line_naming_the_file(code, needle):
     message = str(storage_failure(OSError(code, os.strerror(code), "/data/out.jsonl")))
     assert message.startswith("I/O error on /data/out.jsonl: ") and needle in message and "\n" not in message
+    assert ("re-run the same command" in message) == (code not in (errno.EISDIR, errno.EROFS, errno.EACCES))

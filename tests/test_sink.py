@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 from transformers import AutoTokenizer
 
@@ -12,7 +13,7 @@ from batchgen.app import sink as sink_module
 from batchgen.app.progress import Counters, Progress
 from batchgen.app.sink import RecordOptions, Sink
 from batchgen.engine.outputs import CompletionOutput
-from batchgen.io.checkpoint import DoneSet, RunState, sidecar_dir
+from batchgen.io.checkpoint import DoneSet, RunState, load_state, sidecar_dir
 from batchgen.io.faults import Faults
 from batchgen.io.records import RowKey
 from batchgen.io.writers import open_output
@@ -49,3 +50,21 @@ def test_the_writer_takes_turns_until_its_backlog_grows(tmp_path, monkeypatch):
     # Batches of 4 leave 17, 13, 9 queued (no turns), then 5, 1, 0: a turn per record (the first one's
     # also covers the batch's decode).
     assert backlog == [5] * 4 + [1] * 4 + [0]
+
+
+def test_the_saved_rate_is_the_summary_rate(tmp_path):
+    """``status`` shows the state's rate; the run's summary its own: one definition, one clock."""
+    out = str(tmp_path / "out.jsonl")
+    sidecar_dir(out).mkdir()
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path())
+    progress = Progress(Counters(), 8, log_every=1e9, bar=False)
+    sink = Sink(open_output(out), out, DoneSet(1), RunState({}), progress, tokenizer,
+                RecordOptions(False, False, "record"), 1e9, threading.Event(), Faults())  # fmt: skip
+    sink.start()
+    for i in range(8):
+        sink.put(CompletionOutput(i, 0, RowKey(i, {}), [9, 10, 11], None, "length", 3))
+    sink.close(complete=True)
+    time.sleep(0.05)  # the summary comes later than the last save
+    summary = progress.summary("complete")
+    assert summary["completion_tokens"] == 24 and summary["tokens_per_s"] > 0
+    assert load_state(out).rate_tok_s == summary["tokens_per_s"]

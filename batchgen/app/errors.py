@@ -13,14 +13,27 @@ class RowFailed(FatalError):
     """--on-error fail: the first bad row stops the run."""
 
 
+# Errors a re-run of the same command meets again: the path or its permissions must change first.
+_PERMANENT = {errno.EISDIR, errno.ENOTDIR, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENAMETOOLONG,
+              errno.ELOOP, errno.EFBIG}  # fmt: skip
+
+
 def storage_failure(exc: OSError) -> FatalError:
     """A failed read or write (a full disk, a quota, an I/O error, a vanished directory) as one line: the
-    file, the error, what to do. Records saved before it are durable and a re-run resumes after them."""
+    file, the error, what to do. Records saved before it are durable and a re-run resumes after them; the
+    advice to re-run is given only where a re-run can get past the error."""
     name = errno.errorcode.get(exc.errno or 0)
     what = f"{exc.strerror or exc}" + (f" ({name})" if name else "")
     where = f" on {exc.filename}" if exc.filename else ""
-    todo = "free some space, then re-run" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else "re-run"
-    return FatalError(f"I/O error{where}: {what}; {todo} the same command to resume (what was saved is kept)")
+    return FatalError(f"I/O error{where}: {what}; {_todo(exc.errno)} (what was saved is kept)")
+
+
+def _todo(code: int | None) -> str:
+    if code in _PERMANENT:
+        return "a re-run meets it again: fix the path or its permissions first"
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        return "free some space, then re-run the same command to resume"
+    return "re-run the same command to resume"
 
 
 def one_line(exc: BaseException) -> str:

@@ -11,17 +11,16 @@ from __future__ import annotations
 
 import logging
 import os
-from array import array
 from pathlib import Path
 
-import numpy as np
-import orjson
-
+from batchgen.app.error_kinds import ErrorKinds
 from batchgen.app.errors import FatalError, storage_failure
 from batchgen.app.shards import merged_output, shard_of_path, shard_pattern
 from batchgen.app.status import find_shards, run_phase
 from batchgen.io.checkpoint import OutputLock, RunState, diff_fingerprints, load_state, save_state
 from batchgen.io.durable import fsync_dir, naming, remove_quietly
+from batchgen.io.openai_output import line_order
+from batchgen.io.records import sorted_spans
 from batchgen.io.writers import has_records, join_parquet, output_format
 
 log = logging.getLogger("batchgen")
@@ -139,7 +138,7 @@ def _merge_jsonl(paths: list[str], out: Path) -> None:
         with naming(out), open(out, "wb") as dst:
             for path in paths:
                 with open(path, "rb") as src:
-                    for start, length in _sorted_spans(path):
+                    for start, length in sorted_spans(path, line_order):
                         src.seek(start)
                         line = src.read(length)
                         dst.write(line if line.endswith(b"\n") else line + b"\n")
@@ -150,22 +149,9 @@ def _merge_jsonl(paths: list[str], out: Path) -> None:
         raise
 
 
-def _sorted_spans(path: str) -> np.ndarray:
-    """[records, 2] (byte offset, length) of the file's records in (index, sample) order."""
-    index, sample, start, length = (array("q") for _ in range(4))
-    pos = 0
-    with open(path, "rb") as f:
-        for line in f:
-            if line.strip():
-                rec = orjson.loads(line)
-                index.append(rec["index"])
-                sample.append(rec["sample"])
-                start.append(pos)
-                length.append(len(line))
-            pos += len(line)
-    order = np.lexsort((np.frombuffer(sample, np.int64), np.frombuffer(index, np.int64)))
-    spans = np.stack([np.frombuffer(start, np.int64), np.frombuffer(length, np.int64)], axis=1)
-    return spans[order]
+# The counts a merged state adds up over its shards; rates too: data-parallel workers run side by side.
+_SUMMED = ("rows_done", "records", "errors", "prompt_tokens", "completion_tokens", "failed_rows", "skipped",
+           "rate_tok_s")  # fmt: skip
 
 
 def _merged_state(states: list[RunState]) -> RunState:
@@ -175,10 +161,14 @@ def _merged_state(states: list[RunState]) -> RunState:
     merged = RunState(fingerprint, n=first.n, exhausted=last.exhausted, complete=True)
     known = all(s.total_rows is not None for s in states)
     merged.total_rows = sum(s.total_rows for s in states) if known else None
-    for name in ("rows_done", "records", "errors", "prompt_tokens", "completion_tokens"):
+    for name in _SUMMED:
         setattr(merged, name, sum(getattr(s, name) for s in states))
+    errors = ErrorKinds()
     for s in states:
         for reason, count in s.finish_reasons.items():
             merged.finish_reasons[reason] = merged.finish_reasons.get(reason, 0) + count
+        for message, rows in s.error_counts.items():
+            errors.add(message, rows)
+    merged.error_counts = errors.as_counts()
     merged.started = min(s.started for s in states)
     return merged

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field, fields, replace
+from functools import cached_property
 from typing import Any
 
 from batchgen.app.shards import Shard
+from batchgen.app.template_options import chat_template_kwargs, read_chat_template, template_fingerprint
 from batchgen.config import MODEL_DEFAULTS, PARAMS, EngineConfig, SamplingParams
 from batchgen.io.rows import RowSpec
 
@@ -26,23 +28,50 @@ class RunOptions:
     # prompts
     chat: bool | None = None  # None = auto
     system_prompt: str | None = None
+    chat_template: str | None = None  # --chat-template's text: replaces the model's
+    chat_template_kwargs: dict[str, Any] | None = None  # extra template variables (rows add their own)
     # the sampling parameters given on the command line, checked (by SamplingParams field name); the
     # model's generation config and SamplingParams' defaults give the others, rows override them
     sampling: dict[str, Any] = field(default_factory=dict)
     return_tokens: bool = False
+    reasoning_parser: str = "auto"  # --reasoning-parser: auto | none | a parser's name (``reasoning``)
     engine: EngineConfig = field(default_factory=EngineConfig)
     # run control
     overwrite: bool = False
     on_error: str = "record"
+    max_error_rate: float = 1.0  # a finished run with more failed rows exits 1 (not in the fingerprint)
     flush_every: float = 10.0
     log_every: float = 30.0
     drain_timeout: float = 30.0
     stats_file: str | None = None
     progress_bar: bool | None = None  # None = a bar when stderr is a terminal
+    # "auto": OpenAI Batch requests when the first line is one, else rows; ``run`` resolves it
+    input_format: str = "auto"
 
     def __post_init__(self) -> None:
         if self.on_error not in ON_ERROR:
             raise ValueError(f"on_error must be one of {ON_ERROR}")
+        if not 0 <= self.max_error_rate <= 1:
+            raise ValueError(f"--max-error-rate {self.max_error_rate:g}: give a fraction from 0 to 1")
+
+    @property
+    def batch_api(self) -> bool:
+        """OpenAI Batch requests in, response lines out (io/openai_batch.py, io/openai_output.py)."""
+        return self.input_format == "openai"
+
+    @cached_property
+    def reasoning(self) -> str | None:
+        """The reasoning parser the run uses, None for none: ``auto``'s comes from the model's tokenizer
+        files, read once, before the model loads (the fingerprint holds it). FatalError: a parser named
+        for a model without think tokens."""
+        from batchgen.app.errors import FatalError
+        from batchgen.model.loader import local_model_dir
+        from batchgen.model.reasoning import parser_name
+
+        try:
+            return parser_name(self.reasoning_parser, lambda: local_model_dir(self.engine.model))
+        except ValueError as exc:
+            raise FatalError(str(exc)) from None
 
     @property
     def row_stop(self) -> int | None:
@@ -85,8 +114,14 @@ class RunOptions:
                 "chat": self.chat,
                 "system_prompt": self.system_prompt,
                 "return_tokens": self.return_tokens,
+                **template_fingerprint(self.chat_template, self.chat_template_kwargs),
             },
             "input": input_fingerprint,
+            # The parser in effect, not the option: ``auto`` adds the key only for a model with think
+            # tokens, so a state written before reasoning output existed compares equal for the others,
+            # and records with and without ``reasoning`` never share an output.
+            **({"reasoning_parser": self.reasoning} if self.reasoning else {}),
+            **({"input_format": "openai"} if self.input_format == "openai" else {}),
             "row_start": self.row_start,
             **part,
         }
@@ -162,7 +197,7 @@ def sampling_from_cli(kw: dict[str, Any]) -> dict[str, Any]:
 
 _RUN_FIELDS = (
     "limit", "system_prompt", "return_tokens", "overwrite", "on_error", "flush_every", "log_every",
-    "drain_timeout", "stats_file", "progress_bar",
+    "drain_timeout", "stats_file", "progress_bar", "reasoning_parser", "max_error_rate",
 )  # fmt: skip
 
 
@@ -171,6 +206,7 @@ def options_from_cli(
 ) -> RunOptions:
     """``batchgen run``'s option values -> RunOptions (ValueError: an invalid combination)."""
     from batchgen.app.shards import parse_shard, slurm_shard
+    from batchgen.app.stdin_input import check_dashes
     from batchgen.io.rows import unescape_template
 
     keep = tuple(c.strip() for item in kw["keep_columns"] for c in item.split(",") if c.strip())
@@ -184,6 +220,10 @@ def options_from_cli(
         keep_columns=keep,
     )
     shard = parse_shard(kw["shard"]) if kw["shard"] is not None else slurm_shard()
+    check_dashes(input_path, output, shard, kw.get("data_parallel", 1))
     run = {name: kw[name] for name in _RUN_FIELDS}
+    run["input_format"] = kw.get("input_format") or "auto"
+    run["chat_template"] = read_chat_template(kw.get("chat_template"))
+    run["chat_template_kwargs"] = chat_template_kwargs(kw.get("chat_template_kwargs"))
     return RunOptions(input=input_path, output=output, spec=spec, shard=shard, chat=chat,
                       sampling=sampling_from_cli(kw), engine=EngineConfig(**engine), **run)  # fmt: skip

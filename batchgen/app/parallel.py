@@ -20,8 +20,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from batchgen.app.merge import merge
+from batchgen.app.outcome import check_outcome
 from batchgen.app.run import EXIT_FATAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
-from batchgen.app.shards import merged_output
+from batchgen.app.shards import merged_output, shard_of_path
+from batchgen.app.status import find_shards
 from batchgen.io.checkpoint import load_state
 
 log = logging.getLogger("batchgen")
@@ -58,10 +60,11 @@ def worker_devices(count: int, env: dict[str, str], gpus: int, per_worker: int =
 
 def run_data_parallel(
     run_argv: Sequence[str], count: int, output: str, overwrite: bool = False, stats_file: str | None = None,
-    per_worker: int = 1,
+    per_worker: int = 1, max_error_rate: float = 1.0,
 ) -> int:  # fmt: skip
     """Run the workers to their end, merge when all completed; the exit code (75 if any was stopped).
-    ``per_worker``: GPUs of each worker (its --tensor-parallel)."""
+    ``per_worker``: GPUs of each worker (its --tensor-parallel). A RunFailed when the merged output's
+    rows failed (``app/outcome.py``), judged on the whole job once it is merged."""
     import torch
 
     base = worker_args(run_argv)
@@ -93,6 +96,8 @@ def run_data_parallel(
     code = _finish(codes, output, overwrite)
     if stats_file:
         _write_stats(stats_file, output, codes, code, time.time() - started)
+    if code == EXIT_OK:
+        check_outcome(load_state(merged_output(output)), max_error_rate)
     return code
 
 
@@ -115,14 +120,24 @@ def _exit_code(returncode: int) -> int:
 
 
 def _finish(codes: list[int], output: str, overwrite: bool) -> int:
-    if all(c == EXIT_OK for c in codes):
+    if all(c == EXIT_OK for c in codes) or _shards_complete(output, len(codes)):
         merge(output, count=len(codes), overwrite=overwrite)
         return EXIT_OK
     failed = [i for i, c in enumerate(codes) if c != EXIT_OK]
-    log.info("workers %s did not complete (exit codes %s): re-run the same command to resume", failed, codes)
+    stopped = all(c in (EXIT_OK, EXIT_INTERRUPTED) for c in codes)  # else their own lines say what to do
+    advice = "re-run the same command to resume" if stopped else "see their errors above"
+    log.info("workers %s did not complete (exit codes %s): %s", failed, codes, advice)
     if any(c == EXIT_INTERRUPTED for c in codes) and all(c in (EXIT_OK, EXIT_INTERRUPTED) for c in codes):
         return EXIT_INTERRUPTED
     return EXIT_USAGE if all(c in (EXIT_OK, EXIT_USAGE) for c in codes) else EXIT_FATAL
+
+
+def _shards_complete(output: str, count: int) -> bool:
+    """Every shard finished, though a worker exited 1: its rows failed (its verdict), the job is judged
+    on the merged output instead."""
+    tags = [(shard_of_path(path), state) for path, state in find_shards(output)]
+    states = [state for tag, state in tags if tag is not None and tag.count == count]
+    return len(states) == count and all(state.complete for state in states)
 
 
 def _write_stats(path: str, output: str, codes: list[int], code: int, wall_s: float) -> None:

@@ -24,9 +24,11 @@ from batchgen.config import SamplingParams
 from batchgen.engine.grammar import GrammarError
 from batchgen.engine.outputs import GenerationRequest
 from batchgen.io.checkpoint import DoneSet
+from batchgen.io.openai_batch import BatchRequests
 from batchgen.io.readers import BadLine
 from batchgen.io.records import RowKey
-from batchgen.io.rows import RowError, RowSpec
+from batchgen.io.rows import ParsedRow, RowError, RowSpec
+from batchgen.model.reasoning import ReasoningParser, Thinking
 from batchgen.model.tokenize import Rendered, encode_rendered, render_prompt
 from batchgen.threads import HostTurns
 
@@ -58,12 +60,22 @@ class _RenderedRow(NamedTuple):
 
 
 class PromptSettings(NamedTuple):
-    spec: RowSpec
+    spec: RowSpec | BatchRequests  # how a row (or an OpenAI Batch request) becomes a prompt
     base: SamplingParams
     chat: bool | None
     system_prompt: str | None
     max_model_len: int
     fail_fast: bool  # --on-error fail
+    chat_template: str | None = None  # --chat-template: replaces the model's
+    chat_template_kwargs: dict[str, Any] | None = None  # --chat-template-kwargs (a row's keys win)
+    reasoning: ReasoningParser | None = None  # --reasoning-parser's, on the tokenizer: None for none
+
+
+def template_variables(settings: PromptSettings, row: ParsedRow) -> dict[str, Any] | None:
+    """The chat template's extra variables for ``row``: the flag's, then the row's own, key by key."""
+    if not row.chat_template_kwargs:
+        return settings.chat_template_kwargs
+    return {**(settings.chat_template_kwargs or {}), **row.chat_template_kwargs}
 
 
 class Preparer(threading.Thread):
@@ -132,6 +144,8 @@ class Preparer(threading.Thread):
         for index, raw in rows:
             self._take_turn()
             parsed.append(self._render(index, raw))
+        # Rows done before a resume that reads every row (checkpoint.RunState.varied_n) have no samples.
+        parsed = [p for p in parsed if p is not None and p.samples]
         rendered = [p for p in parsed if isinstance(p, _RenderedRow)]
         ids = iter(self._encode([p.text for p in rendered]) if rendered else [])
         return [self._request(p, next(ids)) if isinstance(p, _RenderedRow) else p for p in parsed]
@@ -154,7 +168,7 @@ class Preparer(threading.Thread):
         except Exception as exc:
             return exc
 
-    def _render(self, index: int, raw: Any) -> _RenderedRow | RowFailure:
+    def _render(self, index: int, raw: Any) -> _RenderedRow | RowFailure | None:
         s = self.settings
         samples = self.done.missing(index)
         if isinstance(raw, BadLine):
@@ -169,6 +183,10 @@ class Preparer(threading.Thread):
             params = s.base.with_overrides(**row.overrides)
         except (TypeError, ValueError) as exc:
             return RowFailure(index, key, samples, f"bad per-row option: {exc}")
+        if params.n != self.done.n:  # the row's own number of samples
+            key, samples = key._replace(n=params.n), self.done.missing(index, params.n)
+        if not samples:
+            return None
         if params.n > 1 and params.greedy and not self.warned_identical:
             self.warned_identical = True
             log.warning("row %d asks for n = %d samples with greedy decoding: they will be identical "
@@ -179,8 +197,12 @@ class Preparer(threading.Thread):
                 grammar = self.grammars.compile(params)
             except GrammarError as exc:
                 return RowFailure(index, key, samples, str(exc))
+        chat = s.chat if row.chat is None else row.chat
         try:
-            text = render_prompt(self.tokenizer, row.prompt, s.chat, s.system_prompt)
+            text = render_prompt(
+                self.tokenizer, row.prompt, chat, s.system_prompt, chat_template=s.chat_template,
+                chat_template_kwargs=template_variables(s, row), tools=row.tools,
+            )  # fmt: skip
         except Exception as exc:  # chat templates raise anything (jinja errors, KeyError, ...)
             return RowFailure(index, key, samples, f"cannot tokenize the prompt: {exc}")
         return _RenderedRow(index, key, samples, params, grammar, text)
@@ -195,4 +217,7 @@ class Preparer(threading.Thread):
             error = f"prompt too long: {len(ids)} tokens, the model allows at most {s.max_model_len - 1}"
             return RowFailure(index, key, samples, error, len(ids))
         todo = None if len(samples) == params.n else samples
-        return GenerationRequest(index, ids, params, key=key, samples=todo, grammar=p.grammar)
+        thinking = None if s.reasoning is None else Thinking(s.reasoning, s.reasoning.output_begins(ids))
+        return GenerationRequest(
+            index, ids, params, key=key, samples=todo, grammar=p.grammar, thinking=thinking
+        )

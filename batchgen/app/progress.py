@@ -11,6 +11,9 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from batchgen.app.error_kinds import ErrorKinds
+from batchgen.io.checkpoint import DoneSet
+
 log = logging.getLogger("batchgen")
 
 
@@ -23,6 +26,11 @@ class Counters:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     finish_reasons: Counter = field(default_factory=Counter)
+    failed_rows: int = 0  # rows with an error record, or skipped
+    error_kinds: ErrorKinds = field(default_factory=ErrorKinds)  # failed rows by error
+    # which rows failed, so that a row counts once however many of its samples failed; copies share it
+    # (a revert to the last flush happens only as the run stops)
+    failed: DoneSet = field(default_factory=lambda: DoneSet(1), repr=False)
 
     def add_record(self, finish_reason: str, prompt_tokens: int, completion_tokens: int) -> None:
         self.records += 1
@@ -31,8 +39,20 @@ class Counters:
         self.completion_tokens += completion_tokens or 0
         self.finish_reasons[finish_reason] += 1
 
+    def add_scanned(self, record: dict[str, Any]) -> None:
+        """A record a resumed run found in the output (its scan fields: ``io/writers.SCAN_FIELDS``)."""
+        self.add_record(record["finish_reason"], record["prompt_tokens"], record["completion_tokens"])
+        if record["finish_reason"] == "error":
+            self.add_failure(record["index"], record.get("error"))
+
+    def add_failure(self, index: int, error: str | None) -> None:
+        """Row ``index`` failed (an error record, or skipped) with ``error``."""
+        if self.failed.add(index, 0):
+            self.failed_rows += 1
+            self.error_kinds.add(error or "engine error")
+
     def copy(self) -> Counters:
-        return replace(self, finish_reasons=Counter(self.finish_reasons))
+        return replace(self, finish_reasons=Counter(self.finish_reasons), error_kinds=self.error_kinds.copy())
 
 
 def format_duration(seconds: float) -> str:
@@ -64,9 +84,8 @@ class Progress:
         self.total_rows = total_rows
         self.log_every = log_every
         self.start = time.monotonic()
+        self.end: float | None = None  # set by stop_clock: the summary and the state share one rate
         self._last_log = self.start
-        self._interval = (self.start, 0)  # (time, run tokens) at the start of the rate interval
-        self.last_rate = 0.0
         use_bar = sys.stderr.isatty() if bar is None else bar
         self._bar = self._make_bar() if use_bar else None
         self.mark_durable()  # what a resumed run found is on disk already
@@ -81,7 +100,7 @@ class Progress:
             desc="batchgen",
             file=sys.stderr,
             dynamic_ncols=True,
-            smoothing=0.05,
+            bar_format=_bar_format(self.total_rows),
         )
 
     @property
@@ -92,6 +111,7 @@ class Progress:
         self.total_rows = rows
         if self._bar is not None:
             self._bar.total = rows
+            self._bar.bar_format = _bar_format(rows)
             self._bar.refresh()
 
     def record(self, finish_reason: str, prompt_tokens: int, completion_tokens: int, row_done: bool) -> None:
@@ -99,8 +119,8 @@ class Progress:
             c.add_record(finish_reason, prompt_tokens, completion_tokens)
             c.rows_done += row_done
         if self._bar is not None and row_done:
+            self._bar.set_postfix_str(f"{self._tokens_text()}, {self.total.errors} err", refresh=False)
             self._bar.update(1)
-            self._bar.set_postfix_str(f"{self.tok_per_s():.1f} tok/s, {self.total.errors} err", refresh=False)
 
     def mark_durable(self) -> None:
         self._durable = (self.run.copy(), self.total.copy())
@@ -108,20 +128,44 @@ class Progress:
     def revert_to_durable(self) -> None:
         self.run, self.total = self._durable[0].copy(), self._durable[1].copy()
 
-    def skipped(self) -> None:
-        self.run.skipped += 1
+    def failed(self, index: int, error: str | None) -> None:
+        """Row ``index`` failed: counted once, by its error, for the run's verdict (app/outcome.py)."""
+        for c in (self.run, self.total):
+            c.add_failure(index, error)
+
+    def skipped(self, index: int, error: str | None) -> None:
+        """--on-error skip dropped row ``index``: no record, but a failed row all the same."""
+        for c in (self.run, self.total):
+            c.skipped += 1
+        self.failed(index, error)
+
+    def stop_clock(self) -> None:
+        """The run's generation is over: the rate saved in the state and the summary's are this one."""
+        if self.end is None:
+            self.end = time.monotonic()
+
+    def elapsed(self) -> float:
+        return (self.end if self.end is not None else time.monotonic()) - self.start
 
     def tok_per_s(self) -> float:
-        return self.run.completion_tokens / max(time.monotonic() - self.start, 1e-9)
+        """The one output rate the bar, the log lines, the summary and ``status`` show: this run's output
+        tokens over its time generating (a resumed run's earlier tokens are not this run's work)."""
+        return self.run.completion_tokens / max(self.elapsed(), 1e-9)
 
-    def rate(self) -> float:
-        """Output tokens/s since the last call (the "last rate" that ``status`` shows)."""
-        now, tokens = time.monotonic(), self.run.completion_tokens
-        t0, k0 = self._interval
-        if now - t0 >= 1.0 or not self.last_rate:
-            self.last_rate = (tokens - k0) / max(now - t0, 1e-9)
-            self._interval = (now, tokens)
-        return self.last_rate
+    def eta_s(self) -> float | None:
+        """Seconds left: the output tokens still to come over the rate. Rows differ in length and the
+        engine's time goes with tokens, so the tokens to come are the rows left times the mean output
+        tokens of a finished row (every sample of it; error rows count, with their 0 tokens)."""
+        total, done, rate = self.total_rows, self.total.rows_done, self.tok_per_s()
+        if not total or not done or rate <= 0:
+            return None
+        rows_left = max(total - done - self.run.skipped, 0)
+        return rows_left * (self.total.completion_tokens / done) / rate
+
+    def _tokens_text(self) -> str:
+        eta = self.eta_s()
+        text = f"{self.run.completion_tokens} tokens out, {self.tok_per_s():.1f} tok/s"
+        return text if eta is None else f"{text}, ETA {format_duration(eta)}"
 
     def tick(self) -> None:
         """A plain log line every ``log_every`` seconds when there is no bar (Slurm logs)."""
@@ -132,15 +176,8 @@ class Progress:
 
     def line(self) -> str:
         done, total = self.total.rows_done, self.total_rows
-        elapsed = time.monotonic() - self.start
         rows = f"{done}/{total} rows ({100 * done / total:.1f}%)" if total else f"{done} rows"
-        eta = ""
-        if total and self.run.rows_done:
-            eta = f", ETA {format_duration((total - done) * elapsed / self.run.rows_done)}"
-        return (
-            f"{rows}, {self.total.errors} errors, {self.run.completion_tokens} tokens out, "
-            f"{self.tok_per_s():.1f} tok/s{eta}"
-        )
+        return f"{rows}, {self.total.errors} errors, {self._tokens_text()}"
 
     def close(self) -> None:
         if self._bar is not None:
@@ -148,7 +185,7 @@ class Progress:
             self._bar = None
 
     def summary(self, status: str, engine_stats: Any = None) -> dict[str, Any]:
-        wall = time.monotonic() - self.start
+        wall = self.elapsed()
         return {
             "status": status,
             "rows": self.run.rows_done,
@@ -158,13 +195,20 @@ class Progress:
             "prompt_tokens": self.run.prompt_tokens,
             "completion_tokens": self.run.completion_tokens,
             "wall_s": round(wall, 3),
-            "tokens_per_s": round(self.run.completion_tokens / max(wall, 1e-9), 2),
+            "tokens_per_s": round(self.tok_per_s(), 2),
             "finish_reasons": dict(self.run.finish_reasons),
             "rows_done_total": self.total.rows_done,
             "total_rows": self.total_rows,
             "peak_rss_mb": round(peak_rss_mb(), 1),
             "engine": _plain(engine_stats),
         }
+
+
+def _bar_format(total_rows: int | None) -> str:
+    """Rows done, then this run's output tokens, rate and token-based ETA (the postfix)."""
+    if total_rows is None:
+        return "{desc}: {n_fmt} rows [{elapsed}{postfix}]"
+    return "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} rows [{elapsed}{postfix}]"
 
 
 def summary_text(s: dict[str, Any]) -> str:

@@ -19,11 +19,13 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
+from batchgen.app.batch_input import resolve_input_format
 from batchgen.app.errors import FatalError, as_fatal, one_line, rank_lost, storage_failure
 from batchgen.app.feed import Feed
 from batchgen.app.gc_policy import GcPauses, frozen_heap
 from batchgen.app.merge import check_target
 from batchgen.app.options import RunOptions
+from batchgen.app.outcome import check_outcome
 from batchgen.app.prepare import Preparer, PromptSettings
 from batchgen.app.progress import Counters, Progress, quiet_transformers_bars, summary_text
 from batchgen.app.shards import SHARD_PLACEHOLDER, merged_output, plan_shard, shard_output
@@ -31,12 +33,17 @@ from batchgen.app.signals import Interrupt, SignalControl
 from batchgen.app.sink import RecordOptions, Sink
 from batchgen.app.sizing import engine_options, total_rows
 from batchgen.app.startup import process_started, startup_summary, startup_text
+from batchgen.app.stdin_input import refuse_resume, resume_advice
 from batchgen.io.checkpoint import DoneSet, OutputLock, RunState, diff_fingerprints, load_state, save_state
 from batchgen.io.faults import Faults
+from batchgen.io.openai_batch import BatchRequests
+from batchgen.io.openai_output import BatchJob, BatchOutputWriter, created_from
 from batchgen.io.readers import BadLine, Reader, open_input
 from batchgen.io.rows import ParsedRow, SchemaError
 from batchgen.io.writers import OutputError, Writer, has_records, open_output, output_format, remove_output
 from batchgen.model.loader import DEFAULT_MODEL_NAME
+from batchgen.model.location import check_model_found
+from batchgen.model.reasoning import ReasoningParser, parser_for
 from batchgen.model.tokenize import tokenizer_for_thread
 from batchgen.threads import HostTurns, engine_switching
 
@@ -57,6 +64,8 @@ def run(opts: RunOptions) -> int:
 def _run(opts: RunOptions) -> int:
     reader = open_input(opts.input)
     output_format(opts.output)
+    refuse_resume(opts)  # of a stdin run: before it reads a row
+    opts = resolve_input_format(opts, reader)
     check_input(reader, opts)  # the whole input's head, before an empty shard could hide a bad input
     if opts.shard is not None:
         opts = for_shard(opts, reader)
@@ -64,6 +73,7 @@ def _run(opts: RunOptions) -> int:
         raise OutputError(f"{opts.output!r} holds {SHARD_PLACEHOLDER} but the run has no --shard I/N")
     model_name = opts.engine.model or DEFAULT_MODEL_NAME
     fingerprint = opts.fingerprint(model_name, reader.fingerprint())
+    check_model_found(opts.engine.model)  # before OUTPUT.batchgen/ exists: a missing model leaves nothing
     Path(opts.output).absolute().parent.mkdir(parents=True, exist_ok=True)
     lock = OutputLock(opts.output)
     try:
@@ -79,16 +89,18 @@ def _run(opts: RunOptions) -> int:
 
 def merged_target_done(opts: RunOptions) -> bool:
     """For --data-parallel, before any worker starts: True when the merged OUTPUT already holds this
-    whole job (nothing to do); a FatalError when it holds something else (without --overwrite)."""
+    whole job (nothing to do); a FatalError when it holds something else, or failed rows (outcome.py)."""
     target = merged_output(opts.output)
     model_name = opts.engine.model or DEFAULT_MODEL_NAME
-    fingerprint = opts.fingerprint(model_name, open_input(opts.input).fingerprint())
+    reader = open_input(opts.input)
+    fingerprint = resolve_input_format(opts, reader).fingerprint(model_name, reader.fingerprint())
     state = check_target(target, fingerprint, opts.overwrite)
     if state is None or not state.covers(opts.limit):
         return False
     log.info(
         "%s is already complete (%d rows, %d records): nothing to do", target, state.rows_done, state.records
     )
+    check_outcome(state, opts.max_error_rate)
     return True
 
 
@@ -108,10 +120,15 @@ def for_shard(opts: RunOptions, reader: Reader) -> RunOptions:
 def check_input(reader: Reader, opts: RunOptions) -> None:
     """Fail before loading the model when the input is empty or no prompt can come out of it."""
     columns = reader.schema_columns()
+    if opts.batch_api:  # each request is checked on its own: a bad one gets its own error line
+        if next(islice(reader.iter_rows(opts.row_start, opts.row_stop), 1), None) is None:
+            raise FatalError(f"input {opts.input!r} has no rows")
+        return
     if columns is not None:
         if reader.count_rows() <= opts.row_start:
             raise FatalError(f"input {opts.input!r} has no rows")
         opts.spec.check_columns(columns, "the Parquet schema")
+        opts.spec.check_kept(columns, "the Parquet schema")
         opts.spec.check_keys(columns, "the Parquet schema")
         return
     rows = list(islice(reader.iter_rows(opts.row_start, opts.row_stop), _SCHEMA_ROWS))
@@ -125,10 +142,11 @@ def check_input(reader: Reader, opts: RunOptions) -> None:
     for i, r in objects:
         row_id = r.get(opts.spec.id_column or "id")
         opts.spec.check_keys(r, f"row {i}" + ("" if row_id is None else f" (id {row_id!r})"))
+    seen = list(dict.fromkeys(k for _, r in objects for k in r))
+    opts.spec.check_kept(seen, f"the first {len(rows)} rows")
     parsed = [opts.spec.parse(i, r) for i, r in objects]
     if any(isinstance(p, ParsedRow) for p in parsed):
         return
-    seen = list(dict.fromkeys(k for _, r in objects for k in r))
     opts.spec.check_columns(seen, f"the first {len(rows)} rows")
     raise SchemaError(
         f"none of the first {len(rows)} rows has a usable prompt (row {parsed[0].index}: {parsed[0].error})"
@@ -144,6 +162,7 @@ class _Job:
         self.stop = threading.Event()  # stop admitting rows: a drain or a failure
         self.started, self.engine_called, self.ready = process_started(), 0.0, 0.0
         self.gc_pauses = GcPauses()
+        self.parser: ReasoningParser | None = None  # set once the tokenizer is loaded
 
     def execute(self) -> int:
         self.signals.loading = True  # until the engine runs, a signal stops at once
@@ -182,14 +201,15 @@ class _Job:
                     old.errors,
                 )
                 self._write_stats({"status": "already complete", "rows_done_total": old.rows_done})
+                check_outcome(old, opts.max_error_rate)  # the verdict of the run that wrote it
                 return None
         else:
             old = None
-        writer = open_output(out, self.faults)
+        writer = self._writer()
         done, totals = DoneSet(opts.n), Counters()
         for rec in writer.recover():
             if done.add(rec["index"], rec["sample"]):
-                totals.add_record(rec["finish_reason"], rec["prompt_tokens"], rec["completion_tokens"])
+                totals.add_scanned(rec)
         totals.rows_done = done.rows_done()
         if done.count:
             log.info("resuming %s: %d records already there", out, done.count)
@@ -198,9 +218,15 @@ class _Job:
             log.info("cut off a torn last record (%d bytes); it is redone", dropped)
         state = RunState(self.fingerprint, n=opts.n)
         if old is not None:
-            state.started = old.started
+            state.started, state.varied_n = old.started, old.varied_n
         save_state(out, state, self.faults.open_small)  # before the first record: records always have a state
         return writer, done, totals, state
+
+    def _writer(self) -> Writer:
+        if not self.opts.batch_api:
+            return open_output(self.opts.output, self.faults)
+        job = BatchJob(self.fingerprint["model"], created_from(self.opts.input))
+        return BatchOutputWriter(self.opts.output, job, self.faults)
 
     def _check_resumable(self, old: RunState | None) -> None:
         out = self.opts.output
@@ -260,7 +286,10 @@ class _Job:
             progress.set_total_rows(self.reader.end_index - self.opts.row_start)
         sink.close(complete)
         progress.close()
-        return self._report(progress, llm, complete, failure or sink.error)
+        code = self._report(progress, llm, complete, failure or sink.error)
+        if code == EXIT_OK:
+            check_outcome(state, self.opts.max_error_rate)  # every record is written and the state saved
+        return code
 
     def _start_threads(
         self, llm: Any, writer: Writer, done: DoneSet, state: RunState, progress: Progress,
@@ -269,7 +298,9 @@ class _Job:
         """The writer and the preparer, with the tokenizer shared when its calls only read it (else each
         its own copy: ``model/tokenize.tokenizer_for_thread``)."""
         opts = self.opts
-        record_opts = RecordOptions(opts.return_tokens, opts.logprobs, opts.on_error)
+        self.parser = self._reasoning_parser(llm)
+        record_opts = RecordOptions(opts.return_tokens, opts.logprobs, opts.on_error, opts.batch_api,
+                                    reasoning=self.parser is not None)  # fmt: skip
         tokenizer = tokenizer_for_thread(llm.tokenizer)
         sink = Sink(writer, opts.output, done, state, progress, tokenizer, record_opts, opts.flush_every,
                     self.stop, self.faults, self.signals.log_notices, turns)  # fmt: skip
@@ -277,7 +308,7 @@ class _Job:
         rows = self.reader.iter_rows(
             opts.row_start,
             opts.row_stop,
-            skip=done if done.count else None,
+            skip=done if done.count and not state.varied_n else None,  # else every row is read again
             columns=opts.spec.needed_columns(columns) if columns is not None else None,
         )
         queue_size = max(64, 2 * opts.engine.max_num_seqs)
@@ -319,9 +350,18 @@ class _Job:
     def _prompt_settings(self, llm: Any) -> PromptSettings:
         opts = self.opts
         return PromptSettings(
-            opts.spec, opts.base_sampling(llm.default_sampling), opts.chat, opts.system_prompt,
-            int(llm.max_model_len), opts.on_error == "fail",
+            BatchRequests() if opts.batch_api else opts.spec, opts.base_sampling(llm.default_sampling),
+            opts.chat, opts.system_prompt,
+            int(llm.max_model_len), opts.on_error == "fail", opts.chat_template, opts.chat_template_kwargs,
+            reasoning=self.parser,
         )  # fmt: skip
+
+    def _reasoning_parser(self, llm: Any) -> ReasoningParser | None:
+        """The run's reasoning parser on the loaded tokenizer (which one was fixed before it loaded)."""
+        try:
+            return parser_for(self.opts.reasoning, llm.tokenizer)
+        except ValueError as exc:
+            raise FatalError(str(exc)) from None
 
     # -- the end ---------------------------------------------------------------------------------------
     def _report(self, progress: Progress, llm: Any, complete: bool, failure: BaseException | None) -> int:
@@ -343,7 +383,7 @@ class _Job:
                 raise failure
             raise as_fatal(failure) from failure
         if not complete:
-            log.info("saved; re-run the same command to resume (exit 75)")
+            log.info("saved; %s (exit 75)", resume_advice(self.opts.input))
             return EXIT_INTERRUPTED
         return EXIT_OK
 

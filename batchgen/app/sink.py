@@ -21,8 +21,9 @@ from batchgen.app.progress import Progress
 from batchgen.engine.outputs import CompletionOutput
 from batchgen.io.checkpoint import DoneSet, RunState, save_state
 from batchgen.io.faults import Faults
-from batchgen.io.records import alternatives, make_record
+from batchgen.io.records import RowKey, alternatives, make_record
 from batchgen.io.writers import Writer
+from batchgen.model.reasoning import split_reasoning
 from batchgen.model.tokenize import TokenTexts, batch_decoder
 from batchgen.threads import HostTurns
 
@@ -37,6 +38,10 @@ class RecordOptions(NamedTuple):
     return_tokens: bool
     logprobs: bool  # the run asks for log-probabilities (error records of rows never parsed get them)
     on_error: str  # record | skip | fail
+    # The records feed an OpenAI Batch output (io/openai_output.py): those with log-probabilities hold
+    # their tokens' texts too, and a row refused before generation is marked as the request's fault.
+    batch_api: bool = False
+    reasoning: bool = False  # a reasoning parser is active: every record has ``reasoning``
 
 
 class _Close(NamedTuple):
@@ -130,6 +135,7 @@ class Sink(threading.Thread):
         todo = [
             i for i, item in enumerate(items)
             if isinstance(item, CompletionOutput) and item.text is None and item.finish_reason != "error"
+            and item.thinking is None  # split in parts instead (_reasoning)
         ]  # fmt: skip
         texts: list[str | None] = [getattr(item, "text", None) for item in items]
         for skip in (True, False):
@@ -145,6 +151,7 @@ class Sink(threading.Thread):
     def _output(self, out: CompletionOutput, text: str | None) -> None:
         if out.finish_reason == "error" and self._drop_error(out.index, out.key.id, out.error):
             return
+        reasoning, text = self._reasoning(out, text)
         record = make_record(
             row_id=out.key.id,
             index=out.index,
@@ -160,8 +167,20 @@ class Sink(threading.Thread):
             top_logprobs=self._alternatives(out.top_logprobs),
             prompt_logprobs=out.prompt_logprobs,
             prompt_top_logprobs=self._alternatives(out.prompt_top_logprobs),
+            reasoning=reasoning,
+            with_reasoning=self.options.reasoning,
         )
-        self._write(record)
+        if self.options.batch_api and out.logprobs is not None:
+            record["tokens"] = self.token_texts(list(out.token_ids))  # OpenAI's log-probability entries
+        self._write(record, out.key)
+
+    def _reasoning(self, out: CompletionOutput, text: str | None) -> tuple[str | None, str | None]:
+        """(reasoning, completion): the thinking block split off the output's text when its row has a
+        reasoning parser (model/reasoning.py), else (None, the text)."""
+        if out.thinking is None or out.finish_reason == "error":
+            return None, text
+        skip = out.skip_special_tokens
+        return split_reasoning(out.token_ids, out.thinking, lambda seqs: self.decode(seqs, skip), out.text)
 
     def _alternatives(self, per_token: list[list[tuple[int, float]] | None] | None) -> list | None:
         """Each position's most likely tokens as records hold them (a position without any: null)."""
@@ -189,30 +208,38 @@ class Sink(threading.Thread):
                 kept=failure.key.kept,
                 token_ids=[] if self.options.return_tokens else None,
                 logprobs=[] if self.options.logprobs else None,
+                with_reasoning=self.options.reasoning,
             )
-            self._write(record)
+            if self.options.batch_api:
+                record["rejected"] = True
+            self._write(record, failure.key)
 
     def _drop_error(self, index: int, row_id: Any, error: str | None) -> bool:
         """--on-error: True when the error writes no record."""
         if self.options.on_error == "fail":
             raise RowFailed(f"row {index} (id {row_id!r}): {error}")
         if self.options.on_error == "skip":
-            self.progress.skipped()
+            self.progress.skipped(index, error)
             return True
         return False
 
-    def _write(self, record: dict[str, Any]) -> None:
+    def _write(self, record: dict[str, Any], key: RowKey) -> None:
         index, sample = record["index"], record["sample"]
         if not self.done.add(index, sample):
             log.warning("dropped a duplicate record for row %d sample %d", index, sample)
             return
+        if key.n is not None and not self.state.varied_n:
+            self.state.varied_n = True  # durable before the record: a resume then reads every row
+            save_state(self.output, self.state, self.faults.open_small)
         self.writer.write(record)
         self.progress.record(
             record["finish_reason"],
             record["prompt_tokens"],
             record["completion_tokens"],
-            row_done=self.done.row_done(index),
+            row_done=self.done.row_done(index, key.n),
         )
+        if record["finish_reason"] == "error":
+            self.progress.failed(index, record["error"])
 
     # -- durability ------------------------------------------------------------------------------------
     def flush(self) -> None:
@@ -227,11 +254,14 @@ class Sink(threading.Thread):
         self.state.rows_done, self.state.records, self.state.errors = t.rows_done, t.records, t.errors
         self.state.prompt_tokens, self.state.completion_tokens = t.prompt_tokens, t.completion_tokens
         self.state.finish_reasons = dict(t.finish_reasons)
+        self.state.failed_rows, self.state.skipped = t.failed_rows, t.skipped
+        self.state.error_counts = t.error_kinds.as_counts()
         self.state.total_rows = self.progress.total_rows
-        self.state.rate_tok_s = round(self.progress.rate(), 2)
+        self.state.rate_tok_s = round(self.progress.tok_per_s(), 2)
         save_state(self.output, self.state, self.faults.open_small)
 
     def _finalize(self, complete: bool) -> None:
+        self.progress.stop_clock()
         self.flush()
         if complete:
             self.writer.finish()
@@ -242,6 +272,7 @@ class Sink(threading.Thread):
     def _save_after_failure(self, error: BaseException) -> None:
         """Keep what was written, durable, unless the failure was the disk's own (a retried write or fsync
         could pass over lost data); count only what is durable; never mask the first error."""
+        self.progress.stop_clock()
         try:
             if not isinstance(error, OSError):
                 self.writer.flush()

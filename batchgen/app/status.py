@@ -10,6 +10,7 @@ from dataclasses import asdict
 from typing import Any
 
 from batchgen.app.errors import FatalError
+from batchgen.app.outcome import commonest_text
 from batchgen.app.shards import shard_name_regex, shard_of_path, shard_pattern
 from batchgen.io.checkpoint import RunState, is_locked, load_state, sidecar_dir
 
@@ -53,7 +54,8 @@ def status_data(output: str) -> dict[str, Any]:
     entries = [{"output": path, "phase": run_phase(path, st), **asdict(st)} for path, st in runs]
     for entry in entries:
         entry.pop("fingerprint")
-    totals = {k: sum(e[k] for e in entries) for k in ("rows_done", "records", "errors", "completion_tokens")}
+    summed = ("rows_done", "records", "errors", "failed_rows", "completion_tokens")
+    totals = {k: sum(e[k] for e in entries) for k in summed}
     known = all(e["total_rows"] is not None for e in entries)
     totals["total_rows"] = sum(e["total_rows"] for e in entries) if known else None
     totals["complete"] = all(e["complete"] for e in entries)
@@ -94,5 +96,13 @@ def _run_text(e: dict[str, Any]) -> str:
         f"  rows       {_rows(e['rows_done'], e['total_rows'])}\n"
         f"  records    {e['records']} ({e['errors']} errors; finish reasons: {reasons})\n"
         f"  tokens     {e['prompt_tokens']} in, {e['completion_tokens']} out\n"
-        f"  last rate  {e['rate_tok_s']:.1f} tok/s, saved {updated} ({age:.0f} s ago)"
+        f"{_failed_text(e)}"
+        f"  rate       {e['rate_tok_s']:.1f} tok/s out in the last run, saved {updated} ({age:.0f} s ago)"
     )
+
+
+def _failed_text(e: dict[str, Any]) -> str:
+    """The failed rows and their commonest error, when there are any."""
+    if not e["failed_rows"]:
+        return ""
+    return f"  failed     {e['failed_rows']} rows{commonest_text(e['error_counts'])}\n"

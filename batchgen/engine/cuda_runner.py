@@ -179,6 +179,10 @@ class CudaRunner(GraphCaptures):
             )
         if self.row_tokens is not None and current is not self.row_tokens:
             self.graphs = {key: graph for key, graph in self.graphs.items() if not key[3].stateful}
+            # A pool whose graphs are all gone is released, and capturing into its handle again fails
+            # an allocator assertion: later captures take a new pool (the old one lives on with the
+            # graphs that remain, if any).
+            self.pool = torch.cuda.graph_pool_handle()
         self.row_tokens = current
         return current
 

@@ -361,7 +361,7 @@ class Engine:
         self._done.append(CompletionOutput(
             req.index, req.sample, req.key, req.output_ids, text, reason, req.num_prompt, req.logprobs,
             req.error, req.top_logprobs, req.prompt_logprobs, req.prompt_top_logprobs,
-            req.params.skip_special_tokens,
+            req.params.skip_special_tokens, req.thinking,
         ))  # fmt: skip
         self.stats.errors += reason == "error"
 

@@ -135,25 +135,31 @@ class GrammarCompiler:
 
     def fill_masks(self, guides: Sequence[Guide | None], out: torch.Tensor) -> None:
         """Row i of ``out`` ([S, mask_width] int32, CPU) = the tokens guides[i] allows next; all ones
-        (every token) for rows without a live guide: unconstrained rows, and rows whose grammar ended
-        (their token in this step is discarded)."""
-        live, rows, free = [], [], []
+        (every token) for rows without a live guide: unconstrained rows, rows whose grammar ended
+        (their token in this step is discarded) and rows inside a thinking block (engine/thinking.py)."""
+        live, rows, free, extra = [], [], [], []
         for i, guide in enumerate(guides):
-            if guide is not None and not guide.done:
-                live.append(guide.matcher)
-                rows.append(i)
-            else:
+            if guide is None or guide.done or guide.free:
                 free.append(i)
+                continue
+            live.append(guide.matcher)
+            rows.append(i)
+            if guide.also_allowed is not None:
+                extra.append((i, guide.also_allowed))
         if free:
             out[free] = -1
         if live:  # live guides exist only once a constraint was compiled: xgrammar is set up
             self._batch.batch_fill_next_token_bitmask(live, out, rows)
+        for row, token in extra:
+            allow_token(out, row, token)
 
 
 class Guide:
     """One (row, sample)'s position in its grammar, advanced by each confirmed token."""
 
     __slots__ = ("matcher", "stops", "done")
+    free = False  # never unconstrained (a thinking block's guide is: engine/thinking.py)
+    also_allowed: int | None = None  # no token besides the grammar's
 
     def __init__(self, matcher: Any, stops: frozenset[int]) -> None:
         self.matcher, self.stops = matcher, stops
@@ -165,6 +171,12 @@ class Guide:
         if token in self.stops:  # only a stop token ends a grammar (asking each step costs ~1 us a row)
             self.done = self.matcher.is_terminated()
         return ok
+
+
+def allow_token(bitmask: torch.Tensor, row: int, token: int) -> None:
+    """Set ``token``'s bit in row ``row`` of an int32 bitmask (bit 31 is the int32's sign)."""
+    bit = 1 << (token % 32)
+    bitmask[row, token // 32] |= bit - (1 << 32) if bit >= 1 << 31 else bit
 
 
 def apply_token_mask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:

@@ -9,11 +9,12 @@ import itertools
 
 from batchgen.config import SamplingParams
 from batchgen.engine.block_manager import BlockManager
-from batchgen.engine.grammar import GrammarCompiler, GrammarError
+from batchgen.engine.grammar import GrammarCompiler, GrammarError, Guide
 from batchgen.engine.outputs import GenerationRequest
 from batchgen.engine.request import Request
 from batchgen.engine.sampler import rng_key
 from batchgen.engine.step_sampling import MAX_ADJUSTMENTS
+from batchgen.engine.thinking import ThinkingGuide
 
 
 class Intake:
@@ -90,6 +91,13 @@ class Intake:
         except GrammarError as exc:
             return None, str(exc)
 
+    def _guide(self, row: GenerationRequest, grammar: object | None) -> Guide | ThinkingGuide | None:
+        """A sample's grammar matcher; behind the thinking block when the run parses reasoning."""
+        if grammar is None:
+            return None
+        guide = self.grammars.guide(grammar)
+        return guide if row.thinking is None else ThinkingGuide(guide, row.thinking)
+
     def _request(
         self, row: GenerationRequest, sample: int, parent: Request | None, grammar: object | None
     ) -> Request:
@@ -106,7 +114,8 @@ class Intake:
             rng_key=rng_key(params.seed, row.index, sample),
             parent=parent,
             logprobs=[] if params.logprobs is not None else None,
-            guide=self.grammars.guide(grammar) if grammar is not None else None,
+            guide=self._guide(row, grammar),
+            thinking=row.thinking,
             adjustments=self.adjustments(params) if params.adjusted else (),
             top_logprobs=[] if params.logprobs else None,
             prompt_logprobs=None if params.prompt_logprobs is None else [None] * n,

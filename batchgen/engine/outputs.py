@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from batchgen.config import SamplingParams
+
+if TYPE_CHECKING:
+    from batchgen.model.reasoning import Thinking
 
 
 class GenerationRequest(NamedTuple):
@@ -22,6 +25,9 @@ class GenerationRequest(NamedTuple):
     key: Any = None  # opaque to the engine (the CLI passes the row's id and kept columns)
     samples: tuple[int, ...] | None = None
     grammar: Any = None  # params' constraint compiled ahead (engine/grammar.py); None: the engine compiles
+    # A run with a reasoning parser: its think tokens and whether the prompt left a block open. A
+    # constraint then applies after the block (engine/thinking.py); the output carries it to the writer.
+    thinking: Thinking | None = None
 
 
 class CompletionOutput(NamedTuple):
@@ -42,6 +48,9 @@ class CompletionOutput(NamedTuple):
     prompt_logprobs: list[float | None] | None = None
     prompt_top_logprobs: list[list[tuple[int, float]] | None] | None = None
     skip_special_tokens: bool = True  # how its text is decoded (the row's option)
+    thinking: Thinking | None = (
+        None  # the request's: where the output's thinking block is (model/reasoning.py)
+    )
 
     @property
     def completion_tokens(self) -> int:

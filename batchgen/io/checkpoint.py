@@ -33,7 +33,8 @@ def state_path(output: str | os.PathLike) -> Path:
 
 # -- done set --------------------------------------------------------------------------------------------
 class DoneSet:
-    """A bitmap over ``index * n + sample``: 2 million rows cost 250 KB.
+    """A bitmap over ``index * n + sample`` for the run's ``n`` samples a row: 2 million rows cost 250 KB.
+    Rows that ask for more samples (a per-row ``n``) keep the extra ones in a small dict.
 
     One thread adds; others may read. ``bytearray.extend`` grows in place, so readers never see a stale
     buffer, and a single byte read or write is atomic under the GIL.
@@ -42,6 +43,7 @@ class DoneSet:
     def __init__(self, n: int) -> None:
         self.n = n
         self._bits = bytearray()
+        self._extra: dict[int, set[int]] = {}  # index -> its done samples >= n
         self.count = 0  # records
 
     def _grow(self, nbytes: int) -> None:
@@ -50,27 +52,32 @@ class DoneSet:
 
     def add(self, index: int, sample: int) -> bool:
         """Mark (index, sample) done; False when it already was (a duplicate)."""
-        key = index * self.n + sample
-        byte, bit = divmod(key, 8)
-        self._grow(byte + 1)
-        if self._bits[byte] >> bit & 1:
+        if self.has(index, sample):
             return False
-        self._bits[byte] |= 1 << bit
+        if sample >= self.n:
+            self._extra.setdefault(index, set()).add(sample)
+        else:
+            byte, bit = divmod(index * self.n + sample, 8)
+            self._grow(byte + 1)
+            self._bits[byte] |= 1 << bit
         self.count += 1
         return True
 
     def has(self, index: int, sample: int) -> bool:
+        if sample >= self.n:
+            return sample in self._extra.get(index, ())
         byte, bit = divmod(index * self.n + sample, 8)
         return byte < len(self._bits) and bool(self._bits[byte] >> bit & 1)
 
-    def missing(self, index: int) -> tuple[int, ...]:
-        return tuple(s for s in range(self.n) if not self.has(index, s))
+    def missing(self, index: int, n: int | None = None) -> tuple[int, ...]:
+        """The samples of row ``index`` not done, of its ``n`` (default: the run's)."""
+        return tuple(s for s in range(self.n if n is None else n) if not self.has(index, s))
 
-    def row_done(self, index: int) -> bool:
-        return all(self.has(index, s) for s in range(self.n))
+    def row_done(self, index: int, n: int | None = None) -> bool:
+        return not self.missing(index, n)
 
     def range_done(self, start: int, stop: int) -> bool:
-        """All samples of rows start..stop done (a whole Parquet row group can be skipped)."""
+        """All of the run's samples of rows start..stop done (a whole Parquet row group can be skipped)."""
         lo, hi = start * self.n, stop * self.n
         if hi <= lo:
             return True
@@ -83,9 +90,9 @@ class DoneSet:
         return all(self._bits[k // 8] >> (k % 8) & 1 for k in edges)
 
     def rows_done(self) -> int:
-        """Rows with every sample done (for progress after a resume)."""
+        """Rows with every one of the run's samples done (for progress after a resume)."""
         if self.n == 1:
-            return self.count
+            return self.count - sum(len(s) for s in self._extra.values())
         rows = (len(self._bits) * 8) // self.n
         return sum(1 for i in range(rows) if self.row_done(i))
 
@@ -112,6 +119,9 @@ def _show(value: Any) -> str:
 class RunState:
     fingerprint: dict[str, Any]
     n: int = 1
+    # A row asked for another number of samples than ``n``: a resume must read every row (the done set
+    # alone cannot tell such a row's missing samples). Saved before any record of such a row is written.
+    varied_n: bool = False
     total_rows: int | None = None  # rows this run covers (input rows, capped by --limit), when known
     exhausted: bool = False  # the input was read to its end
     complete: bool = False
@@ -121,7 +131,10 @@ class RunState:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     finish_reasons: dict[str, int] = field(default_factory=dict)
-    rate_tok_s: float = 0.0  # output tokens/s over the last interval
+    failed_rows: int = 0  # rows with an error record, or skipped by --on-error skip
+    skipped: int = 0  # rows --on-error skip wrote nothing for (a resume redoes them: the last run's)
+    error_counts: dict[str, int] = field(default_factory=dict)  # failed rows by error (app/error_kinds.py)
+    rate_tok_s: float = 0.0  # output tokens/s of the last run: its tokens over its time generating
     started: float = field(default_factory=time.time)
     updated: float = field(default_factory=time.time)
     host: str = field(default_factory=socket.gethostname)

@@ -4,7 +4,8 @@
 request: its batch is about to prefill), ``output`` (the k-th finished output: others are mid-decode),
 ``torn`` (half-way through writing a record), ``flush`` (data written, not yet fsynced), ``state`` (state
 file written, not yet renamed), ``part`` (a Parquet part written, not yet renamed), ``finalize`` (the
-final Parquet file in place, parts not yet removed).
+final Parquet file in place, parts not yet removed; an OpenAI Batch output's response file written, not
+yet renamed).
 
 ``BATCHGEN_FAULT_REPORT=path`` makes the kill write, just before it, a JSON report there: the point and a
 snapshot from the caller (what the engine held for ``submit`` and ``output``, the fsynced size for

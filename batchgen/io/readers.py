@@ -29,6 +29,7 @@ PARQUET_SUFFIX = ".parquet"
 _HEAD_BYTES = 1 << 20  # fingerprint: hash this much of the input's head
 _COUNT_LIMIT = 4 << 30  # count the rows of plain JSONL for progress up to this size (~3 s)
 _BATCH_ROWS = 1024
+BOM = b"\xef\xbb\xbf"  # UTF-8's byte-order mark, which some tools write at a file's start
 
 
 class InputError(ValueError):
@@ -73,7 +74,11 @@ class Reader(Protocol):
 
 
 def open_input(path: str) -> Reader:
-    """A reader for ``path``; raises InputError naming what is wrong."""
+    """A reader for ``path`` (``-``: stdin, as JSONL); raises InputError naming what is wrong."""
+    if path == "-":
+        from batchgen.io.stdin_reader import StdinReader  # it builds on this module
+
+        return StdinReader()
     if any(ch in path for ch in "*?[") and not os.path.exists(path):
         files = sorted(glob.glob(path))
         if not files:
@@ -217,16 +222,18 @@ class JsonlReader:
             for line in f:
                 if not line.strip():
                     continue  # blank lines are not rows
+                if offset == 0 and index == 0:
+                    line = line.removeprefix(BOM)  # a UTF-8 byte-order mark opens the file's first row
                 if stop is not None and index >= stop:
                     self.end_index = index
                     return
                 if index >= start and not (skip and skip.row_done(index)):
-                    yield index, _parse_line(line)
+                    yield index, parse_line(line)
                 index += 1
         self.end_index, self.at_eof = index, True
 
 
-def _parse_line(line: bytes) -> Any:
+def parse_line(line: bytes) -> Any:
     try:
         return orjson.loads(line)
     except orjson.JSONDecodeError as exc:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from array import array
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
+import numpy as np
 import orjson
 
 
@@ -12,6 +15,7 @@ class RowKey(NamedTuple):
 
     id: Any
     kept: dict[str, Any]
+    n: int | None = None  # the row's samples when it asks for another number than the run's
 
 
 def make_record(
@@ -30,17 +34,15 @@ def make_record(
     top_logprobs: list[list[dict[str, Any]]] | None = None,
     prompt_logprobs: list[float | None] | None = None,
     prompt_top_logprobs: list[list[dict[str, Any]] | None] | None = None,
+    reasoning: str | None = None,
+    with_reasoning: bool = False,  # a reasoning parser is active: ``reasoning`` is a field (null: no block)
 ) -> dict[str, Any]:
     """A record in the documented field order; optional fields only when asked for (or, ``error``, set)."""
-    record: dict[str, Any] = {
-        "id": row_id,
-        "index": index,
-        "sample": sample,
-        "completion": completion,
-        "finish_reason": finish_reason,
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-    }
+    record: dict[str, Any] = {"id": row_id, "index": index, "sample": sample, "completion": completion}
+    if with_reasoning:
+        record["reasoning"] = reasoning
+    record["finish_reason"] = finish_reason
+    record["prompt_tokens"], record["completion_tokens"] = prompt_tokens, completion_tokens
     if error is not None:
         record["error"] = error
     if kept:
@@ -66,3 +68,26 @@ def alternatives(entries: list[tuple[int, float]], texts: list[str]) -> list[dic
 def dumps_line(record: dict[str, Any]) -> bytes:
     """One JSONL line; values orjson cannot encode (e.g. Decimal from Parquet) become strings."""
     return orjson.dumps(record, default=str, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n"
+
+
+def record_order(record: dict[str, Any]) -> tuple[int, int]:
+    return record["index"], record["sample"]
+
+
+def sorted_spans(path: str, order: Callable[[dict[str, Any]], tuple[int, int]] = record_order) -> np.ndarray:
+    """[lines, 2] (byte offset, length) of a JSONL file's lines sorted by ``order`` (default: (index,
+    sample)); memory holds 32 bytes a line, never the records themselves."""
+    index, sample, start, length = (array("q") for _ in range(4))
+    pos = 0
+    with open(path, "rb") as f:
+        for line in f:
+            if line.strip():
+                first, second = order(orjson.loads(line))
+                index.append(first)
+                sample.append(second)
+                start.append(pos)
+                length.append(len(line))
+            pos += len(line)
+    keys = np.frombuffer(sample, np.int64), np.frombuffer(index, np.int64)
+    spans = np.stack([np.frombuffer(start, np.int64), np.frombuffer(length, np.int64)], axis=1)
+    return spans[np.lexsort(keys)]

@@ -10,6 +10,7 @@ from functools import cached_property
 from typing import Any, NamedTuple
 
 from batchgen.config import PARAM_NAMES, coerce
+from batchgen.io.chat_inputs import normalize_messages, template_kwargs, tool_list
 from batchgen.io.param_keys import key_problem
 
 # Output fields a kept column must not shadow.
@@ -18,6 +19,7 @@ OUTPUT_FIELDS = (
     "index",
     "sample",
     "completion",
+    "reasoning",
     "finish_reason",
     "prompt_tokens",
     "completion_tokens",
@@ -28,6 +30,10 @@ OUTPUT_FIELDS = (
     "prompt_logprobs",
     "prompt_top_logprobs",
 )
+# Columns holding a row's chat messages, in order of preference (ShareGPT's read as OpenAI's).
+MESSAGE_COLUMNS = ("messages", "conversations")
+# Per-row chat template inputs: data, passed to the template (never sampling keys).
+CHAT_COLUMNS = ("chat_template_kwargs", "tools")
 
 
 class ParsedRow(NamedTuple):
@@ -36,6 +42,9 @@ class ParsedRow(NamedTuple):
     prompt: str | list[dict[str, Any]]
     overrides: dict[str, Any]
     kept: dict[str, Any]
+    chat_template_kwargs: dict[str, Any] | None = None  # the row's own template variables
+    tools: list[dict[str, Any]] | None = None
+    chat: bool | None = None  # the row's own chat mode (None: the run's; an OpenAI completions request: raw)
 
 
 class RowError(NamedTuple):
@@ -49,6 +58,10 @@ class RowError(NamedTuple):
 
 class SchemaError(ValueError):
     """The input as a whole has no usable prompt: fail before loading the model."""
+
+
+class MissingColumn(ValueError):
+    """A column an option names (``--keep-columns``) that the input lacks: a usage error (exit 2)."""
 
 
 class UnknownKey(ValueError):
@@ -129,7 +142,8 @@ class RowSpec:
         elif self.template is not None:
             wanted.update(template_fields(self.template))
         else:
-            wanted.update(("messages", "prompt"))
+            wanted.update((*MESSAGE_COLUMNS, "prompt"))
+        wanted.update(CHAT_COLUMNS)
         return [c for c in available if c in wanted]
 
     # -- per-row parsing -------------------------------------------------------------------------------
@@ -143,9 +157,11 @@ class RowSpec:
         try:
             prompt = self._prompt(row)
             overrides = parse_overrides(row, self.data_columns)
+            kwargs = template_kwargs(row.get("chat_template_kwargs"))
+            tools = tool_list(row.get("tools"))
         except ValueError as exc:
             return RowError(index, row_id, str(exc), kept)
-        return ParsedRow(index, row_id, prompt, overrides, kept)
+        return ParsedRow(index, row_id, prompt, overrides, kept, kwargs or None, tools)
 
     def _row_id(self, index: int, row: dict) -> Any:
         name = self.id_column or "id"
@@ -170,16 +186,19 @@ class RowSpec:
             if row.get(self.prompt_column) is None:
                 raise ValueError(f"prompt column {self.prompt_column!r} is missing or null")
             return check_prompt(self.prompt_column, row[self.prompt_column])
-        for name in ("messages", "prompt"):
+        for name in (*MESSAGE_COLUMNS, "prompt"):
             if row.get(name) is not None:
                 return check_prompt(name, row[name])
         found = ", ".join(sorted(row)) or "none"
-        raise ValueError(f"no prompt: the row has no 'messages' or 'prompt' column (found: {found})")
+        raise ValueError(
+            f"no prompt: the row has no 'messages', 'conversations' or 'prompt' column (found: {found})"
+        )
 
     @cached_property
     def data_columns(self) -> frozenset[str]:
         """Columns read as data (the prompt, the id, kept ones, a template's fields): never refused."""
-        names = {*self.keep_columns, self.id_column or "id", self.prompt_column or "prompt", "messages"}
+        names = {*self.keep_columns, self.id_column or "id", self.prompt_column or "prompt"}
+        names.update(MESSAGE_COLUMNS, CHAT_COLUMNS)
         return frozenset(names | set(template_fields(self.template) if self.template else ()))
 
     def check_keys(self, keys: Iterable[str], where: str) -> None:
@@ -191,6 +210,15 @@ class RowSpec:
                 raise UnknownKey(f"{where}: {problem}")
 
     # -- whole-input check -----------------------------------------------------------------------------
+    def check_kept(self, columns: Iterable[str], where: str) -> None:
+        """A ``MissingColumn`` for the first --keep-columns name not among ``columns`` (a typo would
+        otherwise copy nulls into every record)."""
+        columns = list(columns)
+        for name in self.keep_columns:
+            if name not in columns:
+                found = _names(columns)
+                raise MissingColumn(f"--keep-columns {name!r} not found; columns in {where}: {found}")
+
     def check_columns(self, columns: Iterable[str], where: str) -> None:
         """Fail at once when ``columns`` (a schema, or the union of the first rows' keys) cannot prompt."""
         columns = list(columns)
@@ -202,28 +230,28 @@ class RowSpec:
         elif self.prompt_column:
             if self.prompt_column not in columns:
                 raise SchemaError(f"--prompt-column {self.prompt_column!r} not found, {where} has: {found}")
-        elif "messages" not in columns and "prompt" not in columns:
+        elif not {*MESSAGE_COLUMNS, "prompt"} & set(columns):
             raise SchemaError(
-                f"no usable prompt column: {where} has {found}; expected 'messages' or 'prompt' "
-                "(or pass --prompt-column or --template)"
+                f"no usable prompt column: {where} has {found}; expected 'messages', 'conversations' or "
+                "'prompt' (or pass --prompt-column or --template)"
             )
         if self.id_column and self.id_column not in columns:
             raise SchemaError(f"--id-column {self.id_column!r} not found, {where} has: {found}")
 
 
+def _names(columns: list[str], most: int = 30) -> str:
+    """Column names for a one-line message (a wide table's are cut)."""
+    shown = ", ".join(columns[:most]) or "none"
+    return shown + (f" ... ({len(columns) - most} more)" if len(columns) > most else "")
+
+
 def check_prompt(name: str, value: Any) -> str | list[dict[str, Any]]:
-    """A prompt is a string, or an OpenAI-style list of {role, content} messages."""
+    """A prompt is a string, or a list of chat messages (OpenAI's {role, content} or ShareGPT's
+    {from, value}: ``chat_inputs.normalize_messages``)."""
     if isinstance(value, str):
         return value
-    if isinstance(value, list) and value:
-        for msg in value:
-            if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
-                raise ValueError(f"column {name!r}: each message must be an object with a string 'role'")
-            if not isinstance(msg.get("content"), (str, list)):
-                raise ValueError(f"column {name!r}: message content must be a string")
-        return [{k: v for k, v in m.items() if v is not None} for m in value]
     if isinstance(value, list):
-        raise ValueError(f"column {name!r} is an empty message list")
+        return normalize_messages(value, name)
     raise ValueError(f"column {name!r} must be a string or a list of messages, not {type(value).__name__}")
 
 

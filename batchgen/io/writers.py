@@ -27,7 +27,8 @@ from batchgen.io.records import dumps_line
 OUTPUT_SUFFIXES = (".jsonl", ".parquet")
 _SPILL = 1 << 20  # JSONL bytes buffered before they are written out (flush writes the rest)
 # What recovery reads back of each existing record.
-SCAN_FIELDS = ("index", "sample", "finish_reason", "prompt_tokens", "completion_tokens")
+# What a resume reads back of each record (the error: a finished run names its commonest, app/outcome.py)
+SCAN_FIELDS = ("index", "sample", "finish_reason", "prompt_tokens", "completion_tokens", "error")
 
 
 class OutputError(ValueError):
@@ -61,9 +62,14 @@ def open_output(path: str, faults: Faults | None = None) -> Writer:
 
 
 def has_records(path: str) -> bool:
-    """Whether a previous run left anything (the output, or Parquet parts)."""
-    parts = sidecar_dir(path) / "parts"
-    return os.path.exists(path) or (parts.is_dir() and any(parts.glob("part-*.parquet")))
+    """Whether a previous run left anything (the output, Parquet parts, or an OpenAI Batch run's records)."""
+    side = sidecar_dir(path)
+    parts = side / "parts"
+    return (
+        os.path.exists(path)
+        or (side / "records.jsonl").exists()
+        or (parts.is_dir() and any(parts.glob("part-*.parquet")))
+    )
 
 
 def remove_output(path: str) -> None:
@@ -251,6 +257,7 @@ def _fixed_types() -> dict[str, Any]:
         "index": pa.int64(),
         "sample": pa.int64(),
         "completion": pa.string(),
+        "reasoning": pa.string(),  # null where an output had no thinking block (a whole null column too)
         "finish_reason": pa.string(),
         "prompt_tokens": pa.int64(),
         "completion_tokens": pa.int64(),
@@ -267,8 +274,10 @@ def records_to_table(records: list[dict[str, Any]]):
     import pyarrow as pa
 
     # ``error`` is always a column (null when fine): a Parquet schema should not depend on luck
-    names = dict.fromkeys(("id", "index", "sample", "completion", "finish_reason", "prompt_tokens"))
-    names.update(dict.fromkeys(("completion_tokens", "error")))
+    names = dict.fromkeys(("id", "index", "sample", "completion"))
+    if any("reasoning" in r for r in records):  # a run with a reasoning parser: every record has it
+        names["reasoning"] = None
+    names.update(dict.fromkeys(("finish_reason", "prompt_tokens", "completion_tokens", "error")))
     for r in records:
         names.update(dict.fromkeys(r))
     fixed = _fixed_types()

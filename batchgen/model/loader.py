@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 import torch
 
 from batchgen.config import EngineConfig
+from batchgen.model.location import find_model
 
 log = logging.getLogger("batchgen")
 
@@ -112,13 +113,7 @@ def resolve_model_path(model: str | None) -> str:
 def local_model_dir(model: str | None) -> str:
     """A directory holding the model's files: the embedded model's, a local path, or a hub snapshot
     (its config, tokenizer and safetensors files; nothing else is fetched)."""
-    path = resolve_model_path(model)
-    if os.path.isdir(path):
-        return path
-    from huggingface_hub import snapshot_download
-
-    patterns = ["*.json", "*.safetensors", "*.jinja", "*.model", "*.txt", "*.tiktoken"]
-    return snapshot_download(path, allow_patterns=patterns)
+    return str(default_model_dir()) if model is None else find_model(model)
 
 
 # Set to 1: read every checkpoint through transformers (its config, tokenizer and generation config).

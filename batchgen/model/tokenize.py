@@ -16,8 +16,9 @@ class Rendered(NamedTuple):
     special_tokens: bool  # add the tokenizer's own special tokens (raw prompts; a chat template has its own)
 
 
-def has_chat_template(tokenizer) -> bool:
-    return bool(getattr(tokenizer, "chat_template", None))
+def has_chat_template(tokenizer, chat_template: str | None = None) -> bool:
+    """Whether prompts can be rendered as chats: the model's template, or one given instead of it."""
+    return bool(chat_template or getattr(tokenizer, "chat_template", None))
 
 
 def build_messages(prompt: str | Messages, system_prompt: str | None) -> Messages:
@@ -32,22 +33,32 @@ def render_prompt(
     prompt: str | Messages,
     chat: bool | None = None,
     system_prompt: str | None = None,
+    *,
+    chat_template: str | None = None,
+    chat_template_kwargs: dict[str, Any] | None = None,
+    tools: list[dict[str, Any]] | None = None,
 ) -> Rendered:
     """The text a prompt is tokenized from.
 
-    ``chat=None`` ("auto"): message lists always get the chat template; plain strings get it when the
-    tokenizer has one. ``chat=False`` sends plain strings raw (message lists still need a template).
+    ``chat=None`` ("auto"): message lists always get the chat template; plain strings get it when there
+    is one. ``chat=False`` sends plain strings raw (message lists still need a template).
+    ``chat_template`` (Jinja text) replaces the model's; ``chat_template_kwargs`` become template
+    variables and ``tools`` the template's ``tools``, as in transformers' ``apply_chat_template``.
     """
-    use_chat = not isinstance(prompt, str) or (chat is not False and has_chat_template(tokenizer))
-    if chat is True and not has_chat_template(tokenizer):
-        raise ValueError("the model's tokenizer has no chat template; use --no-chat")
+    has_template = has_chat_template(tokenizer, chat_template)
+    use_chat = not isinstance(prompt, str) or (chat is not False and has_template)
+    if chat is True and not has_template:
+        raise ValueError("the model's tokenizer has no chat template; use --no-chat or --chat-template")
     if not use_chat:
         return Rendered(prompt, True)
-    if not has_chat_template(tokenizer):
-        raise ValueError("a 'messages' row needs a chat template, and the model's tokenizer has none")
+    if not has_template:
+        raise ValueError(
+            "a 'messages' row needs a chat template, and the model's has none: give --chat-template"
+        )
     text = tokenizer.apply_chat_template(
-        build_messages(prompt, system_prompt), add_generation_prompt=True, tokenize=False
-    )
+        build_messages(prompt, system_prompt), tools=tools, chat_template=chat_template,
+        add_generation_prompt=True, tokenize=False, **(chat_template_kwargs or {}),
+    )  # fmt: skip
     return Rendered(text, False)  # what apply_chat_template(tokenize=True) encodes
 
 
@@ -87,9 +98,10 @@ def encode_prompt(
     prompt: str | Messages,
     chat: bool | None = None,
     system_prompt: str | None = None,
+    **template: Any,  # render_prompt's chat_template, chat_template_kwargs and tools
 ) -> list[int]:
     """Token ids for one prompt (``render_prompt``'s rules)."""
-    return encode_rendered(tokenizer, [render_prompt(tokenizer, prompt, chat, system_prompt)])[0]
+    return encode_rendered(tokenizer, [render_prompt(tokenizer, prompt, chat, system_prompt, **template)])[0]
 
 
 def batch_decoder(tokenizer) -> Callable[..., list[str]]:

@@ -232,7 +232,7 @@ def test_structured_output_agrees_across_modes(tiny_models):
     for name, mode in MODES.items():
         llm = LLM(path, dtype="float32", max_num_seqs=8, max_batch_tokens=128, **mode)
         _capture_soon(llm)
-        outs = llm.generate(prompts, params)
+        outs = llm.generate_samples(prompts, params)
         results[name] = [o.token_ids for o in outs]
         for out, p in zip(outs, params, strict=True):
             if p.constrained:

@@ -16,7 +16,10 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _greedy(llm: LLM, prompts, new: int = 8) -> list[list[int]]:
-    return [o.token_ids for o in llm.generate(prompts, SamplingParams(max_new_tokens=new, ignore_eos=True))]
+    return [
+        o.token_ids
+        for o in llm.generate_samples(prompts, SamplingParams(max_new_tokens=new, ignore_eos=True))
+    ]
 
 
 def test_fp8_cache_holds_twice_the_blocks_and_generates(tiny_llama):
@@ -31,7 +34,7 @@ def test_fp8_cache_holds_twice_the_blocks_and_generates(tiny_llama):
     # Closeness to full precision is measured on logits (tests/model/test_fp8_checkpoints.py) and on the
     # real model (docs/results.md): a tiny random model's greedy tokens flip on small differences.
     prompts = make_prompts(AutoTokenizer.from_pretrained(tiny_llama), count=6, max_tokens=80, seed=1)
-    outs = fp8.generate(prompts, SamplingParams(max_new_tokens=8, ignore_eos=True, logprobs=True))
+    outs = fp8.generate_samples(prompts, SamplingParams(max_new_tokens=8, ignore_eos=True, logprobs=True))
     assert all(len(o.token_ids) == 8 and o.finish_reason == "length" for o in outs)
     assert all(torch.isfinite(torch.tensor(o.logprobs)).all() for o in outs)
 
@@ -96,8 +99,8 @@ def test_gpu_fp8_engine_graphs_equal_eager(tiny_llama):
     prompts = make_prompts(AutoTokenizer.from_pretrained(tiny_llama), count=12, max_tokens=200, seed=4)
     options = dict(dtype="bfloat16", quantization="fp8", kv_cache_dtype="fp8", max_num_seqs=8)
     params = SamplingParams(max_new_tokens=24, ignore_eos=True, logprobs=True)
-    graphs = LLM(tiny_llama, cuda_graphs=True, **options).generate(prompts, params)
-    eager = LLM(tiny_llama, cuda_graphs=False, async_mode=False, **options).generate(prompts, params)
+    graphs = LLM(tiny_llama, cuda_graphs=True, **options).generate_samples(prompts, params)
+    eager = LLM(tiny_llama, cuda_graphs=False, async_mode=False, **options).generate_samples(prompts, params)
     splits = {}
     for i, (g, e) in enumerate(zip(graphs, eager, strict=True)):
         why = _first_split(g, e)  # checks the log-probabilities of every prompt

@@ -117,17 +117,17 @@ def test_a_grammar_that_allows_any_text_changes_nothing(async_llm):
     greedy = SamplingParams(max_new_tokens=24, logprobs=True)
     # Both runs below find the prompts' full blocks cached by this one, so they compute the same prefill
     # chunks: a prompt prefilled whole and one prefilled from cached blocks round differently (CPU SDPA).
-    async_llm.generate(prompts, greedy)
+    async_llm.generate_samples(prompts, greedy)
     for base in (greedy, greedy.with_overrides(**SAMPLED)):
-        free = async_llm.generate(prompts, base)
-        constrained = async_llm.generate(prompts, base.with_overrides(regex=r"[\s\S]*"))
+        free = async_llm.generate_samples(prompts, base)
+        constrained = async_llm.generate_samples(prompts, base.with_overrides(regex=r"[\s\S]*"))
         assert [o.token_ids for o in constrained] == [o.token_ids for o in free]
         assert [o.logprobs for o in constrained] == [o.logprobs for o in free]
 
 
 def test_stop_strings_cut_a_constrained_completion(batched, async_llm):
     params = ROWS[0][1].with_overrides(stop=('"mood"',), logprobs=True)
-    (out,) = async_llm.generate([async_llm.encode(ROWS[0][0])], params)
+    (out,) = async_llm.generate_samples([async_llm.encode(ROWS[0][0])], params)
     full = batched[(0, 0)].text
     assert out.finish_reason == "stop" and out.text == full[: full.index('"mood"')]
     assert len(out.logprobs) == len(out.token_ids) and all(-100 < lp <= 0 for lp in out.logprobs)
@@ -137,7 +137,7 @@ def test_a_constraint_that_does_not_compile_is_an_error_record(async_llm):
     ids = async_llm.encode("Hello")
     bad = [SamplingParams(max_new_tokens=4, json_schema={"type": "strin"}), SamplingParams(regex="(a", n=2)]
     good = SamplingParams(max_new_tokens=4, choices=["yes", "no"])
-    outs = async_llm.generate([ids, ids, ids], [*bad, good])
+    outs = async_llm.generate_samples([ids, ids, ids], [*bad, good])
     assert [o.finish_reason for o in outs] == ["error", "error", "error", "stop"]
     assert "invalid json_schema" in outs[0].error and "strin" in outs[0].error
     assert outs[1].error.startswith("invalid regex") and outs[3].text in ("yes", "no")
@@ -149,7 +149,7 @@ def test_a_refused_token_fails_its_row_not_the_run(async_llm, monkeypatch):
     monkeypatch.setattr(Guide, "accept", lambda self, token: False)  # as after non-finite logits
     ids = async_llm.encode("Hello")
     constrained = SamplingParams(max_new_tokens=4, choices=["yes", "no"])
-    outs = async_llm.generate([ids, ids], [constrained, SamplingParams(max_new_tokens=4)])
+    outs = async_llm.generate_samples([ids, ids], [constrained, SamplingParams(max_new_tokens=4)])
     assert (outs[0].finish_reason, outs[0].text) == ("error", "") and "refused" in outs[0].error
     assert outs[1].finish_reason in ("stop", "length")
 

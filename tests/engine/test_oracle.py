@@ -33,7 +33,7 @@ def _tiny_kv_bytes(llm_probe: LLM, tokens: int) -> int:
 
 def _run(path: str, prompts, **options) -> tuple[list[list[int]], LLM]:
     llm = LLM(path, **options)
-    outputs = llm.generate(prompts, GREEDY)
+    outputs = llm.generate_samples(prompts, GREEDY)
     assert [o.index for o in outputs] == list(range(len(prompts)))
     return [o.token_ids for o in outputs], llm
 

@@ -40,7 +40,7 @@ def test_tensor_parallel_moe_matches_transformers(tiny_models, moe_prompts, moe_
 
     llm = LLM(tiny_models[arch], tensor_parallel=2, max_num_seqs=8)
     try:
-        outputs = llm.generate(moe_prompts[:8], SamplingParams(max_new_tokens=NEW_TOKENS))
+        outputs = llm.generate_samples(moe_prompts[:8], SamplingParams(max_new_tokens=NEW_TOKENS))
     finally:
         llm.close()
     assert [o.token_ids for o in outputs] == moe_expected[arch][:8]

@@ -78,9 +78,9 @@ CASES = {
 def test_greedy_with_a_penalty_or_a_bias_matches_transformers(llm, hf, prompts, case):
     ours, theirs = CASES[case]
     params = SamplingParams(max_new_tokens=NEW_TOKENS, **ours)
-    got = [o.token_ids for o in llm.generate(prompts, params)]
+    got = [o.token_ids for o in llm.generate_samples(prompts, params)]
     want = [_reference(hf, p, **theirs) for p in prompts]
-    plain = [o.token_ids for o in llm.generate(prompts, SamplingParams(max_new_tokens=NEW_TOKENS))]
+    plain = [o.token_ids for o in llm.generate_samples(prompts, SamplingParams(max_new_tokens=NEW_TOKENS))]
     assert got == want
     assert got != plain  # the parameter changed something
 
@@ -88,28 +88,28 @@ def test_greedy_with_a_penalty_or_a_bias_matches_transformers(llm, hf, prompts, 
 def test_stop_token_ids_and_min_tokens_match_transformers(llm, hf, prompts):
     """A frequent token as a stop id ends rows where transformers' list of EOS ids ends them; with
     min_tokens, neither it nor EOS may end a row before that many tokens (transformers' min_new_tokens)."""
-    plain = [o.token_ids for o in llm.generate(prompts, SamplingParams(max_new_tokens=NEW_TOKENS))]
+    plain = [o.token_ids for o in llm.generate_samples(prompts, SamplingParams(max_new_tokens=NEW_TOKENS))]
     stop = max(set(t for out in plain for t in out[1:6]), key=lambda t: sum(o.count(t) for o in plain))
     eos = [_eos(llm), stop]
     params = SamplingParams(max_new_tokens=NEW_TOKENS, stop_token_ids=[stop])
-    outs = llm.generate(prompts, params)
+    outs = llm.generate_samples(prompts, params)
     assert [o.token_ids for o in outs] == [_reference(hf, p, eos_token_id=eos) for p in prompts]
     assert any(o.finish_reason == "stop" and o.token_ids[-1] == stop for o in outs)
     held = SamplingParams(max_new_tokens=NEW_TOKENS, stop_token_ids=[stop], min_tokens=8)
-    got = [o.token_ids for o in llm.generate(prompts, held)]
+    got = [o.token_ids for o in llm.generate_samples(prompts, held)]
     assert got == [_reference(hf, p, eos_token_id=eos, min_new_tokens=8) for p in prompts]
     assert all(len(g) >= 8 for g in got)
 
 
 def test_min_p_one_equals_greedy(llm, prompts):
-    greedy = [o.token_ids for o in llm.generate(prompts, SamplingParams(max_new_tokens=NEW_TOKENS))]
+    greedy = [o.token_ids for o in llm.generate_samples(prompts, SamplingParams(max_new_tokens=NEW_TOKENS))]
     cut = SamplingParams(max_new_tokens=NEW_TOKENS, temperature=0.8, min_p=1.0, seed=5)
-    assert [o.token_ids for o in llm.generate(prompts, cut)] == greedy
+    assert [o.token_ids for o in llm.generate_samples(prompts, cut)] == greedy
 
 
 def test_log_probabilities_are_log_softmax_of_transformers_logits(llm, hf, prompts):
     params = SamplingParams(max_new_tokens=NEW_TOKENS, temperature=0.9, seed=2, logprobs=5, prompt_logprobs=3)
-    for prompt, out in zip(prompts, llm.generate(prompts, params), strict=True):
+    for prompt, out in zip(prompts, llm.generate_samples(prompts, params), strict=True):
         ids = prompt + out.token_ids
         with torch.inference_mode():
             raw = torch.log_softmax(hf(torch.tensor([ids])).logits[0].float(), -1)  # [L, V]
@@ -133,7 +133,7 @@ def test_prompt_logprobs_of_a_long_prompt_come_chunk_by_chunk(default_model_path
     llm = LLM(default_model_path, max_batch_tokens=256)
     prompt = make_prompts(llm.tokenizer, count=5, max_tokens=700, seed=4)[3]
     assert len(prompt) > 600
-    out = llm.generate([prompt, prompt], SamplingParams(max_new_tokens=2, prompt_logprobs=0))
+    out = llm.generate_samples([prompt, prompt], SamplingParams(max_new_tokens=2, prompt_logprobs=0))
     with torch.inference_mode():
         raw = torch.log_softmax(hf(torch.tensor([prompt])).logits[0].float(), -1)
     want = torch.tensor([raw[p - 1, prompt[p]].item() for p in range(1, len(prompt))])
@@ -151,7 +151,7 @@ def test_first_sampled_tokens_follow_the_models_scaled_distribution(llm, hf, tem
     prompt = llm.encode("The weather today is", chat=False)
     samples = 1500
     params = SamplingParams(max_new_tokens=1, temperature=temperature, top_p=top_p, n=samples, seed=9)
-    firsts = torch.tensor([o.token_ids[0] for o in llm.generate([prompt], params)])
+    firsts = torch.tensor([o.token_ids[0] for o in llm.generate_samples([prompt], params)])
     with torch.inference_mode():
         logits = hf(torch.tensor([prompt])).logits[0, -1].double()
     counts = torch.bincount(firsts, minlength=logits.shape[0])
@@ -172,8 +172,8 @@ def _nucleus(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Te
 def test_n_samples_are_distinct_and_reproducible(llm):
     prompt = llm.encode("Write one word:", chat=False)
     params = SamplingParams(max_new_tokens=8, temperature=1.0, n=4, seed=3, repetition_penalty=1.2)
-    first = [o.token_ids for o in llm.generate([prompt], params)]
-    again = [o.token_ids for o in llm.generate([prompt], params)]
+    first = [o.token_ids for o in llm.generate_samples([prompt], params)]
+    again = [o.token_ids for o in llm.generate_samples([prompt], params)]
     assert first == again and len({tuple(t) for t in first}) == 4
 
 

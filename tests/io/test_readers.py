@@ -1,5 +1,6 @@
 import gzip
 import io
+from itertools import islice
 
 import orjson
 import pyarrow as pa
@@ -8,6 +9,7 @@ import pytest
 
 from batchgen.io.checkpoint import DoneSet
 from batchgen.io.readers import BadLine, InputError, open_input
+from batchgen.io.stdin_reader import KEPT_ROWS, StdinReader
 
 
 def _rows(n, start=0):
@@ -189,3 +191,78 @@ def test_the_last_shard_of_a_large_file_reads_about_its_own_part(tmp_path, monke
     parsed = read[0] - counted
     assert [i for i, _ in rows] == list(range(start, 40_000)) and rows[0][1]["id"] == start
     assert size // count - 1000 <= parsed <= size // count + (1 << 16)  # its part, give or take a buffer
+
+
+# -- a UTF-8 byte-order mark, and stdin ------------------------------------------------------------------
+BOM = b"\xef\xbb\xbf"
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.gz", ".jsonl.zst"])
+def test_a_byte_order_mark_is_skipped_and_offsets_stay_right(tmp_path, suffix):
+    data = BOM + b"".join(orjson.dumps(r) + b"\n" for r in _rows(6))
+    path = tmp_path / f"bom{suffix}"
+    if suffix.endswith(".gz"):
+        data = gzip.compress(data)
+    elif suffix.endswith(".zst"):
+        data = pytest.importorskip("zstandard").ZstdCompressor().compress(data)
+    path.write_bytes(data)
+    reader = open_input(str(path))
+    assert list(reader.iter_rows()) == list(enumerate(_rows(6)))
+    assert list(reader.iter_rows(2, 4)) == [(2, _rows(6)[2]), (3, _rows(6)[3])]
+    assert reader.count_rows(exact=True) == 6
+
+
+def test_byte_splits_of_a_file_with_a_byte_order_mark_tile_its_rows(tmp_path):
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(BOM + b"".join(orjson.dumps(r) + b"\n" for r in _rows(9)))
+    got = []
+    for i in range(3):
+        reader = open_input(str(path))
+        start, stop = reader.split_bytes(i, 3)
+        got += list(reader.iter_rows(start, stop))
+    assert got == list(enumerate(_rows(9)))
+
+
+class _Stream(io.RawIOBase):
+    """A pipe of ``rows`` lines made on demand, counting the bytes handed out."""
+
+    def __init__(self, rows: int, head: bytes = b"") -> None:
+        self.lines = (orjson.dumps({"id": i, "prompt": "x" * 100}) + b"\n" for i in range(rows))
+        self.pending, self.sent = head, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        while len(self.pending) < len(buffer):
+            line = next(self.lines, None)
+            if line is None:
+                break
+            self.pending += line
+        n = min(len(buffer), len(self.pending))
+        buffer[:n], self.pending = self.pending[:n], self.pending[n:]
+        self.sent += n
+        return n
+
+
+def test_stdin_is_read_as_a_stream_and_its_head_twice():
+    raw = _Stream(20_000, head=BOM)
+    reader = StdinReader(io.BufferedReader(raw))
+    head = list(islice(reader.iter_rows(), 100))  # the checks before the model loads
+    assert [r["id"] for _, r in head] == list(range(100)) and raw.sent < 100_000  # not the whole pipe
+    rows = reader.iter_rows(stop=15_000)
+    assert [(i, r["id"]) for i, r in islice(rows, 1000)] == [(i, i) for i in range(1000)]  # head replayed
+    assert raw.sent < 200_000  # a row at a time: memory does not grow with the pipe
+    assert sum(1 for _ in rows) == 14_000 and reader.end_index == 15_000 and not reader.at_eof
+    assert len(reader._kept) == KEPT_ROWS
+    with pytest.raises(RuntimeError, match="cannot be read again"):
+        next(reader.iter_rows())
+
+
+def test_stdin_rows_blank_lines_and_malformed_ones():
+    reader = StdinReader(io.BytesIO(BOM + b'{"prompt": "a"}\n\n{oops\n{"prompt": "b"}'))
+    rows = list(reader.iter_rows())
+    assert [i for i, _ in rows] == [0, 1, 2] and rows[2][1] == {"prompt": "b"}
+    assert rows[0][1] == {"prompt": "a"} and isinstance(rows[1][1], BadLine)
+    assert reader.at_eof and reader.end_index == 3 and reader.count_rows() is None
+    assert isinstance(open_input("-"), StdinReader)

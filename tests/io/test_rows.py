@@ -1,10 +1,12 @@
 import pytest
 
+from batchgen.io import rows
 from batchgen.io.rows import (
     ParsedRow,
     RowError,
     RowSpec,
     SchemaError,
+    UnknownKey,
     parse_overrides,
     template_fields,
     unescape_template,
@@ -122,3 +124,96 @@ def test_needed_columns_projects_only_what_is_used():
         "keep",
     ]
     assert RowSpec(template="{big_blob}").needed_columns(cols) == ["id", "big_blob", "seed"]
+
+
+SHAREGPT = [
+    {"from": "system", "value": "be brief"},
+    {"from": "human", "value": "hi"},
+    {"from": "gpt", "value": "hello", "weight": 0},
+    {"from": "human", "value": "again"},
+]
+SHAREGPT_AS_MESSAGES = [
+    {"role": "system", "content": "be brief"},
+    {"role": "user", "content": "hi"},
+    {"role": "assistant", "content": "hello"},
+    {"role": "user", "content": "again"},
+]
+
+
+def test_sharegpt_conversations_are_read_as_messages():
+    assert RowSpec().parse(0, {"conversations": SHAREGPT}).prompt == SHAREGPT_AS_MESSAGES
+    spoken = [{"from": "user", "value": "hi"}, {"from": "assistant", "value": "hello"}]
+    assert RowSpec().parse(0, {"conversations": spoken}).prompt == SHAREGPT_AS_MESSAGES[1:3]
+    # messages are preferred, and a --prompt-column may hold ShareGPT turns too
+    assert RowSpec().parse(0, {"messages": CHAT, "conversations": SHAREGPT}).prompt == CHAT
+    assert RowSpec(prompt_column="turns").parse(0, {"turns": SHAREGPT}).prompt == SHAREGPT_AS_MESSAGES
+    # Parquet fills a struct's missing fields with nulls: a turn with from/value and a null role
+    parquet_turn = {"role": None, "content": None, "from": "human", "value": "hi"}
+    assert RowSpec().parse(0, {"conversations": [parquet_turn]}).prompt == [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize(
+    ("row", "error"),
+    [
+        (
+            {"messages": [{"role": "user", "content": "a"}, {"role": "bot", "content": "b"}]},
+            "unknown role 'bot' in messages[1]: expected system, developer, user, assistant, tool "
+            "(or ShareGPT's human, gpt, system)",
+        ),
+        (
+            {"conversations": [{"from": "human", "value": "a"}, {"from": "narrator", "value": "b"}]},
+            "unknown role 'narrator' in conversations[1]: expected system, developer, user, assistant, tool "
+            "(or ShareGPT's human, gpt, system)",
+        ),
+        ({"conversations": [{"from": "human", "value": 3}]}, "conversations[0]: a ShareGPT turn's 'value'"),
+        ({"conversations": 5}, "column 'conversations' must be a string or a list of messages, not int"),
+        ({"conversations": ["hi"]}, "conversations[0] must be an object with a string 'role', not a string"),
+        ({"prompt": "p", "chat_template_kwargs": [1]}, "must be a JSON object, not an array"),
+        ({"prompt": "p", "chat_template_kwargs": "{oops"}, "column 'chat_template_kwargs' is not valid JSON"),
+        ({"prompt": "p", "chat_template_kwargs": {"tokenize": True}}, "cannot set 'tokenize'"),
+        ({"prompt": "p", "tools": {"type": "function"}}, "column 'tools' must be a list of tool objects"),
+        ({"prompt": "p", "tools": ["get_weather"]}, "column 'tools': item 0 must be a tool object"),
+    ],
+)
+def test_bad_chat_inputs_are_row_errors_naming_the_problem(row, error):
+    err = RowSpec().parse(2, row)
+    assert isinstance(err, RowError) and error in err.error
+
+
+def test_a_tool_call_message_may_have_no_content():
+    call = {"role": "assistant", "content": None, "tool_calls": [{"id": "1", "type": "function"}]}
+    assert RowSpec().parse(0, {"messages": [call]}).prompt == [{k: v for k, v in call.items() if v}]
+    err = RowSpec().parse(0, {"messages": [{"role": "assistant", "content": None}]})
+    assert isinstance(err, RowError) and "content" in err.error
+
+
+def test_a_rows_template_variables_and_tools_are_data():
+    tool = {"type": "function", "function": {"name": "f"}}
+    row = {"prompt": "p", "chat_template_kwargs": {"enable_thinking": False, "unset": None}, "tools": [tool]}
+    parsed = RowSpec().parse(0, row)
+    assert parsed.chat_template_kwargs == {"enable_thinking": False} and parsed.tools == [tool]
+    assert parsed.overrides == {}
+    as_text = RowSpec().parse(0, {"prompt": "p", "chat_template_kwargs": '{"a": 1}', "tools": "[]"})
+    assert as_text.chat_template_kwargs == {"a": 1} and as_text.tools == []
+    plain = RowSpec().parse(0, {"prompt": "p", "chat_template_kwargs": {}})
+    assert plain.chat_template_kwargs is None and plain.tools is None
+
+
+def test_chat_columns_are_never_taken_for_sampling_keys(monkeypatch):
+    """Even were a sampling parameter ever named like them (every other key refused here)."""
+    monkeypatch.setattr(rows, "key_problem", lambda key: f"looks like a sampling key: {key}")
+    spec = RowSpec()
+    spec.check_keys(["prompt", "messages", "conversations", "chat_template_kwargs", "tools"], "row 0")
+    with pytest.raises(UnknownKey, match="row 0: looks like a sampling key: other"):
+        spec.check_keys(["conversations", "other"], "row 0")
+    parsed = spec.parse(0, {"conversations": [{"from": "human", "value": "hi"}], "tools": []})
+    assert isinstance(parsed, ParsedRow) and parsed.tools == []
+
+
+def test_conversations_is_a_prompt_column_and_projected():
+    RowSpec().check_columns(["id", "conversations"], "the Parquet schema")
+    with pytest.raises(SchemaError, match="expected 'messages', 'conversations' or 'prompt'"):
+        RowSpec().check_columns(["id", "text"], "the Parquet schema")
+    cols = ["id", "conversations", "blob", "chat_template_kwargs", "tools"]
+    assert RowSpec().needed_columns(cols) == ["id", "conversations", "chat_template_kwargs", "tools"]
+    assert RowSpec(template="{blob}").needed_columns(cols) == ["id", "blob", "chat_template_kwargs", "tools"]

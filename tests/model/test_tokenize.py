@@ -19,6 +19,7 @@ from batchgen.model.tokenize import (
     tokenizer_for_thread,
 )
 from batchgen.testing.models import tokenizer_path
+from tests.chat_template_cases import THINK_TEMPLATE, WEATHER_TOOL, rendered
 from tests.model.tokenizer_cases import open_as_installed
 
 
@@ -168,3 +169,35 @@ def test_a_tokenizer_json_that_truncates_or_pads_encodes_as_transformers_and_is_
         tokenizer.backend_tokenizer.enable_padding(length=600)
     assert not backend_only(tokenizer) and tokenizer_for_thread(tokenizer) is not tokenizer
     assert encode_rendered(tokenizer, rendered) == want
+
+
+@pytest.fixture(scope="module", params=["transformers", "files"])
+def either_tokenizer(request):
+    """transformers' tokenizer and batchgen's file-based one: both must honour the template options."""
+    if request.param == "transformers":
+        return AutoTokenizer.from_pretrained(tokenizer_path())
+    return open_as_installed(tokenizer_path())
+
+
+def test_a_given_chat_template_its_variables_and_tools_are_what_renders(either_tokenizer):
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather?"}]
+    text = render_prompt(
+        either_tokenizer, chat, chat_template=THINK_TEMPLATE, chat_template_kwargs={"enable_thinking": True},
+        tools=[WEATHER_TOOL],
+    )  # fmt: skip
+    assert text == (rendered(chat, thinking=True, tools="get_weather"), False)
+    plain = render_prompt(either_tokenizer, "Hi", chat_template=THINK_TEMPLATE)
+    assert plain.text == rendered([{"role": "user", "content": "Hi"}], thinking=False)
+    assert render_prompt(either_tokenizer, "Hi").text != plain.text  # the model's own template otherwise
+
+
+def test_a_given_chat_template_serves_a_model_without_one(either_tokenizer, monkeypatch):
+    monkeypatch.setattr(either_tokenizer, "chat_template", None)
+    chat = [{"role": "user", "content": "Hi"}]
+    with pytest.raises(ValueError, match="--chat-template"):
+        render_prompt(either_tokenizer, chat)
+    assert render_prompt(either_tokenizer, "Hi") == ("Hi", True)  # a plain prompt goes raw
+    given = render_prompt(either_tokenizer, chat, chat=True, chat_template=THINK_TEMPLATE)
+    assert given.text == rendered(chat, thinking=False)
+    ids = encode_prompt(either_tokenizer, chat, chat_template=THINK_TEMPLATE)
+    assert ids == either_tokenizer.encode(given.text, add_special_tokens=False)

@@ -43,7 +43,7 @@ def _children() -> set[int]:
 
 
 def _tokens(llm: LLM, prompts, params: SamplingParams) -> list[list[int]]:
-    return [o.token_ids for o in llm.generate(prompts, params)]
+    return [o.token_ids for o in llm.generate_samples(prompts, params)]
 
 
 @pytest.fixture(scope="module")
@@ -61,13 +61,13 @@ def test_two_ranks_match_one_and_transformers(tiny_models, tiny_prompts, arch):
     single = LLM(path, **ENGINE)
     with LLM(path, tensor_parallel=2, **ENGINE) as split:
         assert _tokens(split, tiny_prompts, GREEDY) == expected
-        sampled = split.generate(tiny_prompts, SAMPLED)
-        everything = split.generate(tiny_prompts, EVERYTHING)
-    reference = single.generate(tiny_prompts, SAMPLED)
+        sampled = split.generate_samples(tiny_prompts, SAMPLED)
+        everything = split.generate_samples(tiny_prompts, EVERYTHING)
+    reference = single.generate_samples(tiny_prompts, SAMPLED)
     assert [o.token_ids for o in sampled] == [o.token_ids for o in reference]
     for got, want in zip(sampled, reference, strict=True):
         assert got.logprobs == pytest.approx(want.logprobs, abs=1e-4)
-    for got, want in zip(everything, single.generate(tiny_prompts, EVERYTHING), strict=True):
+    for got, want in zip(everything, single.generate_samples(tiny_prompts, EVERYTHING), strict=True):
         assert got.token_ids == want.token_ids
         assert got.logprobs == pytest.approx(want.logprobs, abs=1e-4)
         assert got.prompt_logprobs[1:] == pytest.approx(want.prompt_logprobs[1:], abs=1e-4)
@@ -104,8 +104,8 @@ def test_structured_output_over_two_ranks_matches_one(tiny_llama, tiny_prompts):
         (SAMPLED if i % 3 else GREEDY).with_overrides(max_new_tokens=24, **kinds[i % 4])
         for i in range(len(tiny_prompts))
     ]
-    reference = LLM(tiny_llama, async_mode=True, **ENGINE).generate(tiny_prompts, params)
+    reference = LLM(tiny_llama, async_mode=True, **ENGINE).generate_samples(tiny_prompts, params)
     with LLM(tiny_llama, tensor_parallel=2, async_mode=True, **ENGINE) as split:
-        outs = split.generate(tiny_prompts, params)
+        outs = split.generate_samples(tiny_prompts, params)
     assert [o.token_ids for o in outs] == [o.token_ids for o in reference]
     assert all(o.finish_reason == "stop" for o, p in zip(outs, params, strict=True) if p.constrained)

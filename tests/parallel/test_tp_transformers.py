@@ -37,8 +37,8 @@ def test_tp_plan_two_ranks_match_one_and_transformers(gemma, gemma_prompts):
     with LLM(gemma, tensor_parallel=2, **ENGINE) as split:
         assert split._rank.bundle.kv_shape.num_kv_heads == 1  # its half of the 2 KV heads
         assert _tokens(split, gemma_prompts, GREEDY) == expected
-        sampled = split.generate(gemma_prompts, SAMPLED)
-    reference = single.generate(gemma_prompts, SAMPLED)
+        sampled = split.generate_samples(gemma_prompts, SAMPLED)
+    reference = single.generate_samples(gemma_prompts, SAMPLED)
     assert [o.token_ids for o in sampled] == [o.token_ids for o in reference]
     for got, want in zip(sampled, reference, strict=True):
         assert got.logprobs == pytest.approx(want.logprobs, abs=1e-4)
