@@ -219,18 +219,34 @@ class JsonlReader:
         with self._open() as f:
             if offset:
                 f.seek(offset)
-            for line in f:
-                if not line.strip():
-                    continue  # blank lines are not rows
-                if offset == 0 and index == 0:
-                    line = line.removeprefix(BOM)  # a UTF-8 byte-order mark opens the file's first row
-                if stop is not None and index >= stop:
-                    self.end_index = index
-                    return
-                if index >= start and not (skip and skip.row_done(index)):
-                    yield index, parse_line(line)
-                index += 1
-        self.end_index, self.at_eof = index, True
+            yield from numbered_rows(self, _row_lines(f, offset), index, start, stop, skip)
+
+
+def _row_lines(f: io.BufferedIOBase, offset: int) -> Iterator[bytes]:
+    """The lines of rows from ``offset`` on: blank lines are not rows; a UTF-8 byte-order mark opening the
+    file is not part of its first row."""
+    rows = (line for line in f if line.strip())
+    if offset == 0:
+        first = next(rows, None)
+        if first is None:
+            return
+        yield first.removeprefix(BOM)
+    yield from rows
+
+
+def numbered_rows(
+    reader: Reader, lines: Iterator[bytes], index: int, start: int, stop: int | None, skip: RowSkip | None
+) -> Iterator[tuple[int, Any]]:
+    """Rows ``start`` up to ``stop`` of ``lines`` (row lines, the first being row ``index``), parsed unless
+    ``skip`` has them done; sets the reader's ``end_index`` and ``at_eof`` as it stops."""
+    for line in lines:
+        if stop is not None and index >= stop:
+            reader.end_index = index
+            return
+        if index >= start and not (skip and skip.row_done(index)):
+            yield index, parse_line(line)
+        index += 1
+    reader.end_index, reader.at_eof = index, True
 
 
 def parse_line(line: bytes) -> Any:

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any, BinaryIO
 
-from batchgen.io.readers import BOM, RowSkip, parse_line
+from batchgen.io.readers import BOM, RowSkip, numbered_rows
 
 STDIN = "-"
 KEPT_ROWS = 128  # at least what a run's checks read before the model loads (app/run.py)
@@ -48,15 +48,7 @@ class StdinReader:
         columns: list[str] | None = None,
     ) -> Iterator[tuple[int, Any]]:
         self.end_index, self.at_eof = 0, False
-        index = 0
-        for line in self._lines():
-            if stop is not None and index >= stop:
-                self.end_index = index
-                return
-            if index >= start and not (skip and skip.row_done(index)):
-                yield index, parse_line(line)
-            index += 1
-        self.end_index, self.at_eof = index, True
+        yield from numbered_rows(self, self._lines(), 0, start, stop, skip)
 
     def _lines(self) -> Iterator[bytes]:
         """The rows' lines (blank lines are not rows): the kept ones again, then the stream's next."""
