@@ -25,8 +25,8 @@ from batchgen.engine.grammar import GrammarError
 from batchgen.engine.outputs import GenerationRequest
 from batchgen.io.checkpoint import DoneSet
 from batchgen.io.openai_batch import BatchRequests
-from batchgen.io.readers import BadLine
 from batchgen.io.records import RowKey
+from batchgen.io.row_lines import BadLine
 from batchgen.io.rows import ParsedRow, RowError, RowSpec
 from batchgen.model.reasoning import ReasoningParser, Thinking
 from batchgen.model.tokenize import Rendered, encode_rendered, render_prompt

@@ -38,7 +38,8 @@ from batchgen.io.checkpoint import DoneSet, OutputLock, RunState, diff_fingerpri
 from batchgen.io.faults import Faults
 from batchgen.io.openai_batch import BatchRequests
 from batchgen.io.openai_output import BatchJob, BatchOutputWriter, created_from
-from batchgen.io.readers import BadLine, Reader, open_input
+from batchgen.io.readers import Reader, open_input
+from batchgen.io.row_lines import BadLine
 from batchgen.io.rows import ParsedRow, SchemaError
 from batchgen.io.writers import OutputError, Writer, has_records, open_output, output_format, remove_output
 from batchgen.model.loader import DEFAULT_MODEL_NAME
@@ -64,7 +65,7 @@ def run(opts: RunOptions) -> int:
 def _run(opts: RunOptions) -> int:
     reader = open_input(opts.input)
     output_format(opts.output)
-    refuse_resume(opts)  # of a stdin run: before it reads a row
+    refuse_resume(opts.input, opts.output, opts.overwrite)  # of a stdin run: before it reads a row
     opts = resolve_input_format(opts, reader)
     check_input(reader, opts)  # the whole input's head, before an empty shard could hide a bad input
     if opts.shard is not None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import sys
 
-from batchgen.app.options import RunOptions
 from batchgen.app.shards import Shard
 from batchgen.io.stdin_reader import STDIN
 from batchgen.io.writers import OutputError, has_records
@@ -31,11 +30,11 @@ def check_dashes(input_path: str, output: str, shard: Shard | None, data_paralle
         raise ValueError("INPUT '-' reads JSONL from stdin, which is a terminal: pipe the rows in")
 
 
-def refuse_resume(opts: RunOptions) -> None:
+def refuse_resume(input_path: str, output: str, overwrite: bool) -> None:
     """OutputError when a stdin run would have to resume an OUTPUT a run already wrote to."""
-    if opts.input == STDIN and not opts.overwrite and has_records(opts.output):
+    if input_path == STDIN and not overwrite and has_records(output):
         raise OutputError(
-            f"{opts.output} already exists, and input from stdin ('-') cannot be resumed: "
+            f"{output} already exists, and input from stdin ('-') cannot be resumed: "
             "pass --overwrite to start afresh, or give another OUTPUT"
         )
 

@@ -18,34 +18,20 @@ import os
 from collections.abc import Iterator
 from itertools import islice
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol
-
-import orjson
+from typing import Any, Protocol
 
 from batchgen.io import lines
+from batchgen.io.row_lines import BOM, RowSkip, numbered_rows
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".jsonl.gz", ".ndjson.gz", ".jsonl.zst", ".ndjson.zst")
 PARQUET_SUFFIX = ".parquet"
 _HEAD_BYTES = 1 << 20  # fingerprint: hash this much of the input's head
 _COUNT_LIMIT = 4 << 30  # count the rows of plain JSONL for progress up to this size (~3 s)
 _BATCH_ROWS = 1024
-BOM = b"\xef\xbb\xbf"  # UTF-8's byte-order mark, which some tools write at a file's start
 
 
 class InputError(ValueError):
     """The INPUT argument is unusable (missing, unknown format): a usage error."""
-
-
-class BadLine(NamedTuple):
-    error: str
-
-
-class RowSkip(Protocol):
-    """Which rows a resumed run can pass over without decoding them."""
-
-    def row_done(self, index: int) -> bool: ...
-
-    def range_done(self, start: int, stop: int) -> bool: ...
 
 
 class Reader(Protocol):
@@ -232,28 +218,6 @@ def _row_lines(f: io.BufferedIOBase, offset: int) -> Iterator[bytes]:
             return
         yield first.removeprefix(BOM)
     yield from rows
-
-
-def numbered_rows(
-    reader: Reader, lines: Iterator[bytes], index: int, start: int, stop: int | None, skip: RowSkip | None
-) -> Iterator[tuple[int, Any]]:
-    """Rows ``start`` up to ``stop`` of ``lines`` (row lines, the first being row ``index``), parsed unless
-    ``skip`` has them done; sets the reader's ``end_index`` and ``at_eof`` as it stops."""
-    for line in lines:
-        if stop is not None and index >= stop:
-            reader.end_index = index
-            return
-        if index >= start and not (skip and skip.row_done(index)):
-            yield index, parse_line(line)
-        index += 1
-    reader.end_index, reader.at_eof = index, True
-
-
-def parse_line(line: bytes) -> Any:
-    try:
-        return orjson.loads(line)
-    except orjson.JSONDecodeError as exc:
-        return BadLine(f"malformed JSON: {exc}")
 
 
 # -- Parquet ---------------------------------------------------------------------------------------------

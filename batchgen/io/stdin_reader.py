@@ -12,7 +12,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any, BinaryIO
 
-from batchgen.io.readers import BOM, RowSkip, numbered_rows
+from batchgen.io.row_lines import BOM, RowSkip, numbered_rows
 
 STDIN = "-"
 KEPT_ROWS = 128  # at least what a run's checks read before the model loads (app/run.py)

@@ -8,7 +8,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from batchgen.io.checkpoint import DoneSet
-from batchgen.io.readers import BadLine, InputError, open_input
+from batchgen.io.readers import InputError, open_input
+from batchgen.io.row_lines import BadLine
 from batchgen.io.stdin_reader import KEPT_ROWS, StdinReader
 
 
