@@ -15,14 +15,17 @@ that use none of them pay nothing, and a captured graph is one variant.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
 from batchgen.config import MAX_LOGPROBS
 from batchgen.engine.grammar import apply_token_mask
 from batchgen.engine.row_tokens import RowTokens
-from batchgen.engine.step_sampling import SamplingFeatures
+from batchgen.engine.step_sampling import GREEDY, SamplingFeatures
+
+if TYPE_CHECKING:
+    from batchgen.kernels.sampling import Draws, Penalties
 
 _MASK32 = 0xFFFFFFFF
 
@@ -62,9 +65,14 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 15)
 
 
+def row_hash(keys: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+    """[S] int64 in [0, 2**32): the noise's hash of each row's (key, output step)."""
+    return _mix32(keys * 0x5BD1E995 + _mix32(steps + 0x9E3779B9))
+
+
 def gumbel_noise(keys: torch.Tensor, steps: torch.Tensor, vocab: int) -> torch.Tensor:
     """[S, vocab] float32 Gumbel(0, 1) noise from (key, step, token id)."""
-    row = _mix32(keys * 0x5BD1E995 + _mix32(steps + 0x9E3779B9))  # [S]
+    row = row_hash(keys, steps)  # [S]
     token = torch.arange(vocab, device=keys.device, dtype=torch.int64)  # [V]
     bits = _mix32(row.unsqueeze(1) ^ _mix32(token * 0x27D4EB2F + 0x165667B1).unsqueeze(0))  # [S, V]
     # 23 bits + 0.5 are exact in float32, so uniform stays strictly inside (0, 1): a 24-bit value
@@ -107,10 +115,10 @@ def _penalize(logits: torch.Tensor, params: SamplingTensors, rows: torch.Tensor)
 
 
 def _min_p(scaled: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
-    """Drop tokens whose probability is below min_p x the most likely token's. scaled [S, V]."""
-    probs = torch.softmax(scaled, dim=-1)
-    floor = min_p.unsqueeze(1) * probs.max(dim=-1, keepdim=True).values  # [S, 1]
-    return scaled.masked_fill(probs < floor, float("-inf"))
+    """Drop tokens whose probability is below min_p x the most likely token's: p / p_max is
+    exp(scaled - max). scaled [S, V]."""
+    ratio = torch.exp(scaled - scaled.max(dim=-1, keepdim=True).values)  # [S, V]
+    return scaled.masked_fill(ratio < min_p.unsqueeze(1), float("-inf"))
 
 
 def _truncate(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
@@ -168,13 +176,20 @@ def sample(
     logits: torch.Tensor,  # [S, V] in the model's dtype or float32
     params: SamplingTensors,
     features: SamplingFeatures,
+    fused: bool | None = None,
 ) -> SampleOutput:
     """Sampled token ids [S] and what ``features`` asks for besides: the sampled tokens' log-probabilities
     and the most likely tokens' under the model (before masks, penalties, temperature and truncation,
     like vLLM's raw log-probabilities).
 
-    Greedy steps without adjustments take the argmax in the logits' own dtype: widening to float32 is exact,
-    so the pick is the same, and a small model's step skips a [S, V] float32 copy."""
+    ``fused``: through the Triton kernels of ``kernels/sampling.py`` (default: on CUDA, for the steps
+    without top-k / top-p, which need a sort). Greedy steps without adjustments take the argmax in the
+    logits' own dtype: widening to float32 is exact, so the pick is the same, and a small model's step
+    skips a [S, V] float32 copy."""
+    if fused is None:
+        fused = logits.is_cuda and logits.stride(-1) == 1 and not features.truncation
+    if fused and features != GREEDY:
+        return _sample_fused(logits, params, features)
     if features.sampling or features.logprobs or features.stateful:
         logits = logits.float()
     raw = logits
@@ -199,3 +214,55 @@ def sample(
         return SampleOutput(tokens, chosen)
     top = torch.topk(logprobs, MAX_LOGPROBS, dim=-1)
     return SampleOutput(tokens, chosen, top.indices, top.values)
+
+
+def _sample_fused(logits: torch.Tensor, params: SamplingTensors, features: SamplingFeatures) -> SampleOutput:
+    """``sample`` with the penalties, temperature, min-p, draw and log-normaliser in two reads of the
+    logits; the sparse adjustments and token masks first, on a float32 copy (only when a row has them)."""
+    from batchgen.kernels.sampling import pick_tokens  # Triton: installed with CUDA builds only
+
+    raw = logits  # [S, V]
+    if params.token_mask is not None or features.adjustments:
+        logits = logits.float()
+    if params.token_mask is not None:
+        logits = apply_token_mask(logits, params.token_mask)
+    rows = params.row_tokens.index(params.state_rows) if features.stateful else None
+    if features.adjustments:
+        logits = _adjust(logits, params, rows)
+    picks = pick_tokens(
+        logits, raw, _penalties(params, rows, features), _draws(params, features), features.logprobs
+    )
+    if features.penalties:
+        params.row_tokens.record(rows, picks.tokens)
+    if not features.top_logprobs:
+        return SampleOutput(picks.tokens, picks.logprobs)
+    top = torch.topk(raw, MAX_LOGPROBS, dim=-1)  # the raw logits' order is their log-probabilities'
+    return SampleOutput(
+        picks.tokens, picks.logprobs, top.indices, top.values.float() - picks.log_norm.unsqueeze(1)
+    )
+
+
+def _penalties(
+    params: SamplingTensors, rows: torch.Tensor | None, features: SamplingFeatures
+) -> Penalties | None:
+    if not features.penalties:
+        return None
+    from batchgen.kernels.sampling import Penalties
+
+    state = params.row_tokens
+    return Penalties(
+        state.counts,
+        state.prompt,
+        rows,
+        params.repetition_penalty,
+        params.frequency_penalty,
+        params.presence_penalty,
+    )
+
+
+def _draws(params: SamplingTensors, features: SamplingFeatures) -> Draws | None:
+    if not features.sampling:
+        return None
+    from batchgen.kernels.sampling import Draws
+
+    return Draws(params.temperature, params.min_p, row_hash(params.rng_keys, params.rng_steps))

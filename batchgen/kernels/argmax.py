@@ -17,7 +17,7 @@ _BLOCK = 4096  # columns per first-pass program: 32 programs per row of Llama-3'
 
 
 @triton.jit
-def _first_max_combine(v1, i1, v2, i2):
+def first_max_combine(v1, i1, v2, i2):
     """(value, index) pairs: the larger value wins, NaN above all, ties to the lower index."""
     n1 = v1 != v1
     n2 = v2 != v2
@@ -40,7 +40,7 @@ def _block_argmax_kernel(
     blk = tl.program_id(1)
     cols = blk * BLOCK + tl.arange(0, BLOCK)
     x = tl.load(x_ptr + row * stride_x + cols, mask=cols < n_cols, other=float("-inf")).to(tl.float32)
-    best, at = tl.reduce((x, cols), 0, _first_max_combine)
+    best, at = tl.reduce((x, cols), 0, first_max_combine)
     tl.store(val_ptr + row * n_blocks + blk, best)
     tl.store(idx_ptr + row * n_blocks + blk, at)
 
@@ -52,7 +52,7 @@ def _row_argmax_kernel(val_ptr, idx_ptr, out_ptr, n_blocks, n_cols, BLOCKS_PAD: 
     ok = b < n_blocks
     vals = tl.load(val_ptr + row * n_blocks + b, mask=ok, other=float("-inf"))
     idxs = tl.load(idx_ptr + row * n_blocks + b, mask=ok, other=n_cols)  # past every real column
-    _, at = tl.reduce((vals, idxs), 0, _first_max_combine)
+    _, at = tl.reduce((vals, idxs), 0, first_max_combine)
     tl.store(out_ptr + row, at.to(tl.int64))
 
 
