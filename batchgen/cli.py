@@ -14,6 +14,7 @@ import click
 
 from batchgen import __version__
 from batchgen.app.lean_imports import hide_for_command
+from batchgen.app.signals import StoppedEarly
 from batchgen.bench.command import bench_command
 from batchgen.cli_options import GroupedCommand, chat_template_options, reasoning_option, sampling_options
 from batchgen.config import EngineConfig
@@ -228,6 +229,9 @@ def run_command(input_path: str, output: str, verbose: bool, **kw: Any) -> None:
     )  # a data-parallel worker starts with them blocked
     try:
         code = _run(input_path, output, verbose, kw)
+    except StoppedEarly as stop:  # the one line a user sees for a stop before anything started
+        logging.getLogger("batchgen").info(stop.text())
+        code = EXIT_INTERRUPTED
     finally:
         for sig, handler in saved.items():
             signal.signal(sig, handler)
@@ -274,8 +278,8 @@ def _data_parallel(input_path: str, output: str, verbose: bool, kw: dict[str, An
 
 
 def _exit_interrupted(signum: int, frame: Any) -> None:
-    """A stop signal while still importing: nothing started, nothing to save."""
-    sys.exit(EXIT_INTERRUPTED)
+    """A stop signal while still importing or reading the input's head: nothing started, nothing to save."""
+    raise StoppedEarly(signum, EXIT_INTERRUPTED)
 
 
 def _run(input_path: str, output: str, verbose: bool, kw: dict[str, Any]) -> int:

@@ -10,6 +10,7 @@ import weakref
 from click.testing import CliRunner
 
 from batchgen.app import gc_policy
+from batchgen.app import run as run_module
 from batchgen.cli import cli
 from tests.test_cli import ROWS, write_jsonl
 
@@ -91,19 +92,28 @@ def test_freezing_can_be_turned_off(monkeypatch):
 
 
 def test_batchgen_run_generates_with_the_heap_frozen(tiny_llama, tmp_path, monkeypatch):
-    entered = []
-    real = gc_policy.frozen_heap
+    """While the engine runs, what existed before is frozen and the young generation is collected less
+    often; the collections made then are the ones the stats file reports; afterwards both are undone."""
+    monkeypatch.delenv("BATCHGEN_GC_FREEZE", raising=False)
+    seen = []  # (frozen objects, generation 0's threshold) as the engine loop starts
+    real = run_module._Job._drive
 
-    def spy(pauses):
-        entered.append(gc.get_freeze_count())
-        return real(pauses)
+    def drive(self, *args):
+        seen.append((gc.get_freeze_count(), gc.get_threshold()[0]))
+        gc.collect()  # two full collections while generating: the run's stats must count them
+        gc.collect()
+        return real(self, *args)
 
-    monkeypatch.setattr("batchgen.app.run.frozen_heap", spy)
+    monkeypatch.setattr(run_module._Job, "_drive", drive)
+    thresholds = gc.get_threshold()
     inp = write_jsonl(tmp_path / "in.jsonl", ROWS)
     stats = tmp_path / "stats.json"
     argv = ["run", inp, str(tmp_path / "out.jsonl"), "--model", tiny_llama, "--max-new-tokens", "3"]
     result = CliRunner().invoke(cli, [*argv, "--stats-file", str(stats)], catch_exceptions=False)
     assert result.exit_code == 0, result.stderr
-    assert entered == [0] and gc.get_freeze_count() == 0  # entered once, thawed after
-    pauses = json.loads(stats.read_text())["gc"]  # the run's collections, as the stats file reports them
-    assert pauses["collections"] == sum(g["count"] for g in pauses["by_generation"].values())
+    (frozen, young), *more = seen
+    assert not more and frozen > 1000 and young == max(gc_policy.YOUNG_OBJECTS, thresholds[0])
+    assert gc.get_freeze_count() == 0 and gc.get_threshold() == thresholds  # thawed and restored after
+    pauses = json.loads(stats.read_text())["gc"]  # the collector's pauses while generating
+    full = pauses["by_generation"].get("2", {"count": 0})
+    assert full["count"] >= 2 and pauses["collections"] >= 2, pauses

@@ -5,12 +5,18 @@ Shards cover contiguous row ranges, so input order is shard order with each shar
 the records themselves); a Parquet shard is sorted as one table. The merged file is written to a
 temporary name, synced and renamed, and gets a complete state like an unsharded run's, so ``status``
 reports it and re-running the unsharded command on it has nothing to do.
+
+A kill at any point leaves something a re-run finishes: the shards are only read, a temporary file is
+only ever renamed by the merge that just synced it (a re-run starts it afresh), and the target never
+stands without a state (see ``_install``). Merging is deterministic, so the re-run writes the same bytes.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 from batchgen.app.error_kinds import ErrorKinds
@@ -19,6 +25,7 @@ from batchgen.app.shards import merged_output, shard_of_path, shard_pattern
 from batchgen.app.status import find_shards, run_phase
 from batchgen.io.checkpoint import OutputLock, RunState, diff_fingerprints, load_state, save_state
 from batchgen.io.durable import fsync_dir, naming, remove_quietly
+from batchgen.io.faults import Faults
 from batchgen.io.openai_output import line_order
 from batchgen.io.records import sorted_spans
 from batchgen.io.writers import has_records, join_parquet, output_format
@@ -48,21 +55,18 @@ def _merge(output: str, into: str | None, count: int | None, overwrite: bool) ->
         for lock in locks:
             lock.release()
         raise FatalError(str(exc)) from None
+    tmp = Path(f"{target}.merging")
     try:
+        remove_quietly(tmp)  # a killed merge's: only a merge holding the target's lock writes it
         shards = complete_shards(output, count)  # as they are now that nothing else writes them
         paths = [p for p, s in shards if s.records or os.path.exists(p)]  # an empty shard may have no file
         if any(output_format(p) != fmt for p in paths):
             raise FatalError(f"the shards of {output} are not {fmt} files like {target}")
         state = _merged_state([s for _, s in shards])
         check_target(target, state.fingerprint, overwrite)
-        tmp = Path(f"{target}.merging")
-        if fmt == "jsonl":
-            _merge_jsonl(paths, tmp)
-        else:
-            join_parquet([Path(p) for p in paths], tmp, sort=True)
-        os.replace(tmp, target)
-        fsync_dir(Path(target).absolute().parent)
-        save_state(target, state)
+        faults = Faults.from_env()
+        _write_merged(paths, fmt, tmp, faults)
+        _install(tmp, target, state, faults)
     finally:
         for lock in locks:
             lock.release()
@@ -70,9 +74,36 @@ def _merge(output: str, into: str | None, count: int | None, overwrite: bool) ->
     return target
 
 
+def _write_merged(paths: list[str], fmt: str, tmp: Path, faults: Faults) -> None:
+    """The shards' records in input order, into ``tmp``, synced."""
+    if fmt == "jsonl":
+        _merge_jsonl(paths, tmp, faults)
+    else:
+        hook = partial(faults.hit, "merge-torn")
+        join_parquet([Path(p) for p in paths], tmp, sort=True, opener=faults.open, after_part=hook)
+    faults.hit("merge-synced")
+
+
+def _install(tmp: Path, target: str, state: RunState, faults: Faults) -> None:
+    """Rename the synced merged file into place. The job's state, marked incomplete, is saved first: a
+    kill after the rename leaves the merged file beside a state of this job (never beside none, which
+    would read as a user's file), and a re-run accepts the target as its own and merges again."""
+    try:
+        save_state(target, replace(state, complete=False), faults.open_small)
+    except OSError:
+        remove_quietly(tmp)  # on a full disk its space is what the next try lacks
+        raise
+    faults.hit("merge-pending")
+    os.replace(tmp, target)
+    fsync_dir(Path(target).absolute().parent)  # the rename is durable before the state says complete
+    faults.hit("merge-renamed")
+    save_state(target, state, faults.open_small)
+
+
 def check_target(target: str, fingerprint: dict, overwrite: bool) -> RunState | None:
-    """Replace only what a run of the same job wrote (a previous merge, an unsharded run): its state,
-    None when there is nothing to keep; a FatalError when the target holds anything else."""
+    """Replace only what a run of the same job wrote (a previous merge, finished or killed, an unsharded
+    run): its state, None when there is nothing to keep; a FatalError when the target holds anything
+    else."""
     if overwrite or not has_records(target):
         return None
     old = load_state(target)
@@ -133,15 +164,17 @@ def _list(indices: list[int]) -> str:
     return shown + (f" and {len(indices) - 10} more" if len(indices) > 10 else "")
 
 
-def _merge_jsonl(paths: list[str], out: Path) -> None:
+def _merge_jsonl(paths: list[str], out: Path, faults: Faults) -> None:
     try:
-        with naming(out), open(out, "wb") as dst:
+        with naming(out), faults.open(out, "wb") as dst:
             for path in paths:
                 with open(path, "rb") as src:
                     for start, length in sorted_spans(path, line_order):
                         src.seek(start)
                         line = src.read(length)
                         dst.write(line if line.endswith(b"\n") else line + b"\n")
+                dst.flush()  # so that a kill here leaves a torn temporary file, not an empty one
+                faults.hit("merge-torn")
             dst.flush()
             os.fsync(dst.fileno())
     except OSError:

@@ -4,8 +4,10 @@ A bounded queue sits between this thread and the engine, so the engine finds row
 room, and memory stays flat however long the input is. Bad rows never reach the engine: they go
 straight to the writer as failures (or stop the run under ``--on-error fail``).
 
-Rows are prepared ``CHUNK_ROWS`` at a time: their chat templates render one by one (Python), then the
-tokenizer encodes them in one call that releases the GIL (``model/tokenize.encode_rendered``). On a GPU
+Rows are prepared ``CHUNK_ROWS`` at a time: their chat templates render one by one (Python) as the rows
+arrive, a rendered prompt too long in bytes for the model fails at once (``model/token_bound``: tokenizing
+it would cost GiBs; a chunk holds only prompts that might fit, never its raw rows), then the tokenizer
+encodes them in one call that releases the GIL (``model/tokenize.encode_rendered``). On a GPU
 the engine thread takes the GIL back after every torch call; this thread holding it in transformers'
 per-prompt Python was what the engine waited on (B7, ``scripts/sample_stacks.py``).
 """
@@ -16,7 +18,8 @@ import itertools
 import logging
 import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from functools import cached_property
 from typing import Any, NamedTuple
 
 from batchgen.app.errors import RowFailed
@@ -29,6 +32,7 @@ from batchgen.io.records import RowKey
 from batchgen.io.row_lines import BadLine
 from batchgen.io.rows import ParsedRow, RowError, RowSpec
 from batchgen.model.reasoning import ReasoningParser, Thinking
+from batchgen.model.token_bound import TokenBytes, token_bytes
 from batchgen.model.tokenize import Rendered, encode_rendered, render_prompt
 from batchgen.threads import HostTurns
 
@@ -104,16 +108,16 @@ class Preparer(threading.Thread):
         self.queue: queue.Queue = queue.Queue(maxsize=-(-queue_size // CHUNK_ROWS))
         self.error: BaseException | None = None
         self.reached_end = False  # every row of the input (or of --limit) went through
+        self.rows_read = 0  # rows taken from the input: a chunk that takes none ends it
         self.warned_identical = False  # n > 1 greedy samples are said to be identical once a run
 
     def run(self) -> None:
         try:
             rows = iter(self.rows)
-            while chunk := list(itertools.islice(rows, CHUNK_ROWS)):
-                if self.stop.is_set():
-                    return
+            while not self.stop.is_set():
+                read = self.rows_read
                 ready = []
-                for item in self.prepare_many(chunk):
+                for item in self.prepare_many(itertools.islice(rows, CHUNK_ROWS)):
                     if isinstance(item, RowFailure):
                         if self.settings.fail_fast:
                             raise RowFailed(f"row {item.index} (id {item.key.id!r}): {item.error}")
@@ -122,7 +126,9 @@ class Preparer(threading.Thread):
                         ready.append(item)
                 if ready and not self._put(ready):
                     return
-            self.reached_end = True
+                if self.rows_read == read:
+                    self.reached_end = True
+                    return
         except BaseException as exc:  # handed to the main thread, which stops the run with it
             self.error = exc
         finally:
@@ -138,10 +144,11 @@ class Preparer(threading.Thread):
                 if self.stop.is_set():
                     return False
 
-    def prepare_many(self, rows: list[tuple[int, Any]]) -> list[GenerationRequest | RowFailure]:
-        """Rows in order: parsed and rendered one by one, encoded together, then checked."""
+    def prepare_many(self, rows: Iterable[tuple[int, Any]]) -> list[GenerationRequest | RowFailure]:
+        """Rows in order: parsed and rendered one by one as they are read, encoded together, then checked."""
         parsed = []
         for index, raw in rows:
+            self.rows_read += 1
             self._take_turn()
             parsed.append(self._render(index, raw))
         # Rows done before a resume that reads every row (checkpoint.RunState.varied_n) have no samples.
@@ -205,7 +212,27 @@ class Preparer(threading.Thread):
             )  # fmt: skip
         except Exception as exc:  # chat templates raise anything (jinja errors, KeyError, ...)
             return RowFailure(index, key, samples, f"cannot tokenize the prompt: {exc}")
+        too_long = self._too_long(text.text)
+        if too_long:
+            return RowFailure(index, key, samples, too_long)
         return _RenderedRow(index, key, samples, params, grammar, text)
+
+    @cached_property
+    def bytes_bound(self) -> TokenBytes:
+        """The most prompt bytes a token of this tokenizer covers (read once, in this thread)."""
+        return token_bytes(self.tokenizer)
+
+    def _too_long(self, text: str) -> str | None:
+        """Why a prompt cannot fit the model, judged from its bytes before it is tokenized; None if it may."""
+        most = self.settings.max_model_len - 1
+        limit = self.bytes_bound.max_prompt_bytes(most)
+        size = self.bytes_bound.prompt_bytes(text)
+        if size <= limit:
+            return None
+        return (
+            f"prompt too long: {size} bytes, more than the {most} tokens the model allows can hold "
+            f"(at most {limit} bytes with this tokenizer)"
+        )
 
     def _request(self, p: _RenderedRow, ids: list[int] | Exception) -> GenerationRequest | RowFailure:
         s, index, key, samples, params = self.settings, p.index, p.key, p.samples, p.params

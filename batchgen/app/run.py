@@ -23,6 +23,7 @@ from batchgen.app.batch_input import resolve_input_format
 from batchgen.app.errors import FatalError, as_fatal, one_line, rank_lost, storage_failure
 from batchgen.app.feed import Feed
 from batchgen.app.gc_policy import GcPauses, frozen_heap
+from batchgen.app.input_check import comparable, finished_covers, generation_rows, input_identity
 from batchgen.app.merge import check_target
 from batchgen.app.options import RunOptions
 from batchgen.app.outcome import check_outcome
@@ -73,7 +74,7 @@ def _run(opts: RunOptions) -> int:
     elif SHARD_PLACEHOLDER in opts.output:
         raise OutputError(f"{opts.output!r} holds {SHARD_PLACEHOLDER} but the run has no --shard I/N")
     model_name = opts.engine.model or DEFAULT_MODEL_NAME
-    fingerprint = opts.fingerprint(model_name, reader.fingerprint())
+    fingerprint = opts.fingerprint(model_name, input_identity(reader))
     check_model_found(opts.engine.model)  # before OUTPUT.batchgen/ exists: a missing model leaves nothing
     Path(opts.output).absolute().parent.mkdir(parents=True, exist_ok=True)
     lock = OutputLock(opts.output)
@@ -94,7 +95,7 @@ def merged_target_done(opts: RunOptions) -> bool:
     target = merged_output(opts.output)
     model_name = opts.engine.model or DEFAULT_MODEL_NAME
     reader = open_input(opts.input)
-    fingerprint = resolve_input_format(opts, reader).fingerprint(model_name, reader.fingerprint())
+    fingerprint = resolve_input_format(opts, reader).fingerprint(model_name, input_identity(reader))
     state = check_target(target, fingerprint, opts.overwrite)
     if state is None or not state.covers(opts.limit):
         return False
@@ -164,6 +165,7 @@ class _Job:
         self.started, self.engine_called, self.ready = process_started(), 0.0, 0.0
         self.gc_pauses = GcPauses()
         self.parser: ReasoningParser | None = None  # set once the tokenizer is loaded
+        self.rows: Any = None  # the rows to generate, set as the output opens (app/input_check.py)
 
     def execute(self) -> int:
         self.signals.loading = True  # until the engine runs, a signal stops at once
@@ -193,7 +195,7 @@ class _Job:
             old = None
         elif has_records(out):
             self._check_resumable(old)
-            if old.covers(opts.limit):
+            if old.covers(opts.limit) and finished_covers(self.reader, opts, old):
                 log.info(
                     "%s is already complete (%d rows, %d records, %d errors): nothing to do",
                     out,
@@ -220,6 +222,7 @@ class _Job:
         state = RunState(self.fingerprint, n=opts.n)
         if old is not None:
             state.started, state.varied_n = old.started, old.varied_n
+        self.rows = generation_rows(self.reader, opts, done, state.varied_n, fresh=old is None)  # may refuse
         save_state(out, state, self.faults.open_small)  # before the first record: records always have a state
         return writer, done, totals, state
 
@@ -236,7 +239,7 @@ class _Job:
                 f"{out} exists but was not written by batchgen run (no state in {out}.batchgen/); "
                 "pass --overwrite to replace it"
             )
-        diffs = diff_fingerprints(old.fingerprint, self.fingerprint)
+        diffs = diff_fingerprints(old.fingerprint, comparable(self.fingerprint, old.fingerprint, self.reader))
         if diffs:
             raise FatalError(
                 f"{out} was written with different settings ({'; '.join(diffs)}): "
@@ -285,6 +288,7 @@ class _Job:
         if complete:
             state.exhausted = self.reader.at_eof
             progress.set_total_rows(self.reader.end_index - self.opts.row_start)
+            sink.expect(range(self.opts.row_start, self.reader.end_index), resume_advice(self.opts.input))
         sink.close(complete)
         progress.close()
         code = self._report(progress, llm, complete, failure or sink.error)
@@ -305,19 +309,12 @@ class _Job:
         tokenizer = tokenizer_for_thread(llm.tokenizer)
         sink = Sink(writer, opts.output, done, state, progress, tokenizer, record_opts, opts.flush_every,
                     self.stop, self.faults, self.signals.log_notices, turns)  # fmt: skip
-        columns = self.reader.schema_columns()
-        rows = self.reader.iter_rows(
-            opts.row_start,
-            opts.row_stop,
-            skip=done if done.count and not state.varied_n else None,  # else every row is read again
-            columns=opts.spec.needed_columns(columns) if columns is not None else None,
-        )
         queue_size = max(64, 2 * opts.engine.max_num_seqs)
         settings = self._prompt_settings(llm)
         llm.prepare(settings.base)  # tensor parallelism: the CUDA graphs of the run's sampling variant
         self.ready = time.time()
         log.info(startup_text(startup_summary(self.started, self.engine_called, self.ready, llm)))
-        preparer = Preparer(rows, settings, tokenizer_for_thread(llm.tokenizer), done, sink.put,
+        preparer = Preparer(self.rows, settings, tokenizer_for_thread(llm.tokenizer), done, sink.put,
                             self.stop, queue_size, llm.grammars, turns)  # fmt: skip
         sink.start()
         preparer.start()

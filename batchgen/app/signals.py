@@ -24,6 +24,22 @@ class Interrupt(BaseException):
     """Abandon the in-flight rows now (a BaseException: the engine must not swallow it)."""
 
 
+class StoppedEarly(SystemExit):
+    """A stop signal before the run's own handlers are set (imports, reading the input's head): nothing
+    started and nothing was written, so there is nothing to save. A SystemExit, so that no
+    ``except Exception`` on the way up takes it for a failure."""
+
+    def __init__(self, signum: int, code: int) -> None:
+        super().__init__(code)
+        self.signal_name = signal.Signals(signum).name
+
+    def text(self) -> str:
+        return (
+            f"{self.signal_name}: interrupted before any row started; nothing lost, "
+            f"re-run the same command to start (exit {self.code})"
+        )
+
+
 class SignalControl:
     def __init__(self, drain_timeout: float) -> None:
         self.drain_timeout = drain_timeout

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+from batchgen.app.coverage import RowSamples, check_complete
 from batchgen.app.errors import RowFailed
 from batchgen.app.prepare import RowFailure
 from batchgen.app.progress import Progress
@@ -74,9 +75,16 @@ class Sink(threading.Thread):
         self.queue: queue.SimpleQueue = queue.SimpleQueue()
         self.error: BaseException | None = None
         self._last_flush = time.monotonic()
+        self.owed = RowSamples(done.n)  # what each row owes, for the check before the state says complete
+        self.rows: range | None = None  # the run's rows, once it reached their end (expect())
+        self.advice = "re-run the same command to resume"
 
     def put(self, item: CompletionOutput | RowFailure) -> None:
         self.queue.put(item)
+
+    def expect(self, rows: range, advice: str) -> None:
+        """The run went through ``rows``: a complete close checks that the output holds all they owe."""
+        self.rows, self.advice = rows, advice
 
     def close(self, complete: bool) -> None:
         """Write what is queued, flush, save the state (and build the final file when complete)."""
@@ -232,6 +240,7 @@ class Sink(threading.Thread):
             self.state.varied_n = True  # durable before the record: a resume then reads every row
             save_state(self.output, self.state, self.faults.open_small)
         self.writer.write(record)
+        self.owed.wrote(index, key.n)
         self.progress.record(
             record["finish_reason"],
             record["prompt_tokens"],
@@ -264,6 +273,9 @@ class Sink(threading.Thread):
         self.progress.stop_clock()
         self.flush()
         if complete:
+            dropped = self.progress.total.failed if self.options.on_error == "skip" else None
+            check_complete(self.writer, self.done, self.owed, self.rows, self.state.varied_n, dropped,
+                           self.advice)  # fmt: skip
             self.writer.finish()
             self.state.complete = True
             self._save_state()

@@ -5,7 +5,10 @@ request: its batch is about to prefill), ``output`` (the k-th finished output: o
 ``torn`` (half-way through writing a record), ``flush`` (data written, not yet fsynced), ``state`` (state
 file written, not yet renamed), ``part`` (a Parquet part written, not yet renamed), ``finalize`` (the
 final Parquet file in place, parts not yet removed; an OpenAI Batch output's response file written, not
-yet renamed).
+yet renamed). ``merge`` has its own: ``merge-torn`` (the k-th shard joined into the temporary merged
+file), ``merge-synced`` (that file complete and synced), ``merge-pending`` (the state saying the merge
+is under way saved, the file not yet renamed), ``merge-renamed`` (the merged file in place, its final
+state not yet saved).
 
 ``BATCHGEN_FAULT_REPORT=path`` makes the kill write, just before it, a JSON report there: the point and a
 snapshot from the caller (what the engine held for ``submit`` and ``output``, the fsynced size for

@@ -16,16 +16,17 @@ import hashlib
 import io
 import os
 from collections.abc import Iterator
-from itertools import islice
+from itertools import filterfalse, islice
 from pathlib import Path
 from typing import Any, Protocol
 
 from batchgen.io import lines
+from batchgen.io.input_digest import InputDigest, digested_lines
 from batchgen.io.row_lines import BOM, RowSkip, numbered_rows
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".jsonl.gz", ".ndjson.gz", ".jsonl.zst", ".ndjson.zst")
 PARQUET_SUFFIX = ".parquet"
-_HEAD_BYTES = 1 << 20  # fingerprint: hash this much of the input's head
+_HEAD_BYTES = 1 << 20  # fingerprint() hashes this much of the head (compared for states before input.digest)
 _COUNT_LIMIT = 4 << 30  # count the rows of plain JSONL for progress up to this size (~3 s)
 _BATCH_ROWS = 1024
 
@@ -56,6 +57,7 @@ class Reader(Protocol):
         stop: int | None = None,
         skip: RowSkip | None = None,
         columns: list[str] | None = None,
+        digest: InputDigest | None = None,
     ) -> Iterator[tuple[int, Any]]: ...
 
 
@@ -196,6 +198,7 @@ class JsonlReader:
         stop: int | None = None,
         skip: RowSkip | None = None,
         columns: list[str] | None = None,
+        digest: InputDigest | None = None,
     ) -> Iterator[tuple[int, Any]]:
         self.end_index, self.at_eof = 0, False
         index, offset = (0, 0) if self.compression else (start, self._locate(start))
@@ -205,19 +208,24 @@ class JsonlReader:
         with self._open() as f:
             if offset:
                 f.seek(offset)
-            yield from numbered_rows(self, _row_lines(f, offset), index, start, stop, skip)
+            source = _row_lines(f, offset)
+            if digest is not None:  # the part already consumed, checked as it streams
+                source = digested_lines(source, digest, index, start, stop)
+            yield from numbered_rows(self, source, index, start, stop, skip)
 
 
 def _row_lines(f: io.BufferedIOBase, offset: int) -> Iterator[bytes]:
     """The lines of rows from ``offset`` on: blank lines are not rows; a UTF-8 byte-order mark opening the
-    file is not part of its first row."""
-    rows = (line for line in f if line.strip())
+    file is not part of its first row. No variable here holds a line once it is handed on: a huge line's
+    bytes go as soon as its row is parsed."""
+    rows = filterfalse(bytes.isspace, f)  # isspace, unlike strip, copies no line
     if offset == 0:
-        first = next(rows, None)
-        if first is None:
-            return
-        yield first.removeprefix(BOM)
+        yield from map(_without_bom, islice(rows, 1))
     yield from rows
+
+
+def _without_bom(line: bytes) -> bytes:
+    return line.removeprefix(BOM)
 
 
 # -- Parquet ---------------------------------------------------------------------------------------------
@@ -261,6 +269,7 @@ class ParquetReader:
         stop: int | None = None,
         skip: RowSkip | None = None,
         columns: list[str] | None = None,
+        digest: InputDigest | None = None,
     ) -> Iterator[tuple[int, Any]]:
         import pyarrow.parquet as pq
 
@@ -277,11 +286,15 @@ class ParquetReader:
                 for group in range(meta.num_row_groups):
                     n = meta.row_group(group).num_rows
                     lo, hi = max(start, offset), min(offset + n, stop if stop is not None else offset + n)
+                    if lo < hi and digest is not None:  # read, not decoded, when its rows are done
+                        digest.check_group(path, group, meta.row_group(group), cols, offset)
                     if lo < hi and not (skip and skip.range_done(lo, hi)):
                         yield from _group_rows(pf, group, cols, offset, lo, hi, skip)
                     offset += n
                     if stop is not None and offset >= stop:
                         return
+        if digest is not None:
+            digest.check_end(offset)
 
 
 def _group_rows(pf, group: int, cols, offset: int, lo: int, hi: int, skip: RowSkip | None):

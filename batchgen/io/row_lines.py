@@ -40,6 +40,8 @@ def numbered_rows(
             reader.end_index = index
             return
         if index >= start and not (skip and skip.row_done(index)):
-            yield index, parse_line(line)
+            row = parse_line(line)
+            del line  # not held while the row is prepared: the parsed row is all that lives on
+            yield index, row
         index += 1
     reader.end_index, reader.at_eof = index, True

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any, BinaryIO
 
+from batchgen.io.input_digest import InputDigest, digested_lines
 from batchgen.io.row_lines import BOM, RowSkip, numbered_rows
 
 STDIN = "-"
@@ -46,9 +47,11 @@ class StdinReader:
         stop: int | None = None,
         skip: RowSkip | None = None,
         columns: list[str] | None = None,
+        digest: InputDigest | None = None,
     ) -> Iterator[tuple[int, Any]]:
         self.end_index, self.at_eof = 0, False
-        yield from numbered_rows(self, self._lines(), 0, start, stop, skip)
+        source = self._lines() if digest is None else digested_lines(self._lines(), digest, 0, start, stop)
+        yield from numbered_rows(self, source, 0, start, stop, skip)
 
     def _lines(self) -> Iterator[bytes]:
         """The rows' lines (blank lines are not rows): the kept ones again, then the stream's next."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -295,17 +295,23 @@ def _as_text(value: Any) -> str:
     return value if isinstance(value, str) else orjson.dumps(value, default=str).decode()
 
 
-def join_parquet(parts: list[Path], out: Path, sort: bool = False, opener: Opener = open) -> None:
+def join_parquet(
+    parts: list[Path],
+    out: Path,
+    sort: bool = False,
+    opener: Opener = open,
+    after_part: Callable[[], None] | None = None,
+) -> None:
     """Stream the parts into one file under their unified schema (memory: one row group at a time).
     ``sort``: each part is sorted by (index, sample) on the way (memory: one part at a time). A failed
-    write removes ``out``."""
+    write removes ``out``. ``after_part``: called once each part is written (a fault point's hook)."""
     import pyarrow.parquet as pq
 
     schemas = [pq.read_schema(p) for p in parts]
     schema = _unify(schemas) if schemas else records_to_table([]).schema
     try:
         with naming(out), opener(out, "wb") as f:
-            _write_joined(f, parts, schema, sort)
+            _write_joined(f, parts, schema, sort, after_part)
             f.flush()
             os.fsync(f.fileno())
     except OSError:
@@ -313,7 +319,9 @@ def join_parquet(parts: list[Path], out: Path, sort: bool = False, opener: Opene
         raise
 
 
-def _write_joined(f: Any, parts: list[Path], schema: Any, sort: bool) -> None:
+def _write_joined(
+    f: Any, parts: list[Path], schema: Any, sort: bool, after_part: Callable[[], None] | None
+) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -321,6 +329,8 @@ def _write_joined(f: Any, parts: list[Path], schema: Any, sort: bool) -> None:
         for part in parts:
             for table in _part_tables(part, sort):
                 writer.write_table(_conform(table, schema))
+            if after_part is not None:
+                after_part()
         if not parts:
             writer.write_table(pa.Table.from_pylist([], schema=schema))
 

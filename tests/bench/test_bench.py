@@ -194,9 +194,10 @@ def test_rows_with_their_own_lengths_expect_their_sum(tiny_llama):
     assert r["output_tokens"] == r["expected_tokens"] == 9 and not failed(r), r
 
 
-def test_b7_runs_the_whole_command_on_the_gpu():
-    """B7 as the issue gives it: 8192 distinct chat prompts x 256 tokens through batchgen run alone, its
-    GPU-active share and host time per step read from the command's own stats file."""
+def test_b7_runs_the_whole_command_and_reads_its_stats(tiny_llama):
+    """B7 as the issue gives it: 8192 distinct chat prompts x 256 tokens through batchgen run alone on a
+    GPU, its GPU-active share and host time per step read from the command's own stats file. The same
+    path runs here on the CPU at a tiny size: a real command, its figures read back from its stats file."""
     w = WORKLOADS["B7"]
     assert (w.device, w.dtype, w.command, w.num_requests, w.max_new_tokens) == (
         "cuda",
@@ -208,6 +209,17 @@ def test_b7_runs_the_whole_command_on_the_gpu():
     assert modes_for(w, [], True) == ["run"]
     prompts = chat_prompts(8192)
     assert len(set(prompts)) == 8192
+    tiny = commands.Target("cpu", "float32", model=tiny_llama, flags=w.run_flags)
+    (r,) = commands.run_command_workload(w.name, prompts[:3], modes_for(w, [], True), 4, 1, 1, tiny)
+    assert r["error"] is None and not failed(r), r
+    assert (r["workload"], r["mode"], r["engine"], r["device"]) == ("B7", "run", "batchgen", "cpu")
+    assert r["output_tokens"] == r["expected_tokens"] == 3 * 4  # --ignore-eos: every row its 4 tokens
+    # The engine's own figures, from the stats file: one prefill step for the three rows, then a decode
+    # step per further token; no device stream on the CPU, so no GPU-active share.
+    assert r["steps"] == 4 and r["cpu_ms_step"] > 0
+    assert r["gpu_active_pct"] is None and r["gpu_ms_step"] is None
+    assert set(r["gc"]) == {"collections", "total_ms", "longest_ms", "by_generation"}  # the run's pauses
+    assert 0 < r["gen_s"] < r["wall_s"] and "engine ready at" in r["note"]
     # A whole command of 30 s whose engine ran 2 s: GPU-active is over the engine's own time.
     record = {"steps": None, "cpu_ms_step": None, "gpu_active_pct": None, "gpu_ms_step": None, "wall_s": 30.0}
     engine = {"steps": 100, "wall_s": 2.0, "gpu_busy_s": 1.5, "schedule_s": 0.05, "prep_s": 0.03,

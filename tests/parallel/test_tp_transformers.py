@@ -6,16 +6,15 @@ refused before any process starts.
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
+import batchgen.llm
+import batchgen.parallel.launch
 from batchgen import LLM
 from tests.engine.oracle import make_prompts, reference_greedy
 from tests.parallel.test_tensor_parallel import ENGINE, GREEDY, SAMPLED, _children, _tokens
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-REFUSAL_S = 5.0  # a refusal reads a config and builds a meta skeleton; starting a rank takes longer
 
 
 @pytest.fixture(scope="module")
@@ -44,16 +43,28 @@ def test_tp_plan_two_ranks_match_one_and_transformers(gemma, gemma_prompts):
         assert got.logprobs == pytest.approx(want.logprobs, abs=1e-4)
 
 
-def _refusal(path: str, size: int) -> str:
-    before, start = _children(), time.monotonic()
+def _refusal(path: str, size: int, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The refusal's message. The slow steps it must come before (starting the other ranks, building and
+    loading this rank's model) are test doubles that record the call and stop there."""
+    started: list[str] = []
+
+    def slow(name: str):
+        def step(*args, **kwargs):
+            started.append(name)
+            raise AssertionError(f"{name} ran before the refusal")
+
+        return step
+
+    monkeypatch.setattr(batchgen.parallel.launch, "start_workers", slow("start_workers"))
+    monkeypatch.setattr(batchgen.llm, "build_rank", slow("build_rank"))
+    before = _children()
     with pytest.raises(ValueError) as info:
         LLM(path, tensor_parallel=size)
-    assert time.monotonic() - start < REFUSAL_S
-    assert _children() == before
+    assert started == [] and _children() == before  # no rank started, no weights loaded
     return str(info.value)
 
 
-def test_architecture_with_neither_path_is_refused_before_any_process_starts(tmp_path):
+def test_architecture_with_neither_path_is_refused_before_any_process_starts(tmp_path, monkeypatch):
     from transformers import AutoConfig, AutoTokenizer
 
     from batchgen.testing.models import tokenizer_path
@@ -61,15 +72,15 @@ def test_architecture_with_neither_path_is_refused_before_any_process_starts(tmp
     config = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
     AutoConfig.for_model("stablelm", **config).save_pretrained(tmp_path)  # no tp_plan in transformers
     AutoTokenizer.from_pretrained(tokenizer_path()).save_pretrained(tmp_path)
-    message = _refusal(str(tmp_path), 2)
+    message = _refusal(str(tmp_path), 2, monkeypatch)
     assert message.startswith(
         "--tensor-parallel 2: model type 'stablelm' has neither batchgen's fused forward"
     )
     assert "nor a tensor-parallel plan in transformers" in message
 
 
-def test_tp_plan_indivisible_heads_are_refused_before_any_process_starts(gemma):
-    message = _refusal(gemma, 3)
+def test_tp_plan_indivisible_heads_are_refused_before_any_process_starts(gemma, monkeypatch):
+    message = _refusal(gemma, 3, monkeypatch)
     assert message == (
         "--tensor-parallel 3 does not divide the 4 attention heads and 2 key/value heads of model type "
         "'gemma' (transformers' tp_plan splits both evenly)"
