@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, NamedTuple
@@ -27,6 +28,24 @@ def _param(default: Any, kind: str, help: str, *aliases: str) -> Any:
     return field(default=default, metadata={"param": Param(kind, help, aliases)})
 
 
+def _accept_aliases(cls: type) -> type:
+    """Let the constructor take each field's aliases too (``SamplingParams(max_tokens=64)``, as in vLLM)."""
+    init = cls.__init__
+    names = {alias: f.name for f in fields(cls) for alias in f.metadata["param"].aliases}
+
+    @functools.wraps(init)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        for alias in names.keys() & kwargs.keys():
+            if names[alias] in kwargs:
+                raise TypeError(f"give {names[alias]} or {alias}, not both")
+            kwargs[names[alias]] = kwargs.pop(alias)
+        init(self, *args, **kwargs)
+
+    cls.__init__ = __init__
+    return cls
+
+
+@_accept_aliases
 @dataclass(frozen=True)
 class SamplingParams:
     """How one prompt is sampled, with vLLM's ``SamplingParams`` names and meanings. ``temperature == 0``
@@ -89,6 +108,11 @@ class SamplingParams:
         given = [name for name in CONSTRAINT_FIELDS if getattr(self, name) is not None]
         if len(given) > 1:
             raise ValueError(f"{' and '.join(given)} exclude each other: give one constraint")
+
+    @property
+    def max_tokens(self) -> int:
+        """vLLM's name for ``max_new_tokens``."""
+        return self.max_new_tokens
 
     @property
     def constrained(self) -> bool:

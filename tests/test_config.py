@@ -49,3 +49,13 @@ def test_which_parts_a_row_uses():
 def test_every_parameter_has_a_kind_and_help():
     assert all(param.kind and param.help for param in PARAMS.values())
     assert "max_tokens" in PARAMS["max_new_tokens"].aliases
+
+
+def test_the_constructor_takes_vllm_names():
+    params = SamplingParams(max_tokens=64, temperature=0.8)
+    assert params.max_new_tokens == 64 and params.max_tokens == 64
+    assert params.with_overrides(min_p=0.1).max_tokens == 64  # a copy keeps it
+    with pytest.raises(TypeError, match="give max_new_tokens or max_tokens, not both"):
+        SamplingParams(max_tokens=64, max_new_tokens=32)
+    with pytest.raises(TypeError):
+        SamplingParams(max_token=64)  # a misspelt keyword is not an alias

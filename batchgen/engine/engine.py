@@ -300,7 +300,7 @@ class Engine:
                 position = span.start + 1 + k - at  # the scored token's
                 req.prompt_logprobs[position] = logprobs[k]
                 if n:
-                    req.prompt_top_logprobs[position] = list(
+                    req.prompt_top_logprobs[position] = tuple(
                         zip(top_ids[k][:n], top_logprobs[k][:n], strict=True)
                     )
             at += count
@@ -370,6 +370,8 @@ class Engine:
             yield self._done.pop(0)
 
 
-def _top(result: StepResult, row: int, n: int) -> list[tuple[int, float]]:
-    """Sampled row ``row``'s ``n`` most likely tokens and their log-probabilities, the best first."""
-    return list(zip(result.top_ids[row][:n], result.top_logprobs[row][:n], strict=True))
+def _top(result: StepResult, row: int, n: int) -> tuple[tuple[int, float], ...]:
+    """Sampled row ``row``'s ``n`` most likely tokens and their log-probabilities, the best first. A
+    tuple of tuples of numbers, which the garbage collector stops tracking: a run that keeps these for
+    every token of every row in flight would otherwise make each full collection a long stall."""
+    return tuple(zip(result.top_ids[row][:n], result.top_logprobs[row][:n], strict=True))

@@ -43,10 +43,10 @@ class CompletionOutput(NamedTuple):
     logprobs: list[float] | None = None
     error: str | None = None
     # per output token: (token id, log-probability) of the ``logprobs`` N most likely, the best first
-    top_logprobs: list[list[tuple[int, float]]] | None = None
+    top_logprobs: list[tuple[tuple[int, float], ...]] | None = None
     # per prompt token: its log-probability (None for the first), and the ``prompt_logprobs`` N most likely
     prompt_logprobs: list[float | None] | None = None
-    prompt_top_logprobs: list[list[tuple[int, float]] | None] | None = None
+    prompt_top_logprobs: list[tuple[tuple[int, float], ...] | None] | None = None
     skip_special_tokens: bool = True  # how its text is decoded (the row's option)
     thinking: Thinking | None = (
         None  # the request's: where the output's thinking block is (model/reasoning.py)

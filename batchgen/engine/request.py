@@ -69,11 +69,11 @@ class Request:
     error: str | None = None  # why the row failed mid-generation (finish reason "error")
     # (token id, added to its logit, only before min_tokens): its logit bias and held-back stop ids
     adjustments: tuple[tuple[int, float, bool], ...] = ()
-    top_logprobs: list[list[tuple[int, float]]] | None = None  # per output token: the N most likely
+    top_logprobs: list[tuple[tuple[int, float], ...]] | None = None  # per output token: the N most likely
     # per prompt token: its log-probability and its N most likely (the first token's stay None), filled
     # chunk by chunk as the prompt is computed (``prompt_logprobs`` asked)
     prompt_logprobs: list[float | None] | None = None
-    prompt_top_logprobs: list[list[tuple[int, float]] | None] | None = None
+    prompt_top_logprobs: list[tuple[tuple[int, float], ...] | None] | None = None
 
     num_computed = RowCounter()
     num_pending = RowCounter()

@@ -7,6 +7,8 @@ share."""
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorList
@@ -125,6 +127,17 @@ def test_log_probabilities_are_log_softmax_of_transformers_logits(llm, hf, promp
         assert torch.allclose(torch.tensor(out.prompt_logprobs[1:]), torch.tensor(want_prompt), atol=1e-3)
         for p, top in enumerate(out.prompt_top_logprobs[1:], 1):
             assert [t for t, _ in top] == raw[p - 1].topk(3).indices.tolist()
+
+
+def test_kept_log_probabilities_leave_the_garbage_collector_nothing_to_walk(llm, prompts):
+    """Every token's alternatives live until its row is written: as tracked containers they would make
+    each full collection walk millions of objects, a stall of the whole run."""
+    params = SamplingParams(max_new_tokens=NEW_TOKENS, logprobs=5, prompt_logprobs=3)
+    outs = llm.generate_samples(prompts[:2], params)
+    gc.collect()  # untracks the (token, logprob) pairs, and the next pass the tuples that hold them
+    gc.collect()
+    kept = [top for out in outs for top in [*out.top_logprobs, *out.prompt_top_logprobs[1:]]]
+    assert len(kept) > 2 * NEW_TOKENS and not any(map(gc.is_tracked, kept))
 
 
 def test_prompt_logprobs_of_a_long_prompt_come_chunk_by_chunk(default_model_path, hf):
