@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 CONSTRAINT_FIELDS = ("json_schema", "regex", "choices")
 MAX_LOGPROBS = 20  # the most alternatives ``logprobs`` / ``prompt_logprobs`` may ask for (vLLM's default)
 LOGIT_BIAS_LIMIT = 100.0  # each bias is clipped to [-100, 100], as OpenAI's API does
+QUANTIZATIONS = ("fp8",)  # what ``quantization`` may name (None: the checkpoint's own weights)
 # The model's generation config gives these when neither the command nor the row does.
 MODEL_DEFAULTS = ("temperature", "top_p", "top_k")
 
@@ -303,7 +304,12 @@ class EngineConfig:
             raise ValueError(f"tensor_parallel must be >= 1, got {self.tensor_parallel}")
         if self.load_format not in ("auto", "random"):
             raise ValueError(f"unknown load format {self.load_format!r}")
-        if self.quantization not in (None, "fp8"):
-            raise ValueError(f"unknown quantization {self.quantization!r} (supported: fp8)")
+        check_quantization(self.quantization)
         if self.kv_cache_dtype not in ("auto", "fp8"):
             raise ValueError(f"unknown KV cache dtype {self.kv_cache_dtype!r} (auto or fp8)")
+
+
+def check_quantization(quantization: str | None) -> None:
+    """Refuse a quantization method batchgen does not run, naming the ones it does."""
+    if quantization is not None and quantization not in QUANTIZATIONS:
+        raise ValueError(f"unknown quantization {quantization!r} (supported: {', '.join(QUANTIZATIONS)})")

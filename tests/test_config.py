@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from batchgen.config import MAX_LOGPROBS, PARAMS, SamplingParams
+from batchgen.config import MAX_LOGPROBS, PARAMS, EngineConfig, SamplingParams
+from batchgen.model.weights.formats import weight_format
 
 
 def test_values_are_coerced_as_rows_give_them():
@@ -59,3 +60,11 @@ def test_the_constructor_takes_vllm_names():
         SamplingParams(max_tokens=64, max_new_tokens=32)
     with pytest.raises(TypeError):
         SamplingParams(max_token=64)  # a misspelt keyword is not an alias
+
+
+@pytest.mark.parametrize(
+    "build", [lambda q: EngineConfig(quantization=q), lambda q: weight_format(None, None, q)]
+)
+def test_an_unknown_quantization_is_refused_by_the_one_check(build):
+    with pytest.raises(ValueError, match="unknown quantization 'awq' \\(supported: fp8\\)"):
+        build("awq")

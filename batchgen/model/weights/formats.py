@@ -14,6 +14,7 @@ from typing import Protocol
 
 import torch
 
+from batchgen.config import check_quantization
 from batchgen.kernels import cpu_linear
 from batchgen.kernels.fp8_reference import ActQuant, Fp8Act
 from batchgen.kernels.split_sums import SplitSums
@@ -79,8 +80,7 @@ def weight_format(hf_config, dtype: torch.dtype, quantization: str | None = None
 
     A pre-quantized checkpoint loads as published (FP8 only; any other method is refused, naming it);
     ``--quantization fp8`` on it changes nothing. Otherwise ``fp8`` quantizes the projections at load."""
-    if quantization not in (None, "fp8"):
-        raise ValueError(f"unknown quantization {quantization!r} (supported: fp8)")
+    check_quantization(quantization)
     qc = quantization_config(hf_config)
     if qc is not None:
         from batchgen.model.weights.fp8_checkpoint import checkpoint_format
