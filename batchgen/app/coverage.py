@@ -16,11 +16,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
-import orjson
-
 from batchgen.app.errors import FatalError
 from batchgen.io.checkpoint import DoneSet
-from batchgen.io.writers import ParquetWriter, Writer
+from batchgen.io.writers import ParquetWriter, Writer, whole_record
 
 
 class IncompleteOutput(FatalError):
@@ -57,7 +55,7 @@ class RowSamples:
 def output_keys(writer: Writer) -> Iterator[tuple[int, int]]:
     """(index, sample) of each record a resume would find in the writer's output, in file order."""
     if isinstance(writer, ParquetWriter):
-        yield from _parquet_keys(writer.parts)
+        yield from _parquet_keys(writer.part_files())
     else:  # JSONL, and the OpenAI Batch records file (a JSONL writer too)
         yield from _jsonl_keys(writer.path)
 
@@ -67,19 +65,16 @@ def _jsonl_keys(path: str) -> Iterator[tuple[int, int]]:
         return
     with open(path, "rb") as f:
         for line in f:
-            try:
-                record = orjson.loads(line) if line.endswith(b"\n") else None
-            except orjson.JSONDecodeError:
-                record = None
-            if not isinstance(record, dict) or not isinstance(record.get("index"), int):
+            record = whole_record(line)
+            if record is None:
                 return  # a resume cuts the output here: nothing after it counts
             yield record["index"], record["sample"]
 
 
-def _parquet_keys(parts: Path) -> Iterator[tuple[int, int]]:
+def _parquet_keys(parts: list[Path]) -> Iterator[tuple[int, int]]:
     import pyarrow.parquet as pq
 
-    for part in sorted(parts.glob("part-*.parquet")) if parts.is_dir() else []:
+    for part in parts:
         table = pq.read_table(part, columns=["index", "sample"])
         yield from zip(table.column("index").to_pylist(), table.column("sample").to_pylist(), strict=True)
 

@@ -101,7 +101,7 @@ class JsonlWriter:
         good_end = 0
         with naming(self.path), open(self.path, "r+b") as f:
             for line in f:
-                record = _whole_record(line)
+                record = whole_record(line)
                 if record is None:
                     break
                 good_end += len(line)
@@ -155,7 +155,7 @@ class JsonlWriter:
             self._f = None
 
 
-def _whole_record(line: bytes) -> dict[str, Any] | None:
+def whole_record(line: bytes) -> dict[str, Any] | None:
     """A complete, parseable record line, else None (torn or garbage: the tail from here is dropped)."""
     if not line.endswith(b"\n"):
         return None
@@ -177,14 +177,14 @@ class ParquetWriter:
         self._buffer: list[dict[str, Any]] = []
         self._next = 0
 
-    def _part_files(self) -> list[Path]:
+    def part_files(self) -> list[Path]:
         return sorted(self.parts.glob("part-*.parquet")) if self.parts.is_dir() else []
 
     def recover(self) -> Iterator[dict[str, Any]]:
         self._settle_final()
         for tmp in self.parts.glob("*.tmp"):
             tmp.unlink()  # a part whose write was cut short: its records are redone
-        files = self._part_files()
+        files = self.part_files()
         self._next = int(files[-1].stem.split("-")[1]) + 1 if files else 0
         for part in files:
             yield from _scan_parquet(part)
@@ -230,7 +230,7 @@ class ParquetWriter:
         """Join the parts, in completion order, into OUTPUT (tmp + rename), then drop the parts."""
         self.flush()
         tmp = Path(self.path + ".tmp")
-        join_parquet(self._part_files(), tmp, opener=self.faults.open)
+        join_parquet(self.part_files(), tmp, opener=self.faults.open)
         os.replace(tmp, self.path)
         fsync_dir(Path(self.path).absolute().parent)
         self.faults.hit("finalize")
