@@ -251,8 +251,8 @@ def _tensor_parallel_worker(kw: dict[str, Any]) -> None:
 
 
 def _data_parallel(input_path: str, output: str, verbose: bool, kw: dict[str, Any]) -> int:
+    from batchgen.app.data_parallel import run_data_parallel
     from batchgen.app.errors import FatalError
-    from batchgen.app.parallel import run_data_parallel
     from batchgen.app.run import merged_target_done
     from batchgen.app.shards import slurm_shard
 

@@ -218,9 +218,9 @@ def test_an_output_that_is_a_directory_gets_no_advice_to_re_run(run, tmp_path):
 
 # -- data parallel: shards are judged as one job ---------------------------------------------------------
 def test_data_parallel_merges_shards_whose_rows_failed_and_judges_the_job(run, tmp_path, tiny_llama):
+    from batchgen.app.data_parallel import _finish
     from batchgen.app.options import RunOptions
     from batchgen.app.outcome import RunFailed
-    from batchgen.app.parallel import _finish
     from batchgen.app.run import merged_target_done
     from batchgen.config import EngineConfig
 
@@ -241,7 +241,7 @@ def test_data_parallel_merges_shards_whose_rows_failed_and_judges_the_job(run, t
     ("codes", "advice"), [([0, 75], "re-run the same command to resume"), ([0, 2], "see their errors above")]
 )
 def test_data_parallel_advises_a_rerun_only_for_stopped_workers(tmp_path, caplog, codes, advice):
-    from batchgen.app.parallel import _finish
+    from batchgen.app.data_parallel import _finish
 
     with caplog.at_level("INFO", logger="batchgen"):
         assert _finish(codes, str(tmp_path / "res.jsonl"), overwrite=False) == max(codes)

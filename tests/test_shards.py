@@ -175,7 +175,7 @@ def test_merge_refuses_mixed_jobs_counts_and_foreign_targets(run_cli, tmp_path):
 
 
 def test_worker_devices():
-    from batchgen.app.parallel import worker_args, worker_devices
+    from batchgen.app.data_parallel import worker_args, worker_devices
 
     assert worker_devices(2, {"CUDA_VISIBLE_DEVICES": "3,5,7"}, 8) == ["3", "5"]
     assert worker_devices(2, {}, 4) == ["0", "1"]
@@ -244,9 +244,9 @@ def test_limits_must_tile_and_busy_shards_are_not_merged(run_cli, tmp_path):
 def test_data_parallel_refusals_and_exit_codes(tiny_llama, tmp_path):
     import signal
 
+    from batchgen.app.data_parallel import _exit_code
     from batchgen.app.errors import FatalError
     from batchgen.app.options import RunOptions
-    from batchgen.app.parallel import _exit_code
     from batchgen.app.run import merged_target_done
     from batchgen.config import EngineConfig
 
