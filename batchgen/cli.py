@@ -286,7 +286,7 @@ def _run(input_path: str, output: str, verbose: bool, kw: dict[str, Any]) -> int
     from batchgen.app.errors import FatalError
     from batchgen.app.run import run
     from batchgen.io.readers import InputError
-    from batchgen.io.rows import MissingColumn, SchemaError, UnknownKey
+    from batchgen.io.row_parser import MissingColumn, SchemaError, UnknownKey
     from batchgen.io.writers import OutputError
     from batchgen.model.location import ModelNotFound
 

@@ -13,7 +13,7 @@ from batchgen.app.prepare import END, Preparer, PromptSettings, RowFailure
 from batchgen.config import SamplingParams
 from batchgen.engine.outputs import GenerationRequest
 from batchgen.io.checkpoint import DoneSet
-from batchgen.io.rows import RowSpec
+from batchgen.io.row_parser import RowSpec
 from batchgen.model.tokenize import encode_prompt
 from batchgen.testing.models import tokenizer_path
 

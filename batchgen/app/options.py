@@ -10,7 +10,7 @@ from typing import Any
 from batchgen.app.shards import Shard
 from batchgen.app.template_options import chat_template_kwargs, read_chat_template, template_fingerprint
 from batchgen.config import MODEL_DEFAULTS, PARAMS, EngineConfig, SamplingParams
-from batchgen.io.rows import RowSpec
+from batchgen.io.row_parser import RowSpec
 
 ON_ERROR = ("record", "skip", "fail")
 
@@ -207,7 +207,7 @@ def options_from_cli(
     """``batchgen run``'s option values -> RunOptions (ValueError: an invalid combination)."""
     from batchgen.app.shards import parse_shard, slurm_shard
     from batchgen.app.stdin_input import check_dashes
-    from batchgen.io.rows import unescape_template
+    from batchgen.io.row_parser import unescape_template
 
     keep = tuple(c.strip() for item in kw["keep_columns"] for c in item.split(",") if c.strip())
     chat = False if kw["no_chat"] else {"auto": None, "on": True, "off": False}[kw["chat_mode"]]

@@ -30,7 +30,7 @@ from batchgen.io.checkpoint import DoneSet
 from batchgen.io.openai_batch import BatchRequests
 from batchgen.io.records import RowKey
 from batchgen.io.row_lines import BadLine
-from batchgen.io.rows import ParsedRow, RowError, RowSpec
+from batchgen.io.row_parser import ParsedRow, RowError, RowSpec
 from batchgen.model.reasoning import ReasoningParser, Thinking
 from batchgen.model.token_bound import TokenBytes, token_bytes
 from batchgen.model.tokenize import Rendered, encode_rendered, render_prompt

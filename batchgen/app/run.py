@@ -41,7 +41,7 @@ from batchgen.io.openai_batch import BatchRequests
 from batchgen.io.openai_output import BatchJob, BatchOutputWriter, created_from
 from batchgen.io.readers import Reader, open_input
 from batchgen.io.row_lines import BadLine
-from batchgen.io.rows import ParsedRow, SchemaError
+from batchgen.io.row_parser import ParsedRow, SchemaError
 from batchgen.io.writers import OutputError, Writer, has_records, open_output, output_format, remove_output
 from batchgen.model.loader import DEFAULT_MODEL_NAME
 from batchgen.model.location import check_model_found

@@ -17,7 +17,7 @@ import orjson
 from batchgen.config import PARAM_NAMES, coerce
 from batchgen.io.chat_inputs import json_kind, normalize_messages, template_kwargs, tool_list
 from batchgen.io.param_keys import key_problem
-from batchgen.io.rows import ParsedRow, RowError
+from batchgen.io.row_parser import ParsedRow, RowError
 
 CHAT_URL, COMPLETIONS_URL = "/v1/chat/completions", "/v1/completions"
 ENDPOINTS = (CHAT_URL, COMPLETIONS_URL)

@@ -5,7 +5,7 @@ import pytest
 
 from batchgen.io.openai_batch import BatchRequests, is_batch_request
 from batchgen.io.openai_output import BatchJob, line_order, response_line, write_responses
-from batchgen.io.rows import ParsedRow, RowError
+from batchgen.io.row_parser import ParsedRow, RowError
 
 CHAT, TEXT = "/v1/chat/completions", "/v1/completions"
 JOB = BatchJob("some-model", 1700000000)

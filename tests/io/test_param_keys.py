@@ -7,7 +7,7 @@ import pytest
 
 from batchgen.config import PARAM_NAMES
 from batchgen.io.param_keys import UNSUPPORTED, key_problem
-from batchgen.io.rows import RowSpec, UnknownKey, parse_overrides
+from batchgen.io.row_parser import RowSpec, UnknownKey, parse_overrides
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,7 @@
 import pytest
 
-from batchgen.io import rows
-from batchgen.io.rows import (
+from batchgen.io import row_parser
+from batchgen.io.row_parser import (
     ParsedRow,
     RowError,
     RowSpec,
@@ -201,7 +201,7 @@ def test_a_rows_template_variables_and_tools_are_data():
 
 def test_chat_columns_are_never_taken_for_sampling_keys(monkeypatch):
     """Even were a sampling parameter ever named like them (every other key refused here)."""
-    monkeypatch.setattr(rows, "key_problem", lambda key: f"looks like a sampling key: {key}")
+    monkeypatch.setattr(row_parser, "key_problem", lambda key: f"looks like a sampling key: {key}")
     spec = RowSpec()
     spec.check_keys(["prompt", "messages", "conversations", "chat_template_kwargs", "tools"], "row 0")
     with pytest.raises(UnknownKey, match="row 0: looks like a sampling key: other"):
