@@ -45,13 +45,13 @@ def _inputs(rows: int, model: Path | None, staggered: bool) -> tuple[Path, Path]
     lack what makes them: the new side runs first)."""
     prompts = Path(f"/tmp/b7_idle_{rows}{'_staggered' if staggered else ''}.jsonl")
     if not prompts.exists():  # staggered: B7s, rows of 16-496 new tokens, ending at different steps
-        from batchgen.bench.commands import write_prompts
+        from batchgen.bench.whole_commands import write_prompts
         from batchgen.bench.workloads import chat_prompts, staggered_lengths
 
         write_prompts(chat_prompts(rows), prompts, staggered_lengths(rows) if staggered else None)
     model = model or Path("/tmp/b7_idle_model")
     if not model.exists():
-        from batchgen.bench.commands import random_embedded_model
+        from batchgen.bench.whole_commands import random_embedded_model
 
         random_embedded_model(model)
     return prompts, model

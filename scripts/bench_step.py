@@ -155,7 +155,7 @@ def sharded_step(name: str, arch: str, batch: int, context: int, gpus: int, step
     """A decode step of a model split over ``gpus`` GPUs, against its roofline: each GPU reads its share
     of the weights and KV at full bandwidth, plus the step's all-reduces (2 per layer + the embedding's)
     timed alone on the job's own process group."""
-    from batchgen.bench.cli_entry import _prepare_sharded
+    from batchgen.bench.harness import _prepare_sharded
     from batchgen.bench.workloads import Workload
 
     cfg = ARCHS[arch]

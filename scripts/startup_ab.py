@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from batchgen.bench.commands import startup_inputs
+from batchgen.bench.whole_commands import startup_inputs
 
 _TRANSFORMERS = {"BATCHGEN_READ_WITH_TRANSFORMERS": "1"}
 VARIANTS = {

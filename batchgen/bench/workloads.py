@@ -4,7 +4,7 @@ GPU workloads use random-weight models built from the real architectures' config
 downloaded; prompts are random token ids of a fixed length and every request decodes exactly
 ``max_new_tokens`` (EOS ignored), so runs are comparable token for token. B4 is the CPU case as a user
 meets it: the embedded model, chat prompts of mixed length (a few long ones among many short), timed as
-whole commands (``bench/commands.py``).
+whole commands (``bench/whole_commands.py``).
 """
 
 from __future__ import annotations

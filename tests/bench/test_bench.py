@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from batchgen.bench import commands, metrics, report
-from batchgen.bench.__main__ import failed, parse_args
-from batchgen.bench.cli_entry import modes_for, run_bench, run_workload
+from batchgen.bench import metrics, report, whole_commands
+from batchgen.bench.command import bench_command, failed
+from batchgen.bench.harness import modes_for, run_bench, run_workload
 from batchgen.bench.runners import base_record
 from batchgen.bench.workloads import (
     RECORDS_SCHEMA,
@@ -169,18 +169,22 @@ def test_b4_prompts_mix_short_and_long():
 
 def test_whole_commands_side_by_side(tiny_llama, tmp_path):
     """batchgen run and the generate_batch command on the same prompt file, each a timed process."""
-    path = commands.write_prompts(
+    path = whole_commands.write_prompts(
         ["Say hi.", [{"role": "user", "content": "Count to three."}]], tmp_path / "p.jsonl"
     )
-    assert commands.read_prompts(str(path))[1] == [{"role": "user", "content": "Count to three."}]
+    assert whole_commands.read_prompts(str(path))[1] == [{"role": "user", "content": "Count to three."}]
     for mode in ("run", "generate_batch"):
-        r = commands.run_command(mode, path, 2, 4, threads=1, target=commands.Target(model=tiny_llama))
+        r = whole_commands.run_command(
+            mode, path, 2, 4, threads=1, target=whole_commands.Target(model=tiny_llama)
+        )
         assert r["error"] is None, r["error"]
         assert r["output_tokens"] == r["expected_tokens"] == 8  # EOS ignored / disabled in both
         assert r["wall_s"] > r["gen_s"] > 0 and r["peak_mem_gib"] > 0 and r["threads_used"] == "1"
         assert not failed(r)
     assert r["steps"] is None  # the baseline has no engine stats; batchgen run's come next
-    run = commands.run_command("run", path, 2, 4, threads=1, target=commands.Target(model=tiny_llama))
+    run = whole_commands.run_command(
+        "run", path, 2, 4, threads=1, target=whole_commands.Target(model=tiny_llama)
+    )
     assert run["steps"] >= 4 and run["cpu_ms_step"] > 0 and run["gpu_active_pct"] is None  # no GPU
     start = run["startup"]  # the command's own start-up breakdown, read from its stats file
     assert 0 < start["ready_s"] <= start["first_token_s"] < run["wall_s"], start
@@ -189,8 +193,8 @@ def test_whole_commands_side_by_side(tiny_llama, tmp_path):
 
 def test_rows_with_their_own_lengths_expect_their_sum(tiny_llama):
     """B7s's per-row max_new_tokens: the run is checked against their sum, not rows x mean."""
-    target = commands.Target(model=tiny_llama)
-    (r,) = commands.run_command_workload("B7s", ["a", "b"], ["run"], 4, 1, 1, target, row_tokens=[3, 6])
+    target = whole_commands.Target(model=tiny_llama)
+    (r,) = whole_commands.run_command_workload("B7s", ["a", "b"], ["run"], 4, 1, 1, target, row_tokens=[3, 6])
     assert r["output_tokens"] == r["expected_tokens"] == 9 and not failed(r), r
 
 
@@ -209,8 +213,8 @@ def test_b7_runs_the_whole_command_and_reads_its_stats(tiny_llama):
     assert modes_for(w, [], True) == ["run"]
     prompts = chat_prompts(8192)
     assert len(set(prompts)) == 8192
-    tiny = commands.Target("cpu", "float32", model=tiny_llama, flags=w.run_flags)
-    (r,) = commands.run_command_workload(w.name, prompts[:3], modes_for(w, [], True), 4, 1, 1, tiny)
+    tiny = whole_commands.Target("cpu", "float32", model=tiny_llama, flags=w.run_flags)
+    (r,) = whole_commands.run_command_workload(w.name, prompts[:3], modes_for(w, [], True), 4, 1, 1, tiny)
     assert r["error"] is None and not failed(r), r
     assert (r["workload"], r["mode"], r["engine"], r["device"]) == ("B7", "run", "batchgen", "cpu")
     assert r["output_tokens"] == r["expected_tokens"] == 3 * 4  # --ignore-eos: every row its 4 tokens
@@ -224,14 +228,14 @@ def test_b7_runs_the_whole_command_and_reads_its_stats(tiny_llama):
     record = {"steps": None, "cpu_ms_step": None, "gpu_active_pct": None, "gpu_ms_step": None, "wall_s": 30.0}
     engine = {"steps": 100, "wall_s": 2.0, "gpu_busy_s": 1.5, "schedule_s": 0.05, "prep_s": 0.03,
               "replay_s": 0.02, "postprocess_s": 0.02, "mask_s": 0.0}  # fmt: skip
-    commands._engine_stats(record, engine)
+    whole_commands._engine_stats(record, engine)
     want = {"steps": 100, "cpu_ms_step": 0.7, "prep_ms_step": 0.3, "replay_ms_step": 0.2,
             "gpu_active_pct": 75.0, "gpu_ms_step": 15.0, "wall_s": 30.0}  # fmt: skip
     assert record == pytest.approx(want)
     # B7w: the same command at 1024 rows a step.
     wide = WORKLOADS["B7w"]
-    target = commands.Target("cuda", wide.dtype, flags=wide.run_flags)
-    argv = commands._argv("run", Path("p.jsonl"), Path("o.jsonl"), 256, None, target)
+    target = whole_commands.Target("cuda", wide.dtype, flags=wide.run_flags)
+    argv = whole_commands._argv("run", Path("p.jsonl"), Path("o.jsonl"), 256, None, target)
     assert argv[-2:] == ["--max-num-seqs", "1024"] and wide.num_requests == w.num_requests
 
 
@@ -241,7 +245,7 @@ def test_b7s_rows_ask_their_own_lengths(tmp_path):
     assert staggered.staggered and staggered.num_requests == WORKLOADS["B7"].num_requests
     lengths = staggered_lengths(8192)
     assert (min(lengths), max(lengths)) == (16, 496) and abs(sum(lengths) / len(lengths) - 256) < 1
-    path = commands.write_prompts(["a", "b"], tmp_path / "p.jsonl", lengths[:2])
+    path = whole_commands.write_prompts(["a", "b"], tmp_path / "p.jsonl", lengths[:2])
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     assert [r["max_new_tokens"] for r in rows] == lengths[:2] and rows[0]["prompt"] == "a"
 
@@ -252,11 +256,34 @@ def test_ratios_use_the_median_of_repeats():
     assert "| B4 | - | 4.00x |" in report.ratios_table(records)
 
 
-def test_cli_args():
-    args = parse_args(["--workload", "B1s", "--workload", "B3", "--out", "x", "--quick"])
-    assert args.workload == ["B1s", "B3"] and args.quick and args.compare_hf
-    args = parse_args(["--threads", "1", "--repeat", "3", "--prompts", "p.jsonl", "--mode", "run"])
-    assert (args.threads, args.repeat, args.prompts, args.mode) == (1, 3, "p.jsonl", ["run"])
+def _bench_args(argv: list[str]) -> dict:
+    """The options ``batchgen bench`` and ``python -m batchgen.bench`` parse ``argv`` into."""
+    with bench_command.make_context("bench", argv) as ctx:
+        return ctx.params
+
+
+def test_cli_args(tmp_path):
+    args = _bench_args(["--workload", "B1s", "--workload", "B3", "--out", "x", "--quick"])
+    assert args["workloads"] == ("B1s", "B3") and args["quick"] and args["compare_hf"]
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("")
+    args = _bench_args(["--threads", "1", "--repeat", "3", "--prompts", str(prompts), "--mode", "run"])
+    assert (args["threads"], args["repeat"], args["prompts"], args["modes"]) == (1, 3, str(prompts), ("run",))
+    assert not _bench_args(["--no-compare-hf"])["compare_hf"]
+
+
+def test_python_m_bench_is_the_same_command():
+    """``python -m batchgen.bench`` (gpu_check.sh) runs the click command: its options, its usage errors."""
+    import subprocess
+    import sys
+
+    bad = subprocess.run(
+        [sys.executable, "-m", "batchgen.bench", "--workload", "B9"], capture_output=True, text=True
+    )
+    assert bad.returncode == 2 and "choose from B1, B1s, B2, B3, B4" in bad.stderr
+    assert "python -m batchgen.bench" in bad.stderr
+    help_ = subprocess.run([sys.executable, "-m", "batchgen.bench", "--help"], capture_output=True, text=True)
+    assert help_.returncode == 0 and "--kv-cache-dtype" in help_.stdout
 
 
 @pytest.mark.parametrize(
@@ -305,24 +332,24 @@ def test_stat_deltas_survive_a_reset():
 
 
 def test_baseline_env_follows_the_thread_setting(monkeypatch):
-    """Same threads: the same OpenMP spin for both commands. Defaults: the baseline does not inherit
+    """Same threads: the same OpenMP spin for both whole_commands. Defaults: the baseline does not inherit
     what batchgen's command line set for itself; a user's own setting reaches both."""
     from batchgen import threads
 
     def fresh_cli_start():
         monkeypatch.setattr(threads, "DEFAULTED", set())
-        monkeypatch.setattr(commands, "DEFAULTED", threads.DEFAULTED)
+        monkeypatch.setattr(whole_commands, "DEFAULTED", threads.DEFAULTED)
         threads.prefer_short_spins()
 
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
     fresh_cli_start()
-    assert commands._env("run", None)["GOMP_SPINCOUNT"] == "1000"
-    assert commands._env("generate_batch", 1)["GOMP_SPINCOUNT"] == "1000"
-    assert "GOMP_SPINCOUNT" not in commands._env("generate_batch", None)
+    assert whole_commands._env("run", None)["GOMP_SPINCOUNT"] == "1000"
+    assert whole_commands._env("generate_batch", 1)["GOMP_SPINCOUNT"] == "1000"
+    assert "GOMP_SPINCOUNT" not in whole_commands._env("generate_batch", None)
     monkeypatch.delenv("GOMP_SPINCOUNT")
     monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")  # the user's choice: nothing added, for either
     fresh_cli_start()
-    assert "GOMP_SPINCOUNT" not in commands._env("run", None)
-    assert "GOMP_SPINCOUNT" not in commands._env("generate_batch", 1)
-    assert commands._env("generate_batch", None)["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert "GOMP_SPINCOUNT" not in whole_commands._env("run", None)
+    assert "GOMP_SPINCOUNT" not in whole_commands._env("generate_batch", 1)
+    assert whole_commands._env("generate_batch", None)["OMP_WAIT_POLICY"] == "PASSIVE"

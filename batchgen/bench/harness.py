@@ -1,4 +1,5 @@
-"""``run_bench``: the click-free entry point behind ``batchgen bench`` and ``python -m batchgen.bench``."""
+"""The bench harness behind ``batchgen bench`` (``run_bench``): each workload prepared once (model, prompts),
+run in each mode beside its baselines, and the tables printed and written."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import Any
 
 import torch
 
-from batchgen.bench import commands, metrics, report, runners
+from batchgen.bench import metrics, report, runners, whole_commands
 from batchgen.bench.workloads import (
     ARCHS,
     EMBEDDED,
@@ -262,20 +263,20 @@ def modes_for(w: Workload, modes: list[str], compare_hf: bool) -> list[str]:
 
 
 def run_command_workload(w: Workload, modes: list[str], compare_hf: bool, opts: CommandOptions):
-    """B4: whole commands on the embedded model (``bench/commands.py``)."""
-    bad = [m for m in modes if m not in commands.COMMAND_MODES]
+    """B4: whole commands on the embedded model (``bench/whole_commands.py``)."""
+    bad = [m for m in modes if m not in whole_commands.COMMAND_MODES]
     if bad or w.arch != EMBEDDED:
         raise ValueError(
-            f"{w.name} runs whole commands on the embedded model: modes {commands.COMMAND_MODES}"
+            f"{w.name} runs whole commands on the embedded model: modes {whole_commands.COMMAND_MODES}"
         )
     on_cpu = w.device == "cpu"
     builtin = mixed_prompts(w.num_requests) if on_cpu else chat_prompts(w.num_requests)
-    prompts = commands.read_prompts(opts.prompts) if opts.prompts else builtin
+    prompts = whole_commands.read_prompts(opts.prompts) if opts.prompts else builtin
     threads = f"{opts.threads} threads each" if opts.threads else "each command's default threads"
     log(f"{w.name}: whole commands, {len(prompts)} prompts, {threads}, {opts.repeat} round(s)")
-    target = commands.Target(w.device, w.dtype, flags=w.run_flags)
+    target = whole_commands.Target(w.device, w.dtype, flags=w.run_flags)
     row_tokens = staggered_lengths(len(prompts)) if w.staggered else None
-    return commands.run_command_workload(
+    return whole_commands.run_command_workload(
         w.name, prompts, modes_for(w, modes, compare_hf), w.max_new_tokens, opts.threads, opts.repeat, target,
         row_tokens,
     )  # fmt: skip
