@@ -375,8 +375,8 @@ def main(argv: list[str] | None = None) -> None:
 
 def _exit_process(code: int | str | None) -> None:
     """End the process once a command returned: its files are written and closed, its threads joined.
-    The interpreter's own teardown (unloading torch, transformers and what they imported) took 1.0-1.4 s
-    on the CPU VM, longer than a short job's generation, and can block in NCCL's destructors after a
+    The interpreter's own teardown (unloading torch, transformers and what they imported) can take longer
+    than a short job's generation, and can block in NCCL's destructors after a
     rank died; a command has nothing left for it to do."""
     if isinstance(code, str):  # sys.exit("message"): Python prints it and exits 1
         print(code, file=sys.stderr)
