@@ -2,7 +2,8 @@
 measured time or rate, or a reference to past work by its number ("session 31", "issue 12") is true of one
 machine on one day, or means something only to whoever was there; such figures belong in
 ``docs/results.md``, where each comes with its source. This guard reads every comment and docstring of the
-package (``tokenize``, so strings in code are not read) and names each offending line."""
+package (``tokenize``, so strings in code are not read; ``//`` comments of its CUDA sources) and names each
+offending line."""
 
 from __future__ import annotations
 
@@ -23,8 +24,8 @@ PAST_WORK = re.compile(r"\b(?:session|stop|issue|wave)s?\s+#?\d+", re.IGNORECASE
 # Figures, not words: a number with a unit of time or rate ("12 ms", "~3 s", "1.5 GB/s", "40k tok/s"), or
 # a speed-up ("1.3x faster"). "a timeout in seconds" or "``TURN_TIMEOUT_S``" describe an API and pass.
 TIMING = re.compile(
-    r"(?<![\w.])~?\d+(?:[.,]\d+)?k?\s?"
-    r"(?:ms|µs|us|ns|s|secs?|seconds|minutes|[GMT]i?B/s|T?FLOP/s|TFLOPS|tok/s|tokens/s|rows/s)(?![\w/])"
+    r"(?<![\w.])~?\d+(?:[.,]\d+)?k?"
+    r"(?:\s?(?:ms|µs|us|ns|[GMT]i?B/s|T?FLOP/s|TFLOPS|tok/s|tokens/s|rows/s)|\s(?:s|secs?|seconds|minutes))(?![\w/])"
     r"|(?<![\w.])\d+(?:\.\d+)?\s?x\s+(?:faster|slower|the speed|speed-?up)"
 )
 RULES = {"a GPU model": GPU_MODEL, "past work by its number": PAST_WORK, "a timing": TIMING}
@@ -44,9 +45,17 @@ def prose(source: str):
             previous = tok.type
 
 
+def cuda_prose(source: str):
+    """(line, text) of every ``//`` comment of a CUDA source."""
+    for line_no, line in enumerate(source.splitlines(), 1):
+        if "//" in line:
+            yield line_no, line[line.index("//") :]
+
+
 def offences(path: Path, root: Path) -> list[str]:
     found = []
-    for line_no, text in prose(path.read_text()):
+    lines = prose if path.suffix == ".py" else cuda_prose
+    for line_no, text in lines(path.read_text()):
         for what, pattern in RULES.items():
             match = pattern.search(text)
             if match:
@@ -80,6 +89,7 @@ def test_the_guard_catches(text, rule):
         "# B7s: rows of staggered lengths; B1 and B3 run at TP=2",
         "# 128 x 128 blocks, 1.5x the tokens at most, a stop token ends the step",
         "# step 0's tokens, the L2 cache, an H2D copy",
+        "// k-step s takes the lane's bytes 4s..4s+3",
     ],
 )
 def test_the_guard_passes(text):
@@ -88,7 +98,8 @@ def test_the_guard_passes(text):
 
 def test_comments_name_no_gpu_timing_or_past_work():
     root = PACKAGE.parent
-    found = [hit for path in sorted(PACKAGE.rglob("*.py")) for hit in offences(path, root)]
+    sources = sorted([*PACKAGE.rglob("*.py"), *PACKAGE.rglob("*.cu")])
+    found = [hit for path in sources for hit in offences(path, root)]
     assert not found, "comments and docstrings that will not stay true (docs/results.md takes figures):\n" + (
         "\n".join(found)
     )
