@@ -1,14 +1,14 @@
 """Keep freed memory in the process on the CPU path: glibc's malloc otherwise maps and unmaps it per op.
 
-A CPU forward allocates every intermediate anew: gathered K/V blocks (~8 MB a layer in a B4 decode
-step), projection outputs, a prefill's [T, 2I] activations (~40 MB). glibc serves blocks above its mmap
-threshold (128 KB, raised on the fly up to 32 MB) with fresh ``mmap`` pages and returns freed heap
-tops above its trim threshold to the kernel, so the next step page-faults all of it in again (2-core
-VM, whole B4 command: 825k minor page faults, 3.3 s of system time).
+A CPU forward allocates every intermediate anew: gathered K/V blocks, projection outputs, a prefill's
+[T, 2I] activations, each megabytes in size. glibc serves blocks above its mmap threshold (raised on the
+fly up to a cap) with fresh ``mmap`` pages and returns freed heap tops above its trim threshold to the
+kernel, so the next step page-faults all of it in again, paid as system time (docs/results.md, "Figures
+behind code choices", counts it on B4).
 
 ``keep_freed_memory`` raises both thresholds (``mallopt``) to 64 MiB once a run knows it computes on the
-CPU: 825k -> 307k page faults on B4. At 1 GiB (270k) the heap's unused top was never returned, and over
-20 000 rows RSS crept +27 MiB (``tests/test_run_memory.py``: +3 MiB with glibc's defaults, +5 at 64 MiB).
+CPU, which removes most of those page faults. Much higher thresholds never returned the heap's unused
+top, so RSS crept over a long run (``tests/test_run_memory.py`` bounds that growth).
 Skipped when the C library is not glibc, when ``MALLOC_*`` variables or ``LD_PRELOAD`` (jemalloc,
 tcmalloc) show the user chose the allocator's policy, and with ``BATCHGEN_KEEP_FREED_MEMORY=0``.
 """

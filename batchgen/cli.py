@@ -16,12 +16,20 @@ from batchgen import __version__
 from batchgen.app.lean_imports import hide_for_command
 from batchgen.app.signals import StoppedEarly
 from batchgen.bench.command import bench_command
-from batchgen.cli_options import GroupedCommand, chat_template_options, reasoning_option, sampling_options
-from batchgen.config import EngineConfig
+from batchgen.cli_options import (
+    GroupedCommand,
+    chat_options,
+    engine_options,
+    input_options,
+    model_options,
+    output_options,
+    run_control_options,
+    sampling_options,
+    shard_options,
+)
 
 EXIT_FATAL, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 75
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
-_DTYPES = ("auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16")
 _SIZE_UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
@@ -83,134 +91,15 @@ def cli() -> None:
 @cli.command("run", cls=GroupedCommand)
 @click.argument("input_path", metavar="INPUT")
 @click.argument("output", metavar="OUTPUT")
-# input
-@click.option("--prompt-column", help="Column holding the prompt (a string or a list of chat messages).")
-@click.option("--template", help=r'Build the prompt from columns: "Q: {question}\nA:" (\n, \t understood).')
-@click.option("--id-column", help="Column holding the row id [default: 'id' when present, else the index].")
-@click.option("--keep-columns", multiple=True, help="Input columns to copy into each record: a,b.")
-@click.option("--limit", type=click.IntRange(min=1), help="Only the first N rows.")
-@click.option("--input-format", type=click.Choice(["auto", "openai", "rows"]), default="auto",
-              show_default=True, help="openai: OpenAI Batch requests (custom_id, url, body), answered in "
-              "OpenAI's response lines; auto: by the first line.")  # fmt: skip
-@click.option(
-    "--shard",
-    help="Run shard I (0-based) of N: a contiguous part of the input [default: the Slurm array task's].",
-)
-@click.option(
-    "--data-parallel",
-    type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
-    help="Run K workers (one GPU each) as K shards, then merge.",
-)
-@click.option(
-    "--chat",
-    "chat_mode",
-    type=click.Choice(["auto", "on", "off"]),
-    default="auto",
-    show_default=True,
-    help="Chat template for plain 'prompt' rows (messages rows always get it).",
-)
-@click.option("--no-chat", is_flag=True, help="Same as --chat off: send plain prompts raw.")
-@click.option("--system-prompt", help="A system message added to every chat prompt.")
-@chat_template_options
+@input_options
+@shard_options
+@chat_options
 # sampling: one option per SamplingParams field (rows override them by the same names)
 @sampling_options
-# output
-@click.option("--return-tokens", is_flag=True, help="Add the completion's token_ids to each record.")
-@reasoning_option
-# model and engine
-@click.option("--model", help="Hub id or local directory [default: the embedded SmolLM2-135M-Instruct].")
-@click.option(
-    "--dtype",
-    type=click.Choice(_DTYPES),
-    default="auto",
-    show_default=True,
-    help="auto = bf16 on CUDA, fp32 on CPU.",
-)
-@click.option("--device", help="cuda, cuda:1, cpu [default: cuda if present].")
-@click.option("--trust-remote-code", is_flag=True)
-# engine
-@click.option(
-    "--max-num-seqs", type=click.IntRange(min=1), default=EngineConfig.max_num_seqs, show_default=True
-)
-@click.option(
-    "--max-batch-tokens", type=click.IntRange(min=1), default=EngineConfig.max_batch_tokens, show_default=True
-)
-@click.option("--max-model-len", type=click.IntRange(min=2), help="[default: the model's context length]")
-@click.option(
-    "--gpu-memory-utilization", type=click.FloatRange(0, 1, min_open=True), default=0.9, show_default=True
-)
-@click.option("--block-size", type=click.IntRange(min=1), default=16, show_default=True)
-@click.option("--async/--sync", "async_mode", default=None, help="[default: async on CUDA]")
-@click.option("--cuda-graphs/--no-cuda-graphs", default=None, help="[default: on on CUDA]")
-@click.option("--prefix-caching/--no-prefix-caching", default=True, show_default=True)
-@click.option(
-    "--threads",
-    type=click.IntRange(min=1),
-    help="CPU threads for the model [default on the CPU: the cores free, by affinity and load average].",
-)
-@click.option("--kv-cache-bytes", hidden=True, help="Explicit KV cache budget, e.g. 2G.")
-@click.option("--attention-backend", type=click.Choice(["torch", "triton"]), hidden=True)
-@click.option(
-    "--model-impl",
-    type=click.Choice(["auto", "batchgen", "transformers"]),
-    default="auto",
-    show_default=True,
-    help="Forward pass: batchgen's fused one (Llama, Mistral, Qwen2/3 and their MoE, Mixtral, OLMoE) or "
-    "transformers' modelling code.",
-)
-@click.option("--tensor-parallel", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Split the model over K GPUs of this node (K processes; gloo on the CPU).")  # fmt: skip
-@click.option("--quantization", type=click.Choice(["fp8"]), help="Quantize the model's projections at load.")
-@click.option("--kv-cache-dtype", type=click.Choice(["auto", "fp8"]), default="auto", show_default=True)
-# run control
-@click.option("--overwrite", is_flag=True, help="Start afresh instead of resuming an existing OUTPUT.")
-@click.option(
-    "--on-error",
-    type=click.Choice(["record", "skip", "fail"]),
-    default="record",
-    show_default=True,
-    help="A bad row: an error record, nothing, or stop with exit 1.",
-)
-@click.option(
-    "--max-error-rate",
-    type=click.FloatRange(0, 1),
-    default=1.0,
-    show_default=True,
-    help="Exit 1 when more than this fraction of rows failed (errors and skips), once all are written. "
-    "A run in which every row failed exits 1 whatever it is.",
-)
-@click.option(
-    "--flush-every",
-    type=click.FloatRange(min=0),
-    default=10.0,
-    show_default=True,
-    help="Seconds between durable flushes (a crash loses at most this much).",
-)
-@click.option(
-    "--log-every",
-    type=click.FloatRange(min=0),
-    default=30.0,
-    show_default=True,
-    help="Seconds between progress lines when stderr is not a terminal.",
-)
-@click.option(
-    "--drain-timeout",
-    type=click.FloatRange(min=0),
-    default=30.0,
-    show_default=True,
-    help="On SIGTERM/SIGINT/SIGUSR1: seconds to finish in-flight rows before exit 75.",
-)
-@click.option("--stats-file", type=click.Path(dir_okay=False), help="Write the final summary here as JSON.")
-@click.option(
-    "--progress/--no-progress",
-    "progress_bar",
-    default=None,
-    hidden=True,
-    help="Force the tqdm bar on or off [default: on a terminal].",
-)
-@click.option("-v", "--verbose", is_flag=True, help="Debug logs; tracebacks with errors.")
+@output_options
+@model_options
+@engine_options
+@run_control_options
 def run_command(input_path: str, output: str, verbose: bool, **kw: Any) -> None:
     """Generate a completion for every row of INPUT into OUTPUT (.jsonl or .parquet).
 
@@ -375,8 +264,8 @@ def main(argv: list[str] | None = None) -> None:
 
 def _exit_process(code: int | str | None) -> None:
     """End the process once a command returned: its files are written and closed, its threads joined.
-    The interpreter's own teardown (unloading torch, transformers and what they imported) took 1.0-1.4 s
-    on the CPU VM, longer than a short job's generation, and can block in NCCL's destructors after a
+    The interpreter's own teardown (unloading torch, transformers and what they imported) can take longer
+    than a short job's generation, and can block in NCCL's destructors after a
     rank died; a command has nothing left for it to do."""
     if isinstance(code, str):  # sys.exit("message"): Python prints it and exits 1
         print(code, file=sys.stderr)

@@ -159,8 +159,8 @@ class LLM:
         if self._workers is None:
             return
         # The decode graphs hold NCCL work captured on the group's communicators, and tearing the group
-        # down waits for such work while its graphs live (both an orderly destroy and an abort hung on
-        # the H200 with the graphs alive): free the engine, and with it every graph, first.
+        # down waits for such work while its graphs live (both an orderly destroy and an abort hung with
+        # the graphs alive): free the engine, and with it every graph, first.
         if getattr(self, "_engine", None) is not None:
             self._closed_stats = self._engine.stats
         self._engine = self._rank = None

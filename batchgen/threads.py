@@ -2,14 +2,14 @@
 
 torch's default, one thread per core, is the worst choice on a machine shared with other work: every
 parallel op waits at a barrier for its slowest thread, and a thread that lost its core to another process
-stalls the op for a scheduler time slice. Measured on a 2-core VM at load average ~3, with OpenMP's
-default spinning: the B4 generation took 41-43 s with 1 thread, 71 s and 428 s in two runs with 2.
+stalls the op for a scheduler time slice. On a loaded 2-core machine, with OpenMP's default spinning,
+B4's generation ran slower on 2 threads than on 1, and by far (docs/results.md).
 
 So on the CPU (unless ``--threads N`` / ``LLM(threads=N)`` fixes the count):
 - the run starts with the cores this process may use (``os.sched_getaffinity``: taskset, cgroups, Slurm)
-  less those other work keeps busy (their idle time over 0.1 s; the 1-minute load average without
-  /proc), at least one; ``OMP_NUM_THREADS`` caps it, and
-  so does a lower count set on torch beforehand;
+  less those other work keeps busy (their idle time over ``busy_cores``' window; the 1-minute load average
+  without /proc), at least one; ``OMP_NUM_THREADS`` caps it, and so does a lower count set on torch
+  beforehand;
 - every couple of seconds a ``ThreadGovernor`` looks at what happened since: one thread fewer while this
   process's threads waited for a CPU (their run-queue delay in ``/proc/self/task/*/schedstat``), one
   more while a core of its affinity sat idle (``/proc/stat``), waiting longer after each step down so a
@@ -19,18 +19,17 @@ tokenized one at a time in the prompt thread, and a pool would only compete with
 
 The command line also shortens how long an idle OpenMP thread spins before it sleeps: 1000 rounds
 (``GOMP_SPINCOUNT=1000``, unless it or ``OMP_WAIT_POLICY`` is set; read once, when torch loads) instead
-of 300000. Beside other work, a spinning thread burns the time slice its descheduled partner needs.
-Measured on the 2-core VM with 2 threads: at load ~4.5, 16 B4 steps took 31-101 s with the default
-spin, 17-25 s with 1000 (13-22 s on 1 thread); at load ~1.5 the whole B4 generation took 23.5-23.7 s
-with the default, 23.2-25.5 s with 1000, 27.9-30.8 s never spinning (``OMP_WAIT_POLICY=PASSIVE``).
+of 300000. Beside other work, a spinning thread burns the time slice its descheduled partner needs:
+under load the short spin ran B4's steps far faster than the default, and on an idle machine about as
+fast, where never spinning (``OMP_WAIT_POLICY=PASSIVE``) was slower (docs/results.md).
 
-While ``batchgen run`` generates, the interpreter hands the GIL over every 0.2 ms instead of 5
-(``engine_switching``). The engine thread gives the GIL up at every torch call and numpy copy; another
-thread that takes it keeps it until it blocks or the switch interval ends, and the GPU waits. Measured
-on the H200 with the embedded model's shape at 1024 rows (B7w), one in-process A/B: launch 3.38 -> 1.31
-ms a step, generation 15.1 -> 10.7 s; at 256 rows no change beyond noise. Whole-command B7w runs after
-it did not reproduce the gain (116-153k tok/s across runs), and moving prompt encoding to another process
-did not help either: it bounds a wait, it is not shown to be the limit (docs/results.md, session 19).
+While ``batchgen run`` generates, the interpreter hands the GIL over every ``ENGINE_SWITCH_S`` instead
+of Python's longer default (``engine_switching``). The engine thread gives the GIL up at every torch call
+and numpy copy; another thread that takes it keeps it until it blocks or the switch interval ends, and
+the GPU waits. In process, with the embedded model's shape at 1024 rows (B7w), that shortened the launch
+of a step by more than half; at 256 rows it changed nothing beyond noise. Whole-command B7w runs did not
+reproduce the gain, and moving prompt encoding to another process did not help either: the interval
+bounds a wait, it is not shown to be the limit (docs/results.md).
 """
 
 from __future__ import annotations
@@ -55,7 +54,7 @@ _IDLE_CORES = 0.75  # idle time, in cores, that means a core is free
 _HOLD_S, _MAX_HOLD_S = 10.0, 300.0  # no step up for this long after a step down, doubled each time
 
 
-ENGINE_SWITCH_S = 2e-4  # GIL switch interval while the engine runs (the default is 5 ms)
+ENGINE_SWITCH_S = 2e-4  # GIL switch interval while the engine runs (Python's default is far longer)
 TURN_TIMEOUT_S = 0.05  # a helper's longest wait for the engine to block: longer than a wave of new rows
 SHORT_SPINS = {"GOMP_SPINCOUNT": "1000"}
 DEFAULTED: set[str] = set()  # the variables prefer_short_spins set (the user had not)
@@ -249,8 +248,8 @@ class HostTurns:
     then on ``take()`` returns at once until the engine next waits, so the writer never falls behind on
     a host-bound run (each helper also stops taking turns when its own queue says it is behind). A unit
     started during a wait may run on into the engine's next step, until the unit ends or the GIL's switch
-    interval (0.2 ms) hands the GIL back. Measured on the H200 (B7, in-process A/Bs): host pauses over
-    1 ms between decode steps 142-294 -> 64-258 a run, docs/results.md (26).
+    interval (``ENGINE_SWITCH_S``) hands the GIL back. In B7's in-process A/Bs the turns made the host's
+    long pauses between decode steps fewer (docs/results.md).
     """
 
     def __init__(self, timeout_s: float = TURN_TIMEOUT_S) -> None:

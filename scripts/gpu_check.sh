@@ -3,7 +3,7 @@
 # under a JSON Schema: structured output; needs `make gpu-assets` shipped for xgrammar), B7 (the whole
 # CLI with a small model: host time per step), and on a
 # machine with 2+ GPUs tensor parallelism (B5, B1s at TP=2) and --data-parallel.
-# The mixture-of-experts stage (~4 minutes) runs only when asked: STAGES="moe" (its GPU tests, the
+# The mixture-of-experts stage (minutes long) runs only when asked: STAGES="moe" (its GPU tests, the
 # B6 decode step against its roofline, B6 async beside transformers' forward); STAGES="fp8" the FP8 ones
 # (fp8-tests, fp8-bench; fp8-b1 runs B1 alone); STAGES="startup startup-newest startup-8b" the start-up A/Bs;
 # STAGES=b7-idle where B7's GPU waits (B7_IDLE_OLD=DIR: against another checkout, interleaved;
@@ -99,17 +99,17 @@ fi
 TP_ARGS="${TP_ARGS:---workload B5 --workload B1s --tensor-parallel 2 --mode async}"
 # shellcheck disable=SC2086
 has tp && stage tp 420 "$RUN/tp.log" "$PY" -m batchgen.bench $TP_ARGS --out "$RUN/tp"
-# --data-parallel over every visible GPU vs one GPU, on a job of about a minute on one GPU (issue 15:
-# >= 1.6x at two GPUs; 10 240 rows x 256 tokens of a Qwen3-0.6B shape, ~45 s of generation).
+# --data-parallel over every visible GPU vs one GPU, on a job long enough that start-up does not hide the
+# scaling (10 240 rows x 256 tokens of a Qwen3-0.6B shape; docs/results.md has the target and outcomes).
 DP_ARGS="${DP_ARGS:---rows 10240}"
 # shellcheck disable=SC2086
 has dp && stage dp 300 "$RUN/dp.log" "$PY" scripts/dp_check.py $DP_ARGS
-# Start-up (issue 15): its phases with the checkpoint read from its files, through transformers, and with
+# Start-up: its phases with the checkpoint read from its files, through transformers, and with
 # every package transformers finds imported; "startup-newest" the same under the newest transformers
 # (.gpu-assets/newest, installed apart from the machine's own).
 has startup && stage startup 300 "$RUN/startup.log" "$PY" scripts/startup_ab.py --rounds "${STARTUP_ROUNDS:-2}"
-# An 8B checkpoint's start-up (random Llama-3-8B weights written to disk first; the target: <= 12 s plus
-# the time to read its weights).
+# An 8B checkpoint's start-up (random Llama-3-8B weights written to disk first): what it costs beyond
+# reading its weights.
 has startup-8b && stage startup-8b 420 "$RUN/startup-8b.log" "$PY" scripts/startup_ab.py --rounds 1 --arch llama3-8b
 if has startup-newest && "$PY" -m pip install -q --no-index --no-deps --target /tmp/site-newest .gpu-assets/newest/*.whl; then
     PYTHONPATH="/tmp/site-newest:$PYTHONPATH" stage startup-newest 300 "$RUN/startup-newest.log" \
@@ -146,7 +146,7 @@ has sampling && stage sampling-plain 300 "$RUN/sampling-plain.log" "$PY" -m batc
     --no-compare-hf --out "$RUN/sampling-plain"
 has sampling && stage sampling-params 300 "$RUN/sampling-params.log" "$PY" -m batchgen.bench --workload B2 \
     --mode async --no-compare-hf --sampling "$SAMPLING_ARGS" --out "$RUN/sampling-params"
-# STAGES=b2-why: B2's FP8 decode kernels in bench_step against the whole run, under nsys (~6 minutes).
+# STAGES=b2-why: B2's FP8 decode kernels in bench_step against the whole run, under nsys (a long stage).
 has b2-why && stage b2-why 560 "$RUN/b2-why.log" bash scripts/b2_why.sh "$RUN"
 
 tar czf "$OUT/logs.tgz" -C "$RUN" . && rm -rf "$RUN"

@@ -55,8 +55,8 @@ def tiny_llama(tiny_models) -> str:
 
 @pytest.fixture(scope="module")
 def one_torch_thread():
-    """Tiny models gain nothing from intra-op threads, and on a busy 2-core runner their spin-waits
-    make every step ~10x slower. Use with ``pytestmark = pytest.mark.usefixtures("one_torch_thread")``."""
+    """Tiny models gain nothing from intra-op threads, and on a busy 2-core runner their spin-waits make every
+    step many times slower. Use with ``pytestmark = pytest.mark.usefixtures("one_torch_thread")``."""
     import torch
 
     threads = torch.get_num_threads()

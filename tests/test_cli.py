@@ -87,7 +87,7 @@ def test_jsonl_run_writes_documented_records(gen, tmp_path):
     assert summary["status"] == "complete" and summary["rows"] == 5 and summary["errors"] == 0
     assert summary["completion_tokens"] == sum(r["completion_tokens"] for r in records)
     assert "complete: 5 rows" in err and "tok/s" in err
-    startup = summary["startup"]  # where the time to the first token went (issue 15)
+    startup = summary["startup"]  # where the time to the first token went
     phases = ("before_engine_s", "config_tokenizer_s", "model_s", "kv_cache_s")
     assert all(startup[k] >= 0 for k in phases) and startup["model_s"] > 0
     assert startup["first_token_s"] >= startup["ready_s"] >= sum(startup[k] for k in phases)

@@ -1,4 +1,4 @@
-"""Guards on the code's shape (README, "How we write code"): the host-side scheduling modules never
+"""Guards on the code's shape, the house rules made checks: the host-side scheduling modules never
 import torch, and no module (package, tests, scripts) outgrows ~400 lines. Checked on the source, so a
 violation fails here, in CI, rather than in a review."""
 

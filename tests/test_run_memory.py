@@ -92,7 +92,7 @@ def _quantile_kib(samples: list, rows: tuple[int, int], column: int, quantile: f
 
 
 def test_rss_stays_flat_over_many_rows(tiny_llama, tmp_path):
-    """20 000 rows of two new tokens each (~25 s): once warm, the run holds no more memory after the
+    """20 000 rows of two new tokens each (a long run): once warm, the run holds no more memory after the
     last rows than a few thousand rows in. What glibc keeps of freed memory (allocator.py keeps up to
     64 MiB on the CPU path, and fragmentation leaves holes it cannot return) comes and goes by tens of MiB
     from run to run, so it is told apart from what the run holds: RSS minus the free bytes in malloc's

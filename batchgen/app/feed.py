@@ -57,8 +57,8 @@ class Feed:
             self._chunk = iter(chunk)
 
     def _get(self) -> Any:
-        """The preparer's next item (0.05 s at most); while none is ready the engine waits for it, which
-        is the helper threads' turn."""
+        """The preparer's next item (after a short wait at most); while none is ready the engine waits for it,
+        which is the helper threads' turn."""
         if self.turns is None or not self.preparer.queue.empty():
             return self.preparer.queue.get(timeout=0.05)
         with self.turns.engine_waits():

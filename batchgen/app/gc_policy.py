@@ -1,15 +1,14 @@
 """Python's garbage collector while a run generates.
 
 A full (generation 2) collection walks every tracked object. Once torch and transformers are imported
-and a model is built, that is hundreds of thousands of objects: one such pass took 219-224 ms in
-``scripts/bench_host.py --library-heap`` (the engine loop, 2-core VM), a stall the GPU sees as idle time
-between steps. ``frozen_heap`` moves everything that exists when generation starts into the permanent
-generation (``gc.freeze``), so later collections only walk the run's own objects (requests, outputs):
-the same loop's collections then paused at most 4-6 ms (``docs/results.md``). Inside the block the
-youngest generation is also collected less often (every ``YOUNG_OBJECTS`` net new objects instead of
-700): a request, its token lists and its output live for hundreds of steps, so at 700 each was walked
-by several collections while alive; at 10 000 most are gone (freed by reference counting) before one
-runs. The same loop: 43 collections, 58 ms in all -> 3, 14 ms; the longest pause 6 -> 7 ms. ``GcPauses``
+and a model is built, that is hundreds of thousands of objects, and one such pass is a stall the GPU
+sees as idle time between steps. ``frozen_heap`` moves everything that exists when generation starts
+into the permanent generation (``gc.freeze``), so later collections only walk the run's own objects
+(requests, outputs), and their pauses shrink by far (``docs/results.md``). Inside the block the youngest
+generation is also collected less often (every ``YOUNG_OBJECTS`` net new objects instead of Python's
+default): a request, its token lists and its output live for hundreds of steps, so at the default each
+was walked by several collections while alive; at ``YOUNG_OBJECTS`` most are gone (freed by reference
+counting) before one runs, so far fewer collections run for about the same longest pause. ``GcPauses``
 times every collection made inside the block, so a run's stats file shows what the collector still
 costs.
 """

@@ -3,8 +3,8 @@ installed, though text generation never calls them.
 
 transformers' config and tokenizer modules import its image and video helpers, which import torchvision
 when it is installed (most PyTorch images ship it), and torchvision imports torch._dynamo and sympy;
-transformers 5.17's generation utilities import scikit-learn the same way. On the H200 machine that was
-~4.7 s and ~1.8 s of every process's start-up (``scripts/profile_startup.py``). A package marked absent
+transformers' generation utilities import scikit-learn the same way. Those imports were seconds of every
+process's start-up (docs/results.md, "Installs and start-up without transformers"). A package marked absent
 in ``sys.modules`` (``None``) makes ``importlib.util.find_spec`` answer None, so transformers treats it as
 not installed. The command line hides these unless ``--trust-remote-code`` (remote code may import them)
 or ``BATCHGEN_IMPORT_ALL=1``; the names travel to its worker processes in ``BATCHGEN_HIDDEN_PACKAGES``.

@@ -272,8 +272,8 @@ class _Job:
         feed.snapshot = llm.snapshot  # what the 'submit' fault point reports
         failure: BaseException | None = None
         try:
-            # The engine thread gets the GIL back within 0.2 ms, and on a GPU the helper threads work
-            # while it waits for the device (threads.py); no collection walks the model's and the
+            # The engine thread gets the GIL back within one short switch interval, and on a GPU the helper
+            # threads work while it waits for the device (threads.py); no collection walks the model's and the
             # libraries' objects again (gc_policy.py).
             generating = turns.generating() if turns is not None else nullcontext()
             with engine_switching(), frozen_heap(self.gc_pauses), generating:

@@ -126,7 +126,7 @@ class Sink(threading.Thread):
             self.flush()
 
     def _take(self) -> list:
-        """What is queued, in order, up to a close (waits up to 0.25 s for the first item)."""
+        """What is queued, in order, up to a close (waits a short while at most for the first item)."""
         try:
             items = [self.queue.get(timeout=0.25)]
         except queue.Empty:

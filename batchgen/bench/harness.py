@@ -312,10 +312,11 @@ def run_workload(
 
 
 def _burn_in(p, mode: str, bandwidth: float, sizes) -> None:
-    """One untimed run of the first mode before any timed one. Measured on the H200: whichever mode ran
-    first on a fresh model took ~11 ms per decode step on B3 and the second ~9.6 ms, in either order.
-    Capped at 1024 new tokens, so that B1 (8192) does not run twice, and at one wave of requests
-    (B2, B6: every step shape is met in the first wave)."""
+    """One untimed run of the first mode before any timed one: whichever mode ran first on a fresh model
+    had slower decode steps than the second, in either order, so the first timed mode would pay a warm-up
+    the others do not (docs/results.md, "Figures behind code choices"). Capped at 1024 new tokens, so that B1
+    (8192) does not run twice, and at one wave of requests (B2, B6: every step shape is met in the first
+    wave)."""
     log(f"{p.workload.name}: burn-in ({mode}, untimed)")
     short = replace(p.workload, max_new_tokens=min(p.workload.max_new_tokens, _BURN_IN_TOKENS))
     _safe_run(replace(p, workload=short, prompts=p.prompts[:_MAX_NUM_SEQS]), mode, bandwidth, sizes)

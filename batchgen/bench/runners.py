@@ -198,8 +198,8 @@ def run_generate_batch(
 
 def _cpu_cb_config(prompts: list[list[int]], new_tokens: int):
     """On CPU, generate_batch sizes its cache and static buffers as if RAM were GPU memory: gigabytes
-    filled at start-up (20 s for a tiny model). Size them for the workload instead. GPU runs keep the
-    defaults, as a user would."""
+    filled at start-up (longer than a tiny model's whole run). Size them for the workload instead. GPU runs
+    keep the defaults, as a user would."""
     from transformers.generation import ContinuousBatchingConfig
 
     page = ContinuousBatchingConfig().page_size

@@ -1,4 +1,4 @@
-"""The benchmark workloads (DESIGN.md, "How speed is measured"): shapes, prompts and random models.
+"""The benchmark workloads (docs/results.md reports them): shapes, prompts and random models.
 
 GPU workloads use random-weight models built from the real architectures' configs, so nothing is
 downloaded; prompts are random token ids of a fixed length and every request decodes exactly
@@ -174,9 +174,9 @@ WORKLOADS: dict[str, Workload] = {
     "B2": Workload("B2", "llama3-8b", 1024, 512, 512, hf_max_new_tokens=128),
     "B3": Workload("B3", "qwen3-0.6b", 256, 128, 1024, hf_max_new_tokens=256),
     "B4": Workload("B4", EMBEDDED, 78, 0, 64, device="cpu", dtype="float32", command=True),
-    # B4 with both commands in bf16: a CPU with avx512_bf16 or AMX runs bf16 matmuls ~3x faster than fp32
+    # B4 with both commands in bf16: a CPU with avx512_bf16 or AMX runs bf16 matmuls faster than fp32
     "B4b": Workload("B4b", EMBEDDED, 78, 0, 64, device="cpu", dtype="bfloat16", command=True),
-    # The whole `batchgen run` on a GPU with a small model: is the host fast enough (issue 12)?
+    # The whole `batchgen run` on a GPU with a small model: is the host fast enough to keep the GPU busy?
     "B7": Workload("B7", EMBEDDED, 8192, 0, 256, command=True, baselines=()),
     # B7 with rows of 16-496 new tokens (mean 256): they end at different steps, as completions ending on
     # EOS do, so new rows join the running batch every few steps (engine/admission.py).
@@ -189,7 +189,7 @@ WORKLOADS: dict[str, Workload] = {
     "B5": Workload("B5", "llama3-70b", 64, 512, 1024, tensor_parallel=2),
     # The fused MoE path; its baseline is one wave (256 = max_num_seqs) of the same requests.
     "B6": Workload("B6", "qwen3-30b-a3b", 512, 512, 512, baselines=("hf_forward",), hf_num_requests=256),
-    # B3 with a JSON Schema on every row (issue 14: >= 0.8x B3's tok/s, GPU active >= 95 %)
+    # B3 with a JSON Schema on every row: what structured output costs against B3 (docs/results.md, B3j)
     "B3j": Workload("B3j", "qwen3-0.6b", 256, 128, 1024, baselines=(), json_schema=RECORDS_SCHEMA),
 }
 

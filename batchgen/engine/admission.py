@@ -1,11 +1,11 @@
-"""When new rows join a running batch on a GPU: rent or buy (issue 12, small models).
+"""When new rows join a running batch on a GPU: rent or buy (small models).
 
 A step that starts new prompts costs more than a decode step. Eagerly, a small model's such step is
-host-bound: ~15 ms of kernel launches where a decode graph replays in ~1.3 ms (the embedded model on the
-H200); replayed from its token bucket's graph (mixed_graphs.py) it costs its padded GPU work. When rows
-end a few at a time (EOS, or per-row lengths, as in real jobs), admitting each new row as soon as one is
-free makes nearly every step such a step: B7 with row lengths of 16-496 tokens ran at 17.4k tok/s,
-against 153k with every row 256 tokens long (docs/results.md).
+host-bound: its kernel launches take many times as long as a decode graph's replay; replayed from its
+token bucket's graph (mixed_graphs.py) it costs its padded GPU work. When rows end a few at a time (EOS,
+or per-row lengths, as in real jobs), admitting each new row as soon as one is free makes nearly every
+step such a step: B7 with staggered row lengths (B7s) ran at a fraction of B7's throughput
+(docs/results.md).
 
 So a free row waits, as in the ski-rental problem. Each step that holds new rows back leaves rows idle:
 the rent, counted in row-steps (rows left empty that waiting requests could have used). A step with new
@@ -47,7 +47,7 @@ class StepCosts:
         self.decode_steps_per_join = 0.0  # 0 until both kinds were measured
 
     def eager(self, launch_ms: float, busy_ms: float) -> None:
-        if self._first_eager:  # a process's first eager step pays Triton's start (~0.3-0.8 s): not a cost
+        if self._first_eager:  # a process's first eager step pays Triton's start: not a cost
             self._first_eager = False
             return
         # A launch hidden behind the GPU's work costs nothing: that work is the prompts' own.

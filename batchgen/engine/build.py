@@ -24,9 +24,9 @@ from batchgen.threads import ThreadGovernor, set_cpu_threads
 
 ACTIVATION_RESERVE = 2 << 30  # CUDA: room for activations and logits beside the KV pool
 # A graph is captured on its key's 5th use (graph_capture.py): keys a run meets a few times only (a short
-# job) stay eager. Rent or buy: on B7 (H200, a small model) 32 eager uses first made the whole command
-# 0.6-6.8 s slower than 4, when a capture cost ~65 ms (two warm-up runs, a device sync); after eager uses
-# it now only records (~10 ms), and the eager uses measure a mixed key's bucket (mixed_graphs.MIN_RUNS).
+# job) stay eager. Rent or buy: on B7 (a small model) many more eager uses first made the whole command
+# slower, when a capture still paid its own warm-up runs and a device sync; after eager uses it now only
+# records, and the eager uses measure a mixed key's bucket (mixed_graphs.MIN_RUNS).
 CAPTURE_AFTER = 4
 DEFAULT_MAX_MODEL_LEN = 4096
 
@@ -105,7 +105,7 @@ def _triton_warmup(options: EngineConfig, device: torch.device, dtype: torch.dty
 
 
 class _Clock:
-    """Seconds each start-up phase took, the device's queued work included (issue 15 asks for the parts)."""
+    """Seconds each start-up phase took, the device's queued work included, so a slow start says where."""
 
     def __init__(self, device: torch.device) -> None:
         self.device, self.phases = device, {}

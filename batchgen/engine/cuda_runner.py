@@ -14,12 +14,11 @@ where a token bucket's eager runs were bound by their launch (small models), rep
 bucket (``cuda_slots.mixed_shape``: its tokens, and as many sequence rows, up to ``max_num_seqs``;
 mixed_graphs.py). Graphs are captured on demand (``capture_after``, graph_capture.py): a key's first
 uses run eagerly at the bucket's shape and bounds, the very computation the graph replays, and the next
-use captures it (~10 ms of host time for a small model: it only records, the eager runs were its
-warm-up); a token bucket's key also waits for the bucket's verdict. A run then pays only for the buckets
-it uses often, and its first token waits for no capture (capturing all 30 greedy graphs of a small model
-up front took ~2 s of its ~7 s start-up on the H200). ``capture_after=0`` captures a decode key on first
-use, and ``capture_all`` every decode key up front (tensor parallelism: every rank captures together; it
-has no mixed graphs).
+use captures it (cheaply: it only records, the eager runs were its warm-up); a token bucket's key also waits
+for the bucket's verdict. A run then pays only for the buckets it uses often, and its first token waits for no
+capture (capturing every greedy graph of a small model up front was a large part of its start-up).
+``capture_after=0`` captures a decode key on first use, and ``capture_all`` every decode key up front (tensor
+parallelism: every rank captures together; it has no mixed graphs).
 A masked step (structured output) runs as two parts on the compute stream, each a graph for decode
 steps: ``launch`` enqueues its forward into a logits buffer; ``sample`` copies the token masks the engine
 filled meanwhile (H2D stream) and enqueues the sampling behind that copy. The engine calls ``sample``

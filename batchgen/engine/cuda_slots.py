@@ -3,7 +3,7 @@ events that guard their reuse (cuda_runner.py says how they are ordered).
 
 A step's inputs travel as one packed buffer: every field is a typed view into one pinned byte buffer,
 laid out for the step's shape (rows of each kind), and one copy moves the used bytes to the same layout
-in the slot's device byte buffer (issue 12: a copy per field cost ~10 us of host time each). A graph is
+in the slot's device byte buffer (a copy per field cost host time for each field, every step). A graph is
 captured on the views of its bucket's layout (``decode_shape``, ``mixed_shape``), so a replay finds its
 inputs where it reads them; a layout is a pure function of the shape, so views made again after being
 forgotten point at the same bytes.
@@ -222,8 +222,8 @@ def fill_host(host: dict[str, np.ndarray], inputs: StepInputs) -> None:
 
     Block tables: a row's columns past the step's widest table keep whatever the buffer held (another
     layout's fields). No kernel reads a row's table past its own length (tests/kernels/
-    test_block_tables.py); zeroing them wrote max_blocks - W columns a row every step (2 MB a step at
-    1024 rows and 512 blocks, and 7 % of the engine thread's samples in B7)."""
+    test_block_tables.py); zeroing them wrote max_blocks - W columns a row every step, megabytes a step
+    for a wide batch, a visible share of the engine thread's time."""
     for name, view in host.items():
         src = getattr(inputs, name)
         n = len(src)

@@ -5,8 +5,8 @@ postprocesses step N, so the host's work overlaps the device's. Postprocessing t
 late: a request that finished in step N may sit in step N+1 too; that extra token is discarded and the
 request's blocks are released only once step N+1 is done with them. An iteration postprocesses step N,
 launches step N+2 and only then hands the finished rows to the caller and pulls new ones, so that work
-(writing outputs, tokenized rows becoming requests: ~15 ms when 256 rows finish together) runs with two
-steps queued on the device rather than one (B7: +5-15 %, docs/results.md).
+(writing outputs, tokenized rows becoming requests: longer than a small model's step when a whole batch
+finishes together) runs with two steps queued on the device rather than one (docs/results.md, B7).
 
 Structured output: a step with constrained rows is launched in two parts (runner.py). Its logits are
 computed at once; its token masks depend on the tokens of the step before, so they are filled, and the

@@ -168,7 +168,7 @@ class Guide:
     def accept(self, token: int) -> bool:
         """Advance by ``token``; False when the grammar refuses it (a masked sampler never picks one)."""
         ok = self.matcher.accept_token(token)
-        if token in self.stops:  # only a stop token ends a grammar (asking each step costs ~1 us a row)
+        if token in self.stops:  # only a stop token ends a grammar (asking every step costs host time a row)
             self.done = self.matcher.is_terminated()
         return ok
 

@@ -1,5 +1,5 @@
-"""Where a CUDA run's compute stream sat idle between steps (issue 12: a small model's GPU waits for the
-host). Timing events on the compute stream mark each step's start and end; when the host fetches step N,
+"""Where a CUDA run's compute stream sat idle between steps (a small model's GPU waits for the host).
+Timing events on the compute stream mark each step's start and end; when the host fetches step N,
 the gap since step N-1 ended is known, and is filed under what step N was: ``graph``, a decode step (a
 replay, or its bucket's first uses before the capture); ``eager``, a step with new prompts or their
 chunks run eagerly; ``mixed``, such a step replayed by its token bucket's graph (mixed_graphs.py).

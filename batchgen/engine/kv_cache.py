@@ -80,7 +80,7 @@ def allocate(
 
 def _lazy_zeros(dims: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """Zeros whose pages the OS maps on first write (numpy's calloc): torch.zeros writes the whole pool
-    at start-up (1.3 s for the CPU's 1 GiB default on the 2-core VM) and holds it in RSS from then on,
+    at start-up (seconds for the CPU's default pool) and holds it in RSS from then on,
     while a CPU run touches only the blocks its sequences use."""
     nbytes = math.prod(dims) * torch.empty((), dtype=dtype).element_size()
     return torch.from_numpy(np.zeros(nbytes, np.uint8)).view(dtype).view(dims)

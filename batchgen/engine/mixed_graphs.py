@@ -1,8 +1,9 @@
-"""Which steps with new prompts replay a CUDA graph (issue 12: small models).
+"""Which steps with new prompts replay a CUDA graph (small models).
 
 A step that starts new prompts (or runs a prompt's chunk beside decodes) has a token count that changes
 from step to step, so no decode graph fits it. Eagerly, a small model's such step is bound by its host
-launch: ~16 ms for the embedded model's ~300 kernels on the H200, where the GPU needs ~3. Padded to a
+launch: the embedded model's hundreds of kernels take the host several times as long to launch as
+the GPU takes to run them. Padded to a
 token bucket, the step is graph-capturable (``cuda_slots.fill_host``: padding tokens write no KV,
 padding sequences have no query rows), with its sequences and samples padded to
 ``cuda_slots.mixed_shape``.

@@ -6,7 +6,7 @@ A request holds a row from admission until it stops running (finished or preempt
 - its sampling constants and the constants the postprocessor checks (limit, EOS, watched rows);
 - its per-step counters (``Request``'s ``RowCounter`` fields live here while it holds the row), so the
   scheduler, the batch builder and the postprocessor advance hundreds of decoding rows with a few array
-  operations instead of a Python loop over them (issue 12: host time per step).
+  operations instead of a Python loop over them (host time per step bounds a small model's GPU).
 
 Pure numpy; the scheduler claims and frees rows.
 """

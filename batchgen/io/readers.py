@@ -27,7 +27,7 @@ from batchgen.io.row_lines import BOM, RowSkip, numbered_rows
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".jsonl.gz", ".ndjson.gz", ".jsonl.zst", ".ndjson.zst")
 PARQUET_SUFFIX = ".parquet"
 _HEAD_BYTES = 1 << 20  # fingerprint() hashes this much of the head (compared for states before input.digest)
-_COUNT_LIMIT = 4 << 30  # count the rows of plain JSONL for progress up to this size (~3 s)
+_COUNT_LIMIT = 4 << 30  # count the rows of plain JSONL for progress up to this size (seconds of scanning)
 _BATCH_ROWS = 1024
 
 

@@ -149,10 +149,10 @@ def silu_mul(x: torch.Tensor, quant: ActQuant | None = None) -> torch.Tensor | F
 
 def _silu_mul_quant(x: torch.Tensor, group: int | None, whole_rows: bool | None = None) -> Fp8Act:
     """Over (row, column block) programs: a decode step's 32 rows of 14336 columns are 448 programs
-    where one program per row was 32 (11 us a layer on the H200, B1 FP8). Per-row scales take a first
-    pass for each block's maximum (gate|up is read twice, from L2 at decode). With rows enough to fill
-    the GPU (``whole_rows``, default: 2 per SM), one program per row reads gate|up once instead: B2's
-    FP8 prefill spent 330 us a layer in the two kernels, for ~170 us of bytes (H200, session 30)."""
+    where one program per row was 32, too few to fill the GPU. Per-row scales take a first pass for each
+    block's maximum (gate|up is read twice, from L2 at decode). With rows enough to fill the GPU
+    (``whole_rows``, default: 2 per SM), one program per row reads gate|up once instead: in a prefill the
+    two-pass kernels took about twice their bytes' time (docs/results.md)."""
     rows, cols = x.shape[0], x.shape[1] // 2
     out = fp8_quant.act_buffers(x[:, :cols], group)
     if not rows:

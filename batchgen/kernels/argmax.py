@@ -2,8 +2,8 @@
 counts as the largest value, the first NaN wins).
 
 On CUDA two Triton passes over column blocks: torch's reduction gives each row one block of threads,
-32 blocks for a decode step of 32 rows over a 128K vocabulary (34 us of B1's 5.7 ms FP8 step on the H200,
-a [32, 128256] bf16 read of 8 MB). Here (row, block) programs each find their block's first maximum, then
+32 blocks for a decode step of 32 rows over a 128K vocabulary, far too few to read its 8 MB of logits at
+the GPU's bandwidth. Here (row, block) programs each find their block's first maximum, then
 one program per row picks the first best block.
 """
 

@@ -6,14 +6,14 @@ Decodes (one query row each) run together, split by KV block in the manner of fl
 (sequence, block) pair is one item of a batched matmul, and the pairs' partial softmaxes are merged per
 sequence. The work is the sum of the sequences' own block counts, with a fixed number of torch ops per
 layer whatever the batch holds. The reference instead pads every decode to the longest context: in B4
-(78 prompts, two of them long) each step gathered 9x the K and V of the sequences' own contexts, and
-attention took 78% of the run (70 of 90 s for 8 steps; 3.7 of 19 s with this module, same load).
+(78 prompts, two of them long) each step gathered many times the K and V of the sequences' own
+contexts, and attention took most of the run (docs/results.md, "Figures behind code choices").
 
 Multi-token query runs (prefill chunks) with a long context go one sequence at a time through SDPA over
 that sequence's own blocks: each large enough to amortise the call, and SDPA's CPU kernel never
 materialises the [Lq, Lk] score matrix of a long prompt. Short ones (context <= ``SHORT_CONTEXT``) are
-padded into one SDPA call per step and layer (``ChunkBatch``): B4's 76 short prompts were 76 calls a
-layer, 1.25 s of a 5.7 s prefill.
+padded into one SDPA call per step and layer (``ChunkBatch``): one call per short prompt paid each call's
+overhead dozens of times a layer.
 
 Only the blocks a query can see are read: with a sliding window, those inside the window.
 """
@@ -61,8 +61,8 @@ def plan_decode(
 
 def compute_dtype(cache: torch.Tensor) -> torch.dtype:
     """What the attention products run in: a 16-bit cache's own dtype (a CPU with avx512_bf16 or AMX
-    multiplies bf16 ~3x faster than fp32, and no converted copy of the gathered blocks is made), with
-    fp32 accumulation, softmax and merge, as torch's SDPA does; fp32 for fp32 and FP8 caches."""
+    multiplies bf16 several times faster than fp32, and no converted copy of the gathered blocks is made),
+    with fp32 accumulation, softmax and merge, as torch's SDPA does; fp32 for fp32 and FP8 caches."""
     return cache.dtype if cache.dtype in (torch.bfloat16, torch.float16) else torch.float32
 
 
@@ -130,7 +130,7 @@ def chunk_attention(
     mask = k_pos.view(1, -1) <= q_pos.view(-1, 1)  # [Lq, Lk] causal, aligned to the context's end
     if sliding_window is not None:
         mask &= k_pos.view(1, -1) > q_pos.view(-1, 1) - sliding_window
-    # 4-d inputs: with 3-d ones and GQA, torch 2.13 takes SDPA's math path, ~2x slower on a long prompt
+    # 4-d inputs: with 3-d ones and GQA, torch takes SDPA's math path, slower on a long prompt
     # and materialising the [Hq, Lq, Lk] scores the flash path avoids.
     dtype = compute_dtype(k_cache)
     out = F.scaled_dot_product_attention(

@@ -2,28 +2,19 @@
 
 torch's ``F.linear`` on an fp32 CPU tensor calls MKL's sgemm. oneDNN's inner product
 (``torch.ops.mkldnn._linear_pointwise``, what torch's inductor emits for CPU linears) is faster at every
-row count a CPU batch has, most with the weight packed once into oneDNN's blocked layout. On the 2-core
-Zen 4 VM, embedded model's shapes, GFLOP/s (``docs/results.md``):
-
-    rows   q|k|v 576 -> 1728    gate|up 576 -> 3072    down 1536 -> 576
-           MKL  plain packed    MKL  plain packed      MKL  plain packed
-    1       25    26    27       24    30    37         28    27    38
-    78      95   140   191      111   168   202        141   172   191
-    3299   184   189   207      152   163   174        183   185   217
-
-That table repeats one weight, so it stays in cache. In a forward every weight comes from memory, and
-there oneDNN is ahead at every row count too: at 1 row, plain weights, each of 30 read once in turn,
-MKL / oneDNN took 230 / 118 us (q|k|v), 744 / 394 (gate|up), 256 / 221 (down), and 11.6 / 6.3 ms for the
-LM head (49152 x 576: 113 MB, ~17 GB/s of the VM's ~27). So every fp32 projection goes through oneDNN.
+row count a CPU batch has, most with the weight packed once into oneDNN's blocked layout, both with one
+weight in cache and with every weight read from memory in turn, as a forward reads them
+(``docs/results.md``, ``scripts/bench_cpu_linear.py``'s rows). So every fp32 projection goes through
+oneDNN.
 
 ``PackedLinear`` holds the packed copy instead of the plain weight (no extra memory); the LM head, whose
 weight is often the embedding table as well, multiplies the plain weight (``linear``). The products are
 exact fp32 either way; only the summation order differs.
 
-oneDNN compiles one primitive per row count it sees (~3 ms and ~0.6 MiB of code and descriptors each)
-and keeps up to 1024 of them. A batch's row count takes every value from 1 to the token budget, so a
-long job grew by ~1 GB (1500 row counts through one projection: +1.1 GB RSS) and, once the cache was
-full, recompiled on most calls (25-40 ms a call instead of ~1). So every call is cut into pieces whose
+oneDNN compiles one primitive per row count it sees (code and descriptors held in memory) and keeps up
+to 1024 of them. A batch's row count takes every value from 1 to the token budget, so a long job's RSS
+grew by about a gigabyte and, once the cache was full, recompiled on most calls, each call then costing
+many times its product (docs/results.md). So every call is cut into pieces whose
 row counts come from a fixed set of 35 (``row_pieces``): the primitives are compiled in the first steps
 and memory stays flat after.
 """

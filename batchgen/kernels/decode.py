@@ -165,7 +165,7 @@ def _num_sms(device_index: int) -> int:
 
 
 def num_sms(device: torch.device) -> int:
-    """Multiprocessor count (an H200's 132 off-GPU, where only the interpreter runs)."""
+    """Multiprocessor count (off-GPU, where only the interpreter runs, a large Hopper part's 132)."""
     if device.type != "cuda":
         return 132
     return _num_sms(device.index if device.index is not None else torch.cuda.current_device())
@@ -174,8 +174,9 @@ def num_sms(device: torch.device) -> int:
 def choose_num_splits(batch: int, kv_heads: int, max_seq_len: int, sms: int, waves: int = 2) -> int:
     """Splits so that batch * kv_heads * splits covers ``waves`` programs per SM; Python ints only.
 
-    On the H200, 32 x 8K bf16 decode read KV at 97% of copy bandwidth with 2 splits vs 87% with 3 (a
-    partial last wave); the FP8 kernel (2 programs per SM, by registers) is fastest at 2 too."""
+    Two waves: a partial last wave (as with 3) leaves SMs idle while it finishes, so a bf16 decode read
+    its KV closer to copy bandwidth at 2; the FP8 kernel (2 programs per SM, by registers) is fastest at
+    2 too (docs/results.md)."""
     max_useful = max(1, math.ceil(max_seq_len / MIN_SPLIT_TOKENS))
     wanted = math.ceil(waves * sms / max(1, batch * kv_heads))
     return max(1, min(wanted, max_useful))
@@ -194,16 +195,16 @@ class TritonTiles(NamedTuple):
         block_n = self.block_n
         if block_n is None:
             # 64 tokens of K and V per stage (32 KiB at bf16/D=128); wider rows halve it to fit 3 stages in
-            # smem. An FP8 cache holds 128 tokens in those bytes (H200, 32 x 4K: 149 vs 178 us at 64).
+            # smem. An FP8 cache holds 128 tokens in those bytes, and was faster at 128 than at 64.
             block_n = 64 if query.shape[-1] * query.element_size() <= 256 else 32
             block_n = 2 * block_n if fp8_cache else block_n
-        # An FP8 cache's tiles go to fp16 (one native convert; bf16 takes three) and q with them: 127 vs
-        # 149 us there. q's magnitudes stay far inside fp16's range (~6.5e4) in the models served.
+        # An FP8 cache's tiles go to fp16 (one native convert; bf16 takes three) and q with them, which is
+        # faster. q's magnitudes stay far inside fp16's range (~6.5e4) in the models served.
         kv_f16 = fp8_cache and query.dtype == torch.bfloat16 if self.kv_f16 is None else self.kv_f16
         # The page lookup and the K/V tile it addresses are a chain of two loads, so Triton's pipeliner keeps
         # (num_stages - 1) // 2 tiles in flight: 3 stages keep one. An FP8 program holds ~200 registers (2 per
-        # SM), too few loads in flight with one tile: 5 stages (two tiles) ran 32 x 4K in 110 vs 127 us and
-        # 256 x 1K in 208 vs 232 on the H200; bf16 (4-5 programs per SM) is fastest at 3 (tune_fp8.py).
+        # SM), too few loads in flight with one tile: 5 stages (two tiles) run faster at decode shapes; bf16
+        # (4-5 programs per SM) is fastest at 3 (scripts/tune_fp8.py measures both).
         num_stages = (5 if fp8_cache else 3) if self.num_stages is None else self.num_stages
         return TritonTiles(block_n, self.num_warps, num_stages, kv_f16)
 
@@ -240,8 +241,8 @@ def decode_attention(
     cuda_default = default_tiles and fp8_decode_cuda.supports(query, k_cache, v_cache, sliding_window)
     if num_splits is None:
         # Triton: 2 programs per SM (its FP8 and bf16 tiles fit 2). The CUDA kernel splits only below one
-        # program per SM: 32 x 4K (256 programs) ran 73.9 us unsplit vs 97.1 in 2 splits with TMA copies,
-        # 92 vs ~106 with cp.async (H200).
+        # program per SM: with one program per SM or more, splitting only adds the merge's work, with TMA
+        # copies and with cp.async alike.
         waves = 1 if cuda_default or cuda_shape is not None else 2
         num_splits = choose_num_splits(batch, kv_heads, max_seq_len, num_sms(query.device), waves)
     if cuda_default:

@@ -2,12 +2,12 @@
 // groups of up to 8 q heads. Compiled at run time with NVRTC (fp8_decode_cuda.py); no headers needed.
 //
 // Why CUDA: the Triton kernel converts K/V tiles out of shared memory into dot-operand layouts and holds
-// ~200 registers (2 programs per SM): it reads the cache at ~2.5-2.7 TB/s. Here each thread copies its
+// ~200 registers (2 programs per SM), which caps how fast it reads the cache. Here each thread copies its
 // own bytes in 16-byte cp.async copies, in exactly the order mma.sync's fragments want them, into a ring
 // of STAGES chunks per warp in shared memory, and reads back only what it copied itself: no barrier, no
-// layout change, and STAGES - 1 chunks in flight per warp without holding them in registers. On the H200
-// it reads ~2.9-3.0 TB/s, within 3-5 % of the same copies with no math at all (NO_MATH); see
-// docs/kernels.md for the variants measured.
+// layout change, and STAGES - 1 chunks in flight per warp without holding them in registers. It reads
+// the cache nearly as fast as the same copies with no math at all (NO_MATH); see docs/kernels.md for the
+// variants measured.
 //
 // Fragment layout (mma.sync m16n8k16, f16 inputs, f32 sums). Lane = 4 * r + c (r in 0..7, c in 0..3).
 // Rows of the A operand are the group's q heads (rows 8..15 are always zero: their registers are a
@@ -132,11 +132,11 @@ __device__ __forceinline__ void copy_chunk(u32 slot, const unsigned char* kc, co
 }
 
 #ifdef TMA
-// TMA variant (LaunchShape.tma, built in session 32, not yet measured): lane 0 loads a chunk with two
+// TMA variant (LaunchShape.tma, taken for launches of few programs per SM): lane 0 loads a chunk with two
 // tensor-map copies (K and V: 16 rows x 128 bytes each, 128-byte swizzle: row R's 16-byte column q lands
-// at column q ^ (R % 8)) completing on the slot's mbarrier; no per-lane copy instructions at all. Session
-// 32's per-lane bulk copies moved the bytes alone at 3.4-3.5 TB/s (vs 3.0 for cp.async), but each lane's
-// copy compiled to a 32-turn loop (the bulk copy takes uniform operands).
+// at column q ^ (R % 8)) completing on the slot's mbarrier; no per-lane copy instructions at all. Per-lane
+// bulk copies moved the bytes alone faster than cp.async, but each lane's copy compiled to a 32-turn loop
+// (the bulk copy takes uniform operands).
 struct __align__(64) TmaDesc {
   unsigned long long opaque[16];
 };
@@ -270,7 +270,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) fp8_paged_d
 #endif
 ) {
 #ifdef PDL
-  // With programmatic dependent launch (fp8_decode_cuda.LAUNCH_WITH_PDL; off: slower on the H200): the
+  // With programmatic dependent launch (fp8_decode_cuda.LAUNCH_WITH_PDL; off: decode steps were slower): the
   // programs are scheduled while the kernel before (rope_kv_write: this step's q and K/V) finishes, and
   // read nothing before it has; then the kernel after may be scheduled in turn.
   asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -332,7 +332,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) fp8_paged_d
   const int n_mine = warp < n_chunks ? (n_chunks - warp + WARPS - 1) / WARPS : 0;
   auto chunk_of = [&](int j) { return warp + j * WARPS; };
   // Page numbers come 32 chunks at a time, lane i holding chunk base + i's: looking each one up just
-  // before its copy put a dependent global load (~1 us under load) in every iteration.
+  // before its copy put a dependent global load, long under load, in every iteration.
   auto pages_from = [&](int base) -> int {
     const int j = base + lane;
     return j < n_mine ? bt_row[(c_lo + chunk_of(j)) * CHUNK / block_size] : 0;

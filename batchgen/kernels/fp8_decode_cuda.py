@@ -41,12 +41,11 @@ class LaunchShape(NamedTuple):
 
 
 DEFAULT_SHAPE = LaunchShape()
-# Launched without PDL: B1's FP8 step (H200, bench_step, the decode matmul's PDL off too) 5.72 ms without
-# vs 5.82 with; B2's 9.70 vs 9.75. The kernel and its launcher keep the support (kernels/cuda_launch.py).
+# Launched without PDL: decode steps ran faster without it (kernels/pdl.py says why). The kernel and its
+# launcher keep the support (kernels/cuda_launch.py).
 LAUNCH_WITH_PDL = False
-# H200, graph replays (tune_fp8.py): TMA copies win when there are at most ~2 programs per SM (32 x 4K:
-# 73.0 vs 92.0 us, 32 x 1K 23.2 vs ~25) and lose with more (256 x 1K: 186-194 vs 178.6, 256 x 2K), so a
-# launch takes them by its grid (fixed for a captured graph).
+# TMA copies win when there are at most ~2 programs per SM and lose with more (graph replays,
+# scripts/tune_fp8.py), so a launch takes them by its grid (fixed for a captured graph).
 FEW_PROGRAMS_SHAPE = LaunchShape(tma=True)
 TMA_MAX_PROGRAMS_PER_SM = 2
 

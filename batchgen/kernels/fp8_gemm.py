@@ -135,8 +135,8 @@ def sum_splits(partials: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 def _config(m: int, n: int, sms: int) -> dict:
     """Small M (decode): narrow tiles, so that N alone spreads the weight read over the SMs, long K tiles
     and 4 stages for the bytes in flight; where 32-wide tiles are still fewer than the SMs, 64-wide ones
-    with K split (below). H200, M = 32, graph replays over weight copies (``scripts/tune_fp8.py``): qkv
-    11.3 us, o_proj 8.5 (32-wide, 3 splits: 8.9), gate_up 39.2, down 19.8 (32-wide, 6 stages: 24.3)."""
+    with K split (below). The choices are the fastest of ``scripts/tune_fp8.py``'s sweep at M = 32 (graph
+    replays over weight copies)."""
     if m <= SMALL_M:
         block_n = 64 if triton.cdiv(n, 32) < sms else 32
         return dict(BLOCK_M=max(16, triton.next_power_of_2(m)), BLOCK_N=block_n, num_warps=4, num_stages=4)
@@ -146,8 +146,8 @@ def _config(m: int, n: int, sms: int) -> dict:
 def choose_split_k(programs: int, k_tiles: int, sms: int, block_n: int = 32) -> int:
     """K splits of a decode-sized product, each at least 4 K tiles long. 32-wide tiles: enough for 2
     programs per SM (Llama-3-8B's qkv at M = 32: 192 tiles, 2 splits). 64-wide tiles (N too narrow for the
-    SMs even at 32: o_proj and down_proj, 64 tiles): about one program per SM (2 splits: 8.5 / 19.8 us, vs
-    9.2 / 21.5 with 3)."""
+    SMs even at 32: o_proj and down_proj, 64 tiles): about one program per SM, where more splits only add
+    partial sums to merge."""
     if block_n >= 64:
         return max(1, min(sms // programs, k_tiles // 4))
     if programs >= 2 * sms:

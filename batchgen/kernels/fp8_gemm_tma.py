@@ -130,12 +130,12 @@ def _fp8_gate_up_silu_tma_kernel(
     tl.store(amax_ptr + rm * n_amax + pid, tl.max(tl.where(ok, tl.abs(h), 0.0), axis=1), mask=m_ok)
 
 
-# The TMA kernel's tiles: H200, M = 32, Llama-3-8B's gate_up (117 MB of e4m3 weights), graph replays over
-# weight copies: 33.1 us (3.55 TB/s) vs 38.0 for the pointer kernel's best (32-wide, 4 stages).
+# The TMA kernel's tiles: the fastest for a wide decode product (Llama-3-8B's gate_up at M = 32, graph
+# replays over weight copies), ahead of the pointer kernel's best (32-wide, 4 stages).
 TMA_BLOCK_N, TMA_BLOCK_K, TMA_STAGES = 128, 256, 3
 # Narrower products (fewer 128-wide tiles than SMs: Llama-3-8B's qkv, o_proj, down_proj) stay with the
-# pointer kernel. H200, M = 32, session 36: alone, 64-wide TMA tiles in 4 K splits read faster (qkv 10.4 vs
-# 10.9 us, o_proj 7.9 vs 8.2, down 18.2 vs 19.3: tune_fp8.py), but B1's FP8 step took 5.353 vs 5.330 ms.
+# pointer kernel: alone, 64-wide TMA tiles in 4 K splits read them faster (tune_fp8.py), but a whole
+# decode step was no faster with them (docs/results.md).
 
 
 def tma_supported(a: torch.Tensor, weight: torch.Tensor) -> bool:

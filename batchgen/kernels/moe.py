@@ -202,7 +202,7 @@ def _combine_kernel(
 def _config(pairs: int, experts: int, itemsize: int) -> dict:
     """Tile shapes by the mean rows per expert: decode-sized groups are weight-bandwidth bound (small
     BLOCK_M, long K tiles), prefill-sized ones compute bound (tensor-core-sized tiles). The shapes are
-    sized for 2-byte data; fp32 halves BLOCK_K so the staged tiles still fit shared memory (an H200 SM
+    sized for 2-byte data; fp32 halves BLOCK_K so the staged tiles still fit shared memory (a Hopper SM
     has 227 KiB: fp32 at BLOCK_M=128 with these stages asks 240 KiB)."""
     per_expert = -(-pairs // experts)
     if per_expert <= 16:

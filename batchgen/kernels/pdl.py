@@ -3,9 +3,9 @@ before it on the stream is still finishing; they wait for it (``griddepcontrol.w
 memory. That hides the gap between the back-to-back kernels of a decode step, inside CUDA graphs too
 (stream capture records the launch attribute as a programmatic edge).
 
-B1's FP8 decode step on the H200 (scripts/bench_step.py, A/B in one session 31): 6.60 vs 6.71 ms; since
-session 33's kernels it costs decode steps time instead, so only launches of more rows than a decode
-step's use it (``DECODE_ROWS``).
+Prompt steps gain from it; decode steps, since their kernels are short and few, lost time to it
+(scripts/bench_step.py A/Bs, docs/results.md), so only launches of more rows than a decode step's use it
+(``DECODE_ROWS``).
 ``BATCHGEN_PDL=0`` turns it off (read once per process and device).
 """
 
@@ -54,17 +54,16 @@ def enabled(device_index: int) -> bool:
     return torch.cuda.get_device_capability(device_index)[0] >= 9
 
 
-# Launches of at most this many rows (decode steps) go without PDL: on the H200 the decode steps ran
-# faster without it (bench_step, sessions 33-34: B1 FP8 5.67 vs 5.72 ms, B2 FP8 9.67 vs 9.70, B3 5.870 vs
-# 5.885, B7 1.288 vs 1.308), while prompt steps gained from it (session 31).
+# Launches of at most this many rows (decode steps) go without PDL: decode steps ran faster without it,
+# while prompt steps gained from it (bench_step A/Bs, docs/results.md).
 DECODE_ROWS = 256
 
 
 def pdl_options(tensor: torch.Tensor) -> Mapping[str, bool]:
     """Launch keywords for a kernel that starts with ``wait_for_producer(PDL)`` over ``tensor``'s rows;
     none for decode-sized launches (``DECODE_ROWS``), off-GPU (the interpreter), on ROCm or before
-    Hopper. Called at every launch: ~0.2 us (``get_device`` is -1 off CUDA), where ``tensor.device``
-    alone took ~1 us."""
+    Hopper. Called at every launch, so it asks ``get_device`` (-1 off CUDA), several times cheaper than
+    building ``tensor.device``."""
     if tensor.shape[0] <= DECODE_ROWS:
         return _OFF
     index = tensor.get_device()

@@ -147,7 +147,7 @@ def default_prefill_config(head_dim: int, dtype: torch.dtype, block_m: int | Non
         return dict(block_m=block_m or 64, block_n=32, num_warps=4, num_stages=2)
     if block_m == 64:  # short chunks (see dispatch)
         return dict(block_m=64, block_n=64, num_warps=4, num_stages=3)
-    return dict(block_m=128, block_n=128, num_warps=8, num_stages=3)  # best of the H200 sweep
+    return dict(block_m=128, block_n=128, num_warps=8, num_stages=3)  # best of the tile sweep
 
 
 def prefill_attention(

@@ -1,15 +1,15 @@
-"""Triton's once-a-process costs, paid beside the model's load instead of in the first step (issue 12).
+"""Triton's once-a-process costs, paid beside the model's load instead of in the first step.
 
 The first Triton launch of a process computes Triton's cache key (``triton.runtime.cache.triton_key``:
-a sha256 over its ~400 MB shared library and its sources, 0.55-0.75 s on the H200 machine) and imports
-its gluon front end (0.14 s). Both sat in B7's first eager step: 0.77-0.83 s, then 0.28-0.33 s once they
-were done beforehand (docs/results.md). Reading and hashing the library let go of the GIL, so a thread
-started before the weights load hides most of it. The caller joins the thread before the first launch,
-so no launch races it; while the model loads, imports on both threads are safe (each module has its own
-import lock) and the main thread imports ``triton.language`` before the thread starts.
+a sha256 over its large shared library and its sources) and imports its gluon front end. Both sat in
+B7's first eager step, most of its time, until they were done beforehand (docs/results.md). Reading and
+hashing the library let go of the GIL, so a thread started before the weights load hides most of it. The
+caller joins the thread before the first launch, so no launch races it; while the model loads, imports on both
+threads are safe (each module has its own import lock) and the main thread imports ``triton.language`` before
+the thread starts.
 
 A run with an FP8 KV cache also compiles the CUDA decode attention there (``fp8_decode_cuda``: NVRTC and
-the module load, 0.84 s a build on the H200, which has two: cp.async and TMA), which its first decode step
+the module load, once for each of its two builds: cp.async and TMA), which its first decode step
 paid otherwise.
 """
 

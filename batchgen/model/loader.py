@@ -137,7 +137,7 @@ class Checkpoint(NamedTuple):
 def open_checkpoint(path: str, options: EngineConfig) -> Checkpoint:
     """Read what batchgen's fused forward needs from the files themselves when the readers in
     ``model/files/`` reproduce transformers exactly (they say when they cannot); else through
-    transformers, whose import alone took ~1.7 s of a CPU process's start-up."""
+    transformers, whose import alone is a large part of a CPU process's start-up."""
     from batchgen.model.files.config import read_config
     from batchgen.model.files.generation import read_generation_defaults
 

@@ -75,7 +75,7 @@ def _encoding_backend(tokenizer):
 def encode_rendered(tokenizer, prompts: list[Rendered]) -> list[list[int]]:
     """Token ids of many rendered prompts. A fast tokenizer encodes them in one Rust ``encode_batch``
     call per special-token setting, which releases the GIL while it works (the engine thread keeps the
-    interpreter) and skips transformers' per-call Python (~115 of ~200 us a chat prompt on the CPU VM).
+    interpreter) and skips transformers' per-call Python (more than half of a chat prompt's encoding time).
     Others go one at a time through ``encode``, as does a tokenizer whose ``tokenizer.json`` turns on
     truncation or padding (the backend would apply them; ``encode`` turns them off). Both give
     ``encode``'s ids."""
@@ -107,7 +107,7 @@ def encode_prompt(
 def batch_decoder(tokenizer) -> Callable[..., list[str]]:
     """``decode(seqs, skip_special_tokens=True)``: many completions in one call. A fast tokenizer whose
     decode adds no Python clean-up goes straight to its Rust ``decode_batch``, which releases the GIL while
-    it works: the engine thread keeps the interpreter (one decode at a time holds it, ~55 us per 256-token
+    it works: the engine thread keeps the interpreter (one decode at a time would hold it for each whole
     completion). Any other tokenizer decodes one sequence at a time, exactly as ``decode`` does."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", False):
@@ -144,6 +144,6 @@ def tokenizer_for_thread(tokenizer):
     """The tokenizer a helper thread (prompt preparer, writer) encodes or decodes with. Threads share a
     backend-only one: its calls only read the Rust tokenizer, concurrently and with the GIL released.
     Any other gets its own copy: transformers' ``encode`` may reconfigure the Rust tokenizer (turn its
-    truncation or padding off), which would change what another thread's calls do mid-run. A copy costs
-    ~0.1-0.15 s of start-up for a 49k-token vocabulary, each."""
+    truncation or padding off), which would change what another thread's calls do mid-run. A copy adds
+    to start-up in proportion to the vocabulary, so only such tokenizers are copied."""
     return tokenizer if backend_only(tokenizer) else copy.deepcopy(tokenizer)

@@ -186,7 +186,7 @@ class WorkerPool:
 def _destroy_group() -> None:
     """Leave the process group: abort NCCL's communicators (a local operation; the workers have exited
     without tearing theirs down). The caller first frees every CUDA graph that captured work on them:
-    with one alive, both this and an orderly destroy hung on the H200 (torch 2.11)."""
+    with one alive, both this and an orderly destroy hung (torch 2.11)."""
     import torch.distributed as dist
 
     if not dist.is_initialized():

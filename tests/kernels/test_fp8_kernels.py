@@ -350,7 +350,7 @@ def test_gpu_fp8_fused_forward_stays_close_to_bf16():
     itself costs this random model ~14 % of its logits (relative; the torch FP8 reference measures 0.135
     against the GPU's bf16 logits and 0.144 against the CPU's: random hidden states sit near the e4m3
     rounding noise, and that noise amplifies any 1-ulp difference). So the oracle is the reference FP8
-    math: the GPU kernels add no error of their own beyond one more FP8 realisation (the H200 measured
+    math: the GPU kernels add no error of their own beyond one more FP8 realisation (measured on the GPU:
     0.151 = 1.12x the reference's), and stay closer to the reference than the format is to bf16 (measured
     0.073 = 0.54x). A wrong scale or layout costs whole logits, far past both bounds."""
     from transformers import AutoConfig, AutoModelForCausalLM

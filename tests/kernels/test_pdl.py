@@ -21,8 +21,8 @@ def test_no_dependent_launch_off_the_gpu():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_gpu_decode_sized_launches_go_without_pdl():
-    """Decode steps (at most ``DECODE_ROWS`` rows) ran faster without PDL on the H200; prompt steps keep it
-    where the device has it."""
+    """Decode steps (at most ``DECODE_ROWS`` rows) ran faster without PDL; prompt steps keep it where the
+    device has it."""
     assert pdl_options(torch.zeros(DECODE_ROWS, 8, device="cuda")) == {}
     want = {"PDL": True, "launch_pdl": True} if enabled(torch.cuda.current_device()) else {}
     assert pdl_options(torch.zeros(DECODE_ROWS + 1, 8, device="cuda")) == want

@@ -105,8 +105,8 @@ def test_gpu_forward_with_partials_changes_no_bit(tmp_path, monkeypatch):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_gpu_forward_with_silu_in_the_product_changes_no_bit(tmp_path, monkeypatch):
     """The same forward with an MLP wide enough for gate|up's TMA kernel (2 x 8704 rows: 136 tiles of 128
-    columns, >= the H200's 132 SMs): the same logits whether SiLU-and-multiply runs in the product's
-    epilogue (``fp8_gemm_tma.silu_mul_product``) or after it."""
+    columns, >= the 132 SMs of the largest parts): the same logits whether SiLU-and-multiply runs in the
+    product's epilogue (``fp8_gemm_tma.silu_mul_product``) or after it."""
     from batchgen.kernels import fp8_gemm_tma
     from tests.kernels.test_pdl import _fp8_forward_logits
 

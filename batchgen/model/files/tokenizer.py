@@ -1,5 +1,5 @@
 """A checkpoint's tokenizer read with ``tokenizers`` and ``jinja2`` alone (importing transformers for
-``AutoTokenizer.from_pretrained`` costs a CPU process ~2 s). ``FileTokenizer.open`` returns one only where
+``AutoTokenizer.from_pretrained`` costs a CPU process seconds). ``FileTokenizer.open`` returns one only where
 transformers builds a ``TokenizersBackend`` over ``tokenizer.json`` as is, or a ``Qwen2Tokenizer`` that
 encodes and decodes as tokenizer.json does (tokenizer_classes.py), with the same special tokens and chat
 template; wherever ids, decoding or rendering could differ it raises ``Refused`` with the reason, and the
@@ -63,7 +63,7 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 def _transformers_version() -> str | None:
     """The installed transformers' version, read from its ``__init__.py`` (importing it is what this module
-    avoids; importlib.metadata costs ~40 ms); None when it is not found."""
+    avoids; importlib.metadata scans every installed distribution); None when it is not found."""
     try:
         spec = importlib.util.find_spec("transformers")
     except (ImportError, ValueError):  # ValueError: hidden as sys.modules["transformers"] = None

@@ -146,8 +146,9 @@ def _added(backend: Tokenizer) -> dict[int, Any]:
 
 def _listed_added_tokens(path: Path) -> dict[int, AddedToken]:
     """tokenizer.json's added tokens by the ids it lists, as transformers reads them where
-    tokenizer_config.json has no added_tokens_decoder (``_from_pretrained``: json.load, a later id wins);
-    the tokenizers library numbers them in list order instead. Parsing the file costs ~50 ms per 3 MB."""
+        tokenizer_config.json has no added_tokens_decoder (``_from_pretrained``: json.load, a later id wins);
+        the tokenizers library numbers them in list order instead. Parsing the whole file is the cost of this
+    reading, so it is done only where it is needed."""
     try:
         with open(path, encoding="utf-8") as file:
             listed = json.load(file)["added_tokens"]
