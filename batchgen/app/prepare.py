@@ -9,7 +9,7 @@ arrive, a rendered prompt too long in bytes for the model fails at once (``model
 it would cost GiBs; a chunk holds only prompts that might fit, never its raw rows), then the tokenizer
 encodes them in one call that releases the GIL (``model/tokenize.encode_rendered``). On a GPU
 the engine thread takes the GIL back after every torch call; this thread holding it in transformers'
-per-prompt Python was what the engine waited on (B7, ``scripts/sample_stacks.py``).
+per-prompt Python was what the engine waited on (B7; ``docs/results.md``).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ torch's ``F.linear`` on an fp32 CPU tensor calls MKL's sgemm. oneDNN's inner pro
 (``torch.ops.mkldnn._linear_pointwise``, what torch's inductor emits for CPU linears) is faster at every
 row count a CPU batch has, most with the weight packed once into oneDNN's blocked layout, both with one
 weight in cache and with every weight read from memory in turn, as a forward reads them
-(``docs/results.md``, ``scripts/bench_cpu_linear.py``'s rows). So every fp32 projection goes through
+(``docs/results.md``). So every fp32 projection goes through
 oneDNN.
 
 ``PackedLinear`` holds the packed copy instead of the plain weight (no extra memory); the LM head, whose

@@ -204,7 +204,7 @@ class TritonTiles(NamedTuple):
         # The page lookup and the K/V tile it addresses are a chain of two loads, so Triton's pipeliner keeps
         # (num_stages - 1) // 2 tiles in flight: 3 stages keep one. An FP8 program holds ~200 registers (2 per
         # SM), too few loads in flight with one tile: 5 stages (two tiles) run faster at decode shapes; bf16
-        # (4-5 programs per SM) is fastest at 3 (scripts/tune_fp8.py measures both).
+        # (4-5 programs per SM) is fastest at 3 (``docs/kernels.md``).
         num_stages = (5 if fp8_cache else 3) if self.num_stages is None else self.num_stages
         return TritonTiles(block_n, self.num_warps, num_stages, kv_f16)
 

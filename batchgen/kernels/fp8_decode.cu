@@ -382,7 +382,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) fp8_paged_d
 #else
     asm volatile("cp.async.wait_group %0;" ::"n"(STAGES - 1) : "memory");  // chunk j has landed
 #endif
-#ifndef NO_MATH  // an experiment (tune_fp8.py): the copies alone, for the access pattern's own ceiling
+#ifndef NO_MATH  // an experiment: the copies alone, for the access pattern's own ceiling
     Chunk cur;
 #ifdef TMA
     read_chunk_swizzled(cur, my_ring + (j % STAGES) * SLOT_BYTES, r, c);

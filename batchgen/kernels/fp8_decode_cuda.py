@@ -31,7 +31,7 @@ class LaunchShape(NamedTuple):
     warps: int = 4
     min_blocks: int = 3  # programs per SM the register budget is cut for (168 registers at 3)
     stages: int = 3  # chunks of 4 KiB per warp in the shared-memory ring: stages - 1 in flight
-    defines: str = ""  # more preprocessor lines, for experiments (scripts/tune_fp8.py: NO_MATH)
+    defines: str = ""  # more preprocessor lines, for experiments (e.g. -DNO_MATH)
     tma: bool = False  # chunks copied by TMA (kernels/tma.py, sm_90+), not per-lane cp.async
 
     @property
@@ -45,7 +45,7 @@ DEFAULT_SHAPE = LaunchShape()
 # launcher keep the support (kernels/cuda_launch.py).
 LAUNCH_WITH_PDL = False
 # TMA copies win when there are at most ~2 programs per SM and lose with more (graph replays,
-# scripts/tune_fp8.py), so a launch takes them by its grid (fixed for a captured graph).
+# docs/kernels.md), so a launch takes them by its grid (fixed for a captured graph).
 FEW_PROGRAMS_SHAPE = LaunchShape(tma=True)
 TMA_MAX_PROGRAMS_PER_SM = 2
 

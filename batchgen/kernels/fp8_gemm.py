@@ -135,8 +135,8 @@ def sum_splits(partials: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 def _config(m: int, n: int, sms: int) -> dict:
     """Small M (decode): narrow tiles, so that N alone spreads the weight read over the SMs, long K tiles
     and 4 stages for the bytes in flight; where 32-wide tiles are still fewer than the SMs, 64-wide ones
-    with K split (below). The choices are the fastest of ``scripts/tune_fp8.py``'s sweep at M = 32 (graph
-    replays over weight copies)."""
+    with K split (below). The choices are the fastest of a sweep at M = 32 (graph replays over weight
+    copies; ``docs/kernels.md``)."""
     if m <= SMALL_M:
         block_n = 64 if triton.cdiv(n, 32) < sms else 32
         return dict(BLOCK_M=max(16, triton.next_power_of_2(m)), BLOCK_N=block_n, num_warps=4, num_stages=4)

@@ -134,7 +134,7 @@ def _fp8_gate_up_silu_tma_kernel(
 # replays over weight copies), ahead of the pointer kernel's best (32-wide, 4 stages).
 TMA_BLOCK_N, TMA_BLOCK_K, TMA_STAGES = 128, 256, 3
 # Narrower products (fewer 128-wide tiles than SMs: Llama-3-8B's qkv, o_proj, down_proj) stay with the
-# pointer kernel: alone, 64-wide TMA tiles in 4 K splits read them faster (tune_fp8.py), but a whole
+# pointer kernel: alone, 64-wide TMA tiles in 4 K splits read them faster (docs/kernels.md), but a whole
 # decode step was no faster with them (docs/results.md).
 
 
@@ -158,7 +158,7 @@ def tma_applies(a: torch.Tensor, weight: torch.Tensor, sms: int) -> bool:
 def tma_shape(n: int, k: int, sms: int) -> tuple[int, int] | None:
     """The TMA kernel's tile width and K splits for an [N, K] weight at decode sizes, or None where the
     pointer kernel serves better: one 128-wide tile per SM or more over the whole of K (gate|up). The
-    kernel also takes narrower tiles and K splits (``tma_product``), swept by ``scripts/tune_fp8.py``."""
+    kernel also takes narrower tiles and K splits (``tma_product``), measured in ``docs/kernels.md``."""
     if triton.cdiv(n, TMA_BLOCK_N) >= sms:
         return TMA_BLOCK_N, 1
     return None

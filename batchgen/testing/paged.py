@@ -1,6 +1,6 @@
 """Run a fused forward over one token sequence through a paged KV cache, outside the engine: all
 positions' logits, the sequence fed in chunks (a chunked prefill, then decodes). Tests compare forwards
-with it; ``scripts/fp8_quality.py`` scores a fixed text with it."""
+with it."""
 
 from __future__ import annotations
 
