@@ -23,7 +23,7 @@ from batchgen.model.files.config import FileConfig, model_spec
 from batchgen.model.forward import ModelForward, TransformersForward
 from batchgen.model.loader import has_safetensors, resolve_device
 from batchgen.model.spec import ModelStructure, skeleton_structure, unsupported_reason
-from batchgen.model.weights.formats import weight_format
+from batchgen.model.weights.choose_format import weight_format
 from batchgen.model.weights.sources import ModuleSource, RandomSource, SafetensorsSource, WeightSource
 from batchgen.parallel.group import ParallelGroup
 from batchgen.parallel.sampling import ShardedSampler
