@@ -24,8 +24,7 @@ import torch
 
 from batchgen.kernels.fp8_reference import ActQuant, Fp8Act
 from batchgen.kernels.split_sums import SplitSums
-from batchgen.model.attention import PagedContext
-from batchgen.model.backends import KernelBackend
+from batchgen.model.backends import KernelBackend, PagedContext
 from batchgen.model.weights.formats import Linear
 from batchgen.parallel.group import ParallelGroup
 from batchgen.parallel.layers import LMHead, VocabEmbedding
