@@ -4,7 +4,7 @@
 capturable in CUDA graphs (every bound comes from the context's Python ints, never from tensor
 contents). Both expose paged attention with its KV write, and the fused layer ops of the batchgen
 forward (``model/fused.py``): RMSNorm with residual add, q/k norm + rotary + KV write, SiLU-and-multiply,
-and the routed experts of a mixture-of-experts layer (``model/moe.py``).
+and the routed experts of a mixture-of-experts layer (``model/moe_layer.py``).
 ``PagedContext`` is what a backend reads of one step: the KV pool, the step's paged-cache metadata, and
 the backend itself, which transformers' attention hook (``model/attention.py``) finds there.
 

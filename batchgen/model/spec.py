@@ -13,10 +13,10 @@ from typing import Any, NamedTuple
 
 import torch
 
-from batchgen.model.moe import MoELayout, layout_of
+from batchgen.model.moe_layout import MoELayout, layout_of
 
 DENSE_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
-MOE_MODEL_TYPES = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe")  # the MoE layer: model/moe.py
+MOE_MODEL_TYPES = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe")  # the MoE layer: model/moe_layer.py
 # Attention windows read off the config, not the attention module.
 _CONFIG_WINDOW_TYPES = ("mistral", "mixtral", "olmoe")
 # Rotary kinds whose frequencies do not change with the sequence length ("dynamic" ones do).

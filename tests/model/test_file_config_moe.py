@@ -15,7 +15,7 @@ from batchgen.config import EngineConfig
 from batchgen.model.build import ModelFiles, choose_forward, meta_skeleton
 from batchgen.model.files.config import FileConfig, model_spec, read_config
 from batchgen.model.loader import open_checkpoint
-from batchgen.model.moe import MoELayout, Routing, layout_of
+from batchgen.model.moe_layout import MoELayout, Routing, layout_of
 from batchgen.model.spec import describe
 from batchgen.parallel.shard import config_problem
 from batchgen.testing.models import MOE_ARCHS, TINY_CONFIGS

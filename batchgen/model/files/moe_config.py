@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from batchgen.model.files.checks import BOOL, INT, UnsupportedConfig, check_layer_types, int_list
-from batchgen.model.moe import MoELayout, Routing
+from batchgen.model.moe_layout import MoELayout, Routing
 
 Values = dict[str, Any]  # a config's fields, its config.json's over the class defaults
 
