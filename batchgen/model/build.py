@@ -19,7 +19,7 @@ from batchgen.engine import kv_cache
 from batchgen.engine.sampler import sample
 from batchgen.model import attention
 from batchgen.model.assemble import assemble
-from batchgen.model.files.config import FileConfig, model_spec
+from batchgen.model.files.checkpoint_config import FileConfig, model_spec
 from batchgen.model.forward import ModelForward, TransformersForward
 from batchgen.model.loader import has_safetensors, resolve_device
 from batchgen.model.spec import ModelStructure, skeleton_structure, unsupported_reason

@@ -46,7 +46,7 @@ class ModelSpec:
 class ModelStructure(NamedTuple):
     """What ``assemble`` builds from: the spec, the config, and each decoder layer's MLP: its
     ``MoELayout``, None for a dense one. Read off transformers' modules (``skeleton_structure``) or
-    off the config file alone (``model/files/config.py``)."""
+    off the config file alone (``model/files/checkpoint_config.py``)."""
 
     spec: ModelSpec
     config: Any  # a transformers config, or a FileConfig
