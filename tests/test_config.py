@@ -7,7 +7,7 @@ import math
 import pytest
 
 from batchgen.config import MAX_LOGPROBS, PARAMS, EngineConfig, SamplingParams
-from batchgen.model.weights.formats import weight_format
+from batchgen.model.weights.choose_format import weight_format
 
 
 def test_values_are_coerced_as_rows_give_them():

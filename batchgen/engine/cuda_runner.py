@@ -51,8 +51,7 @@ from batchgen.engine.row_tokens import RowTokens, ready_row_tokens
 from batchgen.engine.runner import Sampler, StepResult, apply_carry_over, full_vocab, with_prompt_rows
 from batchgen.engine.sampler import PromptScores, SamplingTensors, sample, score_prompt
 from batchgen.engine.step_sampling import SamplingFeatures
-from batchgen.model.attention import PagedContext
-from batchgen.model.backends import KernelBackend
+from batchgen.model.backends import KernelBackend, PagedContext
 from batchgen.model.forward import ModelForward
 
 

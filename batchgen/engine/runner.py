@@ -22,8 +22,7 @@ from batchgen.engine.batch import StepInputs
 from batchgen.engine.row_tokens import RowTokens, ready_row_tokens
 from batchgen.engine.sampler import PromptScores, SampleOutput, SamplingTensors, sample, score_prompt
 from batchgen.engine.step_sampling import SamplingFeatures
-from batchgen.model.attention import PagedContext
-from batchgen.model.backends import KernelBackend
+from batchgen.model.backends import KernelBackend, PagedContext
 from batchgen.model.forward import ModelForward
 
 

@@ -12,13 +12,15 @@ from typing import NamedTuple
 import torch
 
 from batchgen.model.fused import Attention, DenseMLP, FusedForward, Layer, ProjectionNorm
-from batchgen.model.moe import MoELayout, moe_mlp
+from batchgen.model.moe_layer import moe_mlp
+from batchgen.model.moe_layout import MoELayout
 from batchgen.model.spec import ModelSpec, ModelStructure, rope_tables
-from batchgen.model.weights.formats import Linear, WeightFormat
+from batchgen.model.weights.formats import WeightFormat
 from batchgen.model.weights.fp8 import kv_scales
+from batchgen.model.weights.rank_loader import Loader
 from batchgen.model.weights.sources import Part, WeightSource
 from batchgen.parallel.group import ParallelGroup
-from batchgen.parallel.layers import LMHead, RowParallel, VocabEmbedding
+from batchgen.parallel.layers import LMHead, VocabEmbedding
 from batchgen.parallel.shard import HeadShard, Span, config_problem, even_span, head_shard, vocab_span
 
 
@@ -27,36 +29,6 @@ class Assembled(NamedTuple):
     spec: ModelSpec
     heads: HeadShard  # this rank's query and KV heads
     vocab: Span  # this rank's vocabulary range
-
-
-class Loader(NamedTuple):
-    """What every part of the build reads from."""
-
-    source: WeightSource
-    fmt: WeightFormat
-    group: ParallelGroup
-    dtype: torch.dtype
-
-    def span(self, span: Span) -> Span | None:
-        """A slice only when sharded: unsliced parts let an in-memory model merge into views."""
-        return span if self.group.is_parallel else None
-
-    def dense(self, name: str, rows: Span | None = None) -> torch.Tensor:
-        return self.tensor(Part(name, rows))
-
-    def tensor(self, part: Part) -> torch.Tensor:
-        """A part kept in the model dtype: dequantized where an FP8 checkpoint stores it quantized (an LM
-        head, MoE experts)."""
-        if self.source.dtype(part.name) == torch.float8_e4m3fn:
-            from batchgen.model.weights.fp8_checkpoint import dequantized
-
-            return dequantized(self.source, part, self.dtype, getattr(self.fmt, "block", (128, 128)))
-        return self.source.get(part).to(self.dtype)
-
-    def row_parallel(self, name: str, cols: Span) -> Linear:
-        """A projection split by input features: partial sums, all-reduced; rank 0 adds the bias."""
-        local = self.fmt.linear(self.source, [Part(name, None, self.span(cols))], bias=self.group.rank == 0)
-        return RowParallel(local, self.group) if self.group.is_parallel else local
 
 
 def assemble(

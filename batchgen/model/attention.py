@@ -8,31 +8,14 @@ transformers skip building a dense causal mask.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 import torch
 
 if TYPE_CHECKING:
-    from batchgen.model.backends import KernelBackend
+    from batchgen.model.backends import PagedContext
 
 ATTN_IMPLEMENTATION = "batchgen_paged"
-
-
-class PagedContext(NamedTuple):
-    """Everything one forward pass needs to read and write the paged KV cache (device tensors)."""
-
-    kv_caches: list[tuple[torch.Tensor, torch.Tensor]]  # per layer: [num_blocks, block_size, kv_heads, hd]
-    slot_mapping: torch.Tensor  # [T] int64, -1 = padding
-    cu_seqlens_q: torch.Tensor  # [B + 1] int32
-    seq_lens: torch.Tensor  # [B] int32
-    block_tables: torch.Tensor  # [B, max_blocks] int32
-    max_q_len: int  # host-side bounds, fixed per CUDA-graph bucket
-    max_seq_len: int
-    backend: KernelBackend
-    # An eager step with prompts: its first ``decode_rows`` sequences have one query row each and run
-    # the decode kernel; the prompts' chunks run the varlen kernel on cu_seqlens_q from their first row.
-    decode_rows: int = 0
-    prompt_cu_seqlens_q: torch.Tensor | None = None  # [B - decode_rows + 1] int32, from 0
 
 
 def paged_attention_forward(

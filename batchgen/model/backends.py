@@ -4,7 +4,9 @@
 capturable in CUDA graphs (every bound comes from the context's Python ints, never from tensor
 contents). Both expose paged attention with its KV write, and the fused layer ops of the batchgen
 forward (``model/fused.py``): RMSNorm with residual add, q/k norm + rotary + KV write, SiLU-and-multiply,
-and the routed experts of a mixture-of-experts layer (``model/moe.py``).
+and the routed experts of a mixture-of-experts layer (``model/moe_layer.py``).
+``PagedContext`` is what a backend reads of one step: the KV pool, the step's paged-cache metadata, and
+the backend itself, which transformers' attention hook (``model/attention.py``) finds there.
 
 FP8: ``quant`` asks RMSNorm / SiLU-and-multiply for an e4m3 output (``Fp8Act``); an FP8 KV cache (its
 dtype says so) is written as ``k / k_scale`` and read back as ``q * k_scale`` with the layer's
@@ -13,7 +15,7 @@ dtype says so) is written as ``k / k_scale`` and read back as ``q * k_scale`` wi
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import torch
 
@@ -22,8 +24,24 @@ from batchgen.kernels.fp8_reference import ActQuant, Fp8Act
 from batchgen.kernels.split_sums import SplitSums, summed
 
 if TYPE_CHECKING:
-    from batchgen.model.attention import PagedContext
     from batchgen.threads import ThreadGovernor
+
+
+class PagedContext(NamedTuple):
+    """Everything one forward pass needs to read and write the paged KV cache (device tensors)."""
+
+    kv_caches: list[tuple[torch.Tensor, torch.Tensor]]  # per layer: [num_blocks, block_size, kv_heads, hd]
+    slot_mapping: torch.Tensor  # [T] int64, -1 = padding
+    cu_seqlens_q: torch.Tensor  # [B + 1] int32
+    seq_lens: torch.Tensor  # [B] int32
+    block_tables: torch.Tensor  # [B, max_blocks] int32
+    max_q_len: int  # host-side bounds, fixed per CUDA-graph bucket
+    max_seq_len: int
+    backend: KernelBackend
+    # An eager step with prompts: its first ``decode_rows`` sequences have one query row each and run
+    # the decode kernel; the prompts' chunks run the varlen kernel on cu_seqlens_q from their first row.
+    decode_rows: int = 0
+    prompt_cu_seqlens_q: torch.Tensor | None = None  # [B - decode_rows + 1] int32, from 0
 
 
 class KernelBackend(Protocol):

@@ -2,7 +2,7 @@
 
 batchgen's fused forward when the architecture allows it (``--model-impl auto``), built straight from
 the checkpoint's safetensors on the target device, each rank reading only its shard; its structure comes
-from the config read off the files (``model/files/config.py``: no transformers import) or from a meta
+from the config read off the files (``model/files/checkpoint_config.py``: no transformers import) or from a meta
 skeleton of transformers' modules. Else transformers' modelling code on a model it loads itself.
 """
 
@@ -19,11 +19,11 @@ from batchgen.engine import kv_cache
 from batchgen.engine.sampler import sample
 from batchgen.model import attention
 from batchgen.model.assemble import assemble
-from batchgen.model.files.config import FileConfig, model_spec
+from batchgen.model.files.checkpoint_config import FileConfig, model_spec
 from batchgen.model.forward import ModelForward, TransformersForward
 from batchgen.model.loader import has_safetensors, resolve_device
 from batchgen.model.spec import ModelStructure, skeleton_structure, unsupported_reason
-from batchgen.model.weights.formats import weight_format
+from batchgen.model.weights.choose_format import weight_format
 from batchgen.model.weights.sources import ModuleSource, RandomSource, SafetensorsSource, WeightSource
 from batchgen.parallel.group import ParallelGroup
 from batchgen.parallel.sampling import ShardedSampler
@@ -83,7 +83,7 @@ def transformers_reason(options: EngineConfig, skeleton: torch.nn.Module) -> str
 class ForwardChoice(NamedTuple):
     """Which forward runs a model: batchgen's fused one (``structure``) or, for ``reason``,
     transformers'. ``skeleton``: the model's modules on the meta device (None when its config was read
-    from the files alone, ``model/files/config.py``)."""
+    from the files alone, ``model/files/checkpoint_config.py``)."""
 
     structure: ModelStructure | None
     reason: str | None

@@ -10,7 +10,7 @@ from typing import Protocol
 
 import torch
 
-from batchgen.model.attention import PagedContext
+from batchgen.model.backends import PagedContext
 
 
 class ModelForward(Protocol):

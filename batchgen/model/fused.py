@@ -1,5 +1,5 @@
 """batchgen's own forward pass for the Llama family (Llama, Mistral, Qwen2, Qwen3) and its mixture-of-experts
-relatives (Qwen2/3-MoE, Mixtral, OLMoE: their MLP is ``model/moe.py``'s), sharded or not.
+relatives (Qwen2/3-MoE, Mixtral, OLMoE: their MLP is ``model/moe_layer.py``'s), sharded or not.
 
 transformers' modelling code launches ~50 kernels per decoder layer (norms, rotary, activations, the
 q/k/v and gate/up projections one by one): at small batches their launch and memory cost exceed the
@@ -24,8 +24,7 @@ import torch
 
 from batchgen.kernels.fp8_reference import ActQuant, Fp8Act
 from batchgen.kernels.split_sums import SplitSums
-from batchgen.model.attention import PagedContext
-from batchgen.model.backends import KernelBackend
+from batchgen.model.backends import KernelBackend, PagedContext
 from batchgen.model.weights.formats import Linear
 from batchgen.parallel.group import ParallelGroup
 from batchgen.parallel.layers import LMHead, VocabEmbedding

@@ -129,7 +129,7 @@ TRANSFORMERS_READERS_ENV = "BATCHGEN_READ_WITH_TRANSFORMERS"
 class Checkpoint(NamedTuple):
     """A model directory's config, tokenizer and generation defaults."""
 
-    config: Any  # a FileConfig (model/files/config.py) or a transformers config
+    config: Any  # a FileConfig (model/files/checkpoint_config.py) or a transformers config
     tokenizer: Any  # a FileTokenizer or a transformers tokenizer
     generation: Any  # GenerationDefaults or a transformers GenerationConfig
 
@@ -138,7 +138,7 @@ def open_checkpoint(path: str, options: EngineConfig) -> Checkpoint:
     """Read what batchgen's fused forward needs from the files themselves when the readers in
     ``model/files/`` reproduce transformers exactly (they say when they cannot); else through
     transformers, whose import alone is a large part of a CPU process's start-up."""
-    from batchgen.model.files.config import read_config
+    from batchgen.model.files.checkpoint_config import read_config
     from batchgen.model.files.generation import read_generation_defaults
 
     trust = options.trust_remote_code

@@ -13,10 +13,10 @@ from typing import Any, NamedTuple
 
 import torch
 
-from batchgen.model.moe import MoELayout, layout_of
+from batchgen.model.moe_layout import MoELayout, layout_of
 
 DENSE_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
-MOE_MODEL_TYPES = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe")  # the MoE layer: model/moe.py
+MOE_MODEL_TYPES = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe")  # the MoE layer: model/moe_layer.py
 # Attention windows read off the config, not the attention module.
 _CONFIG_WINDOW_TYPES = ("mistral", "mixtral", "olmoe")
 # Rotary kinds whose frequencies do not change with the sequence length ("dynamic" ones do).
@@ -46,7 +46,7 @@ class ModelSpec:
 class ModelStructure(NamedTuple):
     """What ``assemble`` builds from: the spec, the config, and each decoder layer's MLP: its
     ``MoELayout``, None for a dense one. Read off transformers' modules (``skeleton_structure``) or
-    off the config file alone (``model/files/config.py``)."""
+    off the config file alone (``model/files/checkpoint_config.py``)."""
 
     spec: ModelSpec
     config: Any  # a transformers config, or a FileConfig

@@ -8,8 +8,7 @@ import torch
 
 from batchgen.kernels import cpu_attention, reference
 from batchgen.kernels.cases import make_case, rel_error
-from batchgen.model.attention import PagedContext
-from batchgen.model.backends import TorchBackend
+from batchgen.model.backends import PagedContext, TorchBackend
 
 GQA = [(4, 4), (9, 3), (8, 2), (8, 1)]  # group sizes 1, 3 (SmolLM2's 9/3), 4 and 8
 

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from batchgen.model.attention import PagedContext, paged_attention_forward
-from batchgen.model.backends import TorchBackend
+from batchgen.model.attention import paged_attention_forward
+from batchgen.model.backends import PagedContext, TorchBackend
 
 
 class _Layer(torch.nn.Module):

@@ -15,7 +15,7 @@ from transformers import GenerationConfig
 
 from batchgen.config import EngineConfig
 from batchgen.model.files import tokenizer as file_tokenizer
-from batchgen.model.files.config import FileConfig, read_config
+from batchgen.model.files.checkpoint_config import FileConfig, read_config
 from batchgen.model.files.generation import GenerationDefaults, read_generation_defaults
 from batchgen.model.files.tokenizer import FileTokenizer, verified_transformers
 from batchgen.model.loader import TRANSFORMERS_READERS_ENV, open_checkpoint

@@ -1,6 +1,6 @@
-"""What the config readers (``config.py``, ``moe_config.py``) share: the error that sends a config to
-transformers, and the value checks transformers' config classes make (huggingface_hub's ``@strict``
-field types, ``validate_layer_type``)."""
+"""What the config readers (``checkpoint_config.py``, ``moe_config.py``) share: the error that sends a config
+to transformers, and the value checks transformers' config classes make (huggingface_hub's ``@strict`` field
+types, ``validate_layer_type``)."""
 
 from __future__ import annotations
 

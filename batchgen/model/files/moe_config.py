@@ -1,5 +1,5 @@
 """The mixture-of-experts architectures' config.json (``qwen3_moe``, ``qwen2_moe``, ``mixtral``, ``olmoe``)
-as transformers 5.24 reads them, for ``config.py``: their config classes' defaults
+as transformers 5.24 reads them, for ``checkpoint_config.py``: their config classes' defaults
 (``models/<type>/configuration_<type>.py``) and what their modelling code derives from them
 (``modeling_<type>.py``): each layer's attention window, and each layer's MLP (a ``MoELayout`` with the
 routing and sizes the router and experts modules take, None where the decoder layer builds a dense MLP).
@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from batchgen.model.files.checks import BOOL, INT, UnsupportedConfig, check_layer_types, int_list
-from batchgen.model.moe import MoELayout, Routing
+from batchgen.model.moe_layout import MoELayout, Routing
 
 Values = dict[str, Any]  # a config's fields, its config.json's over the class defaults
 

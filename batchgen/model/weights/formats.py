@@ -3,8 +3,8 @@
 A format turns checkpoint tensors (``Part``s of a ``WeightSource``) into a ``Linear``: a callable
 ``[T, in] -> [T, out]``. Several parts stack along the output rows (q|k|v, gate|up), each already cut
 to the rank's shard. Embeddings, norms and the LM head are not projections: they stay dense.
-Formats: dense (the model dtype), FP8 quantized at load (``fp8.py``), FP8 checkpoints
-(``fp8_checkpoint.py``).
+Formats: dense (the model dtype, here), FP8 quantized at load (``fp8.py``), FP8 checkpoints
+(``fp8_checkpoint.py``); ``choose_format.py`` picks a checkpoint's.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from typing import Protocol
 
 import torch
 
-from batchgen.config import check_quantization
 from batchgen.kernels import cpu_linear
 from batchgen.kernels.fp8_reference import ActQuant, Fp8Act
 from batchgen.kernels.split_sums import SplitSums
@@ -73,29 +72,3 @@ class DenseFormat:
         if cpu_linear.packable(weight) and not source.shares_storage:  # fp32 on the CPU (cpu_linear.py)
             return cpu_linear.PackedLinear(weight, stacked)
         return DenseLinear(weight, stacked)
-
-
-def weight_format(hf_config, dtype: torch.dtype, quantization: str | None = None) -> WeightFormat:
-    """The format of a checkpoint's projections (``quantization``: what the user asked for at load).
-
-    A pre-quantized checkpoint loads as published (FP8 only; any other method is refused, naming it);
-    ``--quantization fp8`` on it changes nothing. Otherwise ``fp8`` quantizes the projections at load."""
-    check_quantization(quantization)
-    qc = quantization_config(hf_config)
-    if qc is not None:
-        from batchgen.model.weights.fp8_checkpoint import checkpoint_format
-
-        return checkpoint_format(qc, dtype)
-    if quantization == "fp8":
-        from batchgen.model.weights.fp8 import Fp8QuantizeFormat
-
-        return Fp8QuantizeFormat(dtype)
-    return DenseFormat(dtype)
-
-
-def quantization_config(hf_config) -> dict | None:
-    """The checkpoint's ``quantization_config`` as a dict (transformers may hold it as an object)."""
-    qc = getattr(hf_config, "quantization_config", None)
-    if qc is None or isinstance(qc, dict):
-        return qc
-    return qc.to_dict() if hasattr(qc, "to_dict") else dict(vars(qc))

@@ -18,7 +18,7 @@ import torch
 
 from batchgen.model.files import moe_config as moe
 from batchgen.model.files.checks import BOOL, INT, NUMBER, OPT_INT, UnsupportedConfig, check_layer_types, of
-from batchgen.model.moe import MoELayout
+from batchgen.model.moe_layout import MoELayout
 from batchgen.model.spec import DENSE_MODEL_TYPES, MOE_MODEL_TYPES, ModelSpec
 
 TYPES = DENSE_MODEL_TYPES + MOE_MODEL_TYPES

@@ -6,8 +6,9 @@ CPU, Triton kernels on CUDA, ``kernels/moe.py``), and for Qwen2-MoE a shared exp
 gate. Under tensor parallelism each rank holds the intermediate rows ``I / K`` of every expert (gate and
 up rows, down columns) and of the shared expert, so its output is a partial sum: one all-reduce of the
 layer's output combines them. Dense layers between MoE ones (``mlp_only_layers``,
-``decoder_sparse_step``) stay ``DenseMLP``: each decoder layer's ``MoELayout`` (None for a dense MLP) comes
-from its module on a meta skeleton (``layout_of``) or from the config file (``files/moe_config.py``).
+``decoder_sparse_step``) stay ``DenseMLP``: each decoder layer's ``MoELayout`` (None for a dense MLP,
+``moe_layout.py``) comes from its module on a meta skeleton (``layout_of``) or from the config file
+(``files/moe_config.py``).
 
 Routing stays in torch ops on both backends: bf16 router logits often tie (8 mantissa bits, 128
 experts), and only ``torch.topk`` itself breaks ties the way transformers' ``torch.topk`` does.
@@ -15,52 +16,17 @@ experts), and only ``torch.topk`` itself breaks ties the way transformers' ``tor
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
-
 import torch
 import torch.nn.functional as F
 
 from batchgen.model.backends import KernelBackend
+from batchgen.model.moe_layout import MoELayout, Routing
 from batchgen.model.weights.experts import expert_stacks, router_name
 from batchgen.model.weights.formats import Linear
+from batchgen.model.weights.rank_loader import Loader
 from batchgen.model.weights.sources import Part
 from batchgen.parallel.group import ParallelGroup
 from batchgen.parallel.shard import even_span
-
-if TYPE_CHECKING:
-    from batchgen.model.assemble import Loader
-
-
-class Routing(NamedTuple):
-    num_experts: int
-    top_k: int
-    renormalize: bool  # top-k probabilities divided by their sum (norm_topk_prob; always for Mixtral)
-    fp32_weights: bool  # Mixtral keeps the routing weights in fp32; the others round them to the model dtype
-
-
-class MoELayout(NamedTuple):
-    """One decoder layer's sparse MLP, all ``moe_mlp`` needs besides the weights: whether it was read off
-    transformers' modules or off config.json, the build is the same."""
-
-    routing: Routing
-    intermediate: int  # each routed expert's intermediate size
-    shared_intermediate: int | None  # Qwen2-MoE's shared expert (None: the layer has none)
-
-
-def layout_of(model_type: str, layer: torch.nn.Module) -> MoELayout | None:
-    """A decoder layer's MoE MLP as transformers built it (meta skeleton or real module); None for a
-    dense MLP."""
-    mlp = layer.mlp
-    if not hasattr(mlp, "experts"):
-        return None
-    shared = mlp.shared_expert.intermediate_size if hasattr(mlp, "shared_expert") else None
-    return MoELayout(_routing_of(model_type, mlp.gate), mlp.experts.intermediate_dim, shared)
-
-
-def _routing_of(model_type: str, gate: torch.nn.Module) -> Routing:
-    """The routing of transformers' TopKRouter module."""
-    renormalize = bool(getattr(gate, "norm_topk_prob", True))  # Mixtral's router always renormalises
-    return Routing(gate.num_experts, gate.top_k, renormalize, fp32_weights=model_type == "mixtral")
 
 
 def route(logits: torch.Tensor, routing: Routing) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,6 +1,6 @@
-"""``model/files/config.py`` against transformers: ``AutoConfig.from_pretrained`` + ``describe`` of a meta
-skeleton is the oracle, field by field (``inv_freq`` bit for bit). Configs are written as config.json files;
-no weights are needed."""
+"""``model/files/checkpoint_config.py`` against transformers: ``AutoConfig.from_pretrained`` + ``describe`` of
+a meta skeleton is the oracle, field by field (``inv_freq`` bit for bit). Configs are written as config.json
+files; no weights are needed."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import torch
 from transformers import AutoConfig
 
 from batchgen.model.build import meta_skeleton
-from batchgen.model.files.config import FileConfig, model_spec, read_config
+from batchgen.model.files.checkpoint_config import FileConfig, model_spec, read_config
 from batchgen.model.spec import ModelSpec, describe
 from batchgen.testing.models import TINY_CONFIGS
 

@@ -11,9 +11,9 @@ from batchgen.kernels import cpu_linear
 from batchgen.model import attention
 from batchgen.model.backends import TorchBackend
 from batchgen.model.build import ModelFiles, build_model
-from batchgen.model.files.config import FileConfig, read_config
+from batchgen.model.files.checkpoint_config import FileConfig, read_config
 from batchgen.model.forward import TransformersForward
-from batchgen.model.moe import MoEMLP
+from batchgen.model.moe_layer import MoEMLP
 from batchgen.model.spec import unsupported_reason
 from batchgen.model.weights.experts import expert_stacks
 from batchgen.model.weights.sources import ModuleSource, SafetensorsSource

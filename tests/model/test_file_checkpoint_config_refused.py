@@ -1,5 +1,5 @@
-"""Configs ``model/files/config.py`` refuses (``UnsupportedConfig``; ``read_config`` -> None, so the
-checkpoint is read through transformers instead): remote code, nested or per-layer configs, options the
+"""Configs ``model/files/checkpoint_config.py`` refuses (``UnsupportedConfig``; ``read_config`` -> None, so
+the checkpoint is read through transformers instead): remote code, nested or per-layer configs, options the
 fused forward does not implement, values transformers' strict validation rejects, unreadable files."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import copy
 
 import pytest
 
-from batchgen.model.files.config import UnsupportedConfig, parse_config, read_config
-from tests.model.test_file_config import _LLAMA31, _MINIMAL, _SMALL, _write
+from batchgen.model.files.checkpoint_config import UnsupportedConfig, parse_config, read_config
+from tests.model.test_file_checkpoint_config import _LLAMA31, _MINIMAL, _SMALL, _write
 
 _LLAMA = {"model_type": "llama", **_SMALL}
 _QWEN2 = {"model_type": "qwen2", **{**_SMALL, "num_hidden_layers": 2}}
