@@ -2,7 +2,7 @@
 
 batchgen's fused forward when the architecture allows it (``--model-impl auto``), built straight from
 the checkpoint's safetensors on the target device, each rank reading only its shard; its structure comes
-from the config read off the files (``model/files/checkpoint_config.py``: no transformers import) or from a meta
+from the config read off the files (``files/checkpoint_config.py``: no transformers import) or from a meta
 skeleton of transformers' modules. Else transformers' modelling code on a model it loads itself.
 """
 
