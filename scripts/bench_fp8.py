@@ -21,11 +21,11 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from batchgen.kernels import fp8_reference as ref  # noqa: E402
+from batchgen.kernels import fp8_format as ref  # noqa: E402
 from batchgen.kernels.activation import silu_mul  # noqa: E402
+from batchgen.kernels.fp8_format import ActQuant  # noqa: E402
 from batchgen.kernels.fp8_gemm import triton_fp8_matmul  # noqa: E402
 from batchgen.kernels.fp8_quant import quantize_act  # noqa: E402
-from batchgen.kernels.fp8_reference import ActQuant  # noqa: E402
 from batchgen.kernels.norm import rms_norm  # noqa: E402
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}

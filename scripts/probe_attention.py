@@ -13,7 +13,7 @@ import torch
 from triton.testing import do_bench
 
 from batchgen.kernels.decode import decode_attention
-from batchgen.kernels.fp8_reference import FP8
+from batchgen.kernels.fp8_format import FP8
 
 Q_HEADS, KV_HEADS, HEAD_DIM, BLOCK = 32, 8, 128, 16
 

@@ -19,8 +19,8 @@ from triton.testing import do_bench, do_bench_cudagraph
 from batchgen.kernels import fp8_decode_cuda
 from batchgen.kernels.decode import choose_num_splits, decode_attention, num_sms
 from batchgen.kernels.fp8_decode_cuda import LaunchShape
+from batchgen.kernels.fp8_format import FP8, Fp8Act
 from batchgen.kernels.fp8_gemm import triton_fp8_matmul
-from batchgen.kernels.fp8_reference import FP8, Fp8Act
 from batchgen.kernels.split_sums import summed
 from scripts.probe_attention import DEFAULT_HEADS, inputs, parse_heads
 

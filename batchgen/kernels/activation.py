@@ -16,9 +16,9 @@ import triton.language as tl
 
 from batchgen.kernels import fp8_quant
 from batchgen.kernels.decode import num_sms
+from batchgen.kernels.fp8_format import MIN_SCALE, ActQuant, Fp8Act
+from batchgen.kernels.fp8_format import quantize_act as quantize_static
 from batchgen.kernels.fp8_quant import quantize_tile, to_fp8
-from batchgen.kernels.fp8_reference import MIN_SCALE, ActQuant, Fp8Act
-from batchgen.kernels.fp8_reference import quantize_act as quantize_static
 from batchgen.kernels.pdl import pdl_options, wait_for_producer
 
 _BLOCK = 1024

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from batchgen.kernels import fp8_reference
+from batchgen.kernels import fp8_format
 
 
 @dataclass
@@ -108,8 +108,8 @@ def rel_error(out: torch.Tensor, ref: torch.Tensor, rows: int) -> float:
 
 def to_fp8_cache(case: PagedCase, kv_scales: tuple[float, float]) -> PagedCase:
     """``case`` with its caches as an FP8 cache stores them: ``k / k_scale`` and ``v / v_scale`` in e4m3."""
-    case.k_cache = fp8_reference.to_cache(case.k_cache, kv_scales[0]).to(fp8_reference.FP8)
-    case.v_cache = fp8_reference.to_cache(case.v_cache, kv_scales[1]).to(fp8_reference.FP8)
+    case.k_cache = fp8_format.to_cache(case.k_cache, kv_scales[0]).to(fp8_format.FP8)
+    case.v_cache = fp8_format.to_cache(case.v_cache, kv_scales[1]).to(fp8_format.FP8)
     return case
 
 

@@ -17,7 +17,7 @@ except ImportError:  # a Triton without host tensor descriptors: the pointer ker
 
 from batchgen.kernels.activation import quantize_by_maxima, silu_times
 from batchgen.kernels.decode import num_sms
-from batchgen.kernels.fp8_reference import Fp8Act
+from batchgen.kernels.fp8_format import Fp8Act
 from batchgen.kernels.tma import supported as device_has_tma
 
 # Row counts up to this are decode sizes: narrow tiles with K split (pointer kernel) or TMA; above it,

@@ -1,5 +1,5 @@
 """Triton FP8 (e4m3) helpers and the activation quantization kernel; the same arithmetic as
-``fp8_reference``: a dynamic scale ``max(amax / 448, MIN_SCALE)`` per row or per group of columns, values
+``fp8_format``: a dynamic scale ``max(amax / 448, MIN_SCALE)`` per row or per group of columns, values
 ``x / scale`` saturated to +-448 and rounded to nearest even.
 
 The fused producers (RMSNorm in ``norm.py``, SiLU-and-multiply in ``activation.py``) quantize their output
@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from batchgen.kernels.fp8_reference import FP8_MAX, MIN_SCALE, ActQuant, Fp8Act
+from batchgen.kernels.fp8_format import FP8_MAX, MIN_SCALE, ActQuant, Fp8Act
 from batchgen.kernels.pdl import pdl_options, wait_for_producer
 
 
@@ -107,9 +107,9 @@ def act_buffers(x: torch.Tensor, group: int | None) -> Fp8Act:
 
 
 def quantize_act(x: torch.Tensor, quant: ActQuant) -> Fp8Act:
-    """[T, K] -> e4m3 with dynamic scales per row or group (static scales: ``fp8_reference``'s torch ops)."""
+    """[T, K] -> e4m3 with dynamic scales per row or group (static scales: ``fp8_format``'s torch ops)."""
     if quant.static_scale is not None:
-        from batchgen.kernels.fp8_reference import quantize_act as static
+        from batchgen.kernels.fp8_format import quantize_act as static
 
         return static(x, quant)
     assert x.dim() == 2 and x.stride(-1) == 1

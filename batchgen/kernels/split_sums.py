@@ -5,7 +5,7 @@ fp32 partial product; a second kernel used to add them before anything read the 
 op reads the product row by row anyway (the residual add + RMSNorm after o_proj and down_proj, rotary
 after q|k|v), it adds the partials itself, in split order with the same fp32 arithmetic and one rounding
 to the model dtype, so its input is bit for bit the summed product and one launch a projection is gone.
-Any other consumer calls ``summed``. Torch only: the Triton side is ``fp8_gemm``'s.
+Any other consumer calls ``summed``. Torch only: the Triton side is ``split_sums_triton``.
 """
 
 from __future__ import annotations
@@ -28,6 +28,6 @@ def summed(x: torch.Tensor | SplitSums) -> torch.Tensor:
     """The product itself: a tensor as it is; partials added (in split order) and rounded to its dtype."""
     if not isinstance(x, SplitSums):
         return x
-    from batchgen.kernels.fp8_gemm import sum_splits
+    from batchgen.kernels.split_sums_triton import sum_splits
 
     return sum_splits(x.partials, x.dtype)

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from batchgen.kernels import cpu_attention, cpu_rotary, fp8_reference, reference
-from batchgen.kernels.fp8_reference import ActQuant, Fp8Act
+from batchgen.kernels import cpu_attention, cpu_rotary, fp8_format, reference
+from batchgen.kernels.fp8_format import ActQuant, Fp8Act
 from batchgen.kernels.split_sums import SplitSums, summed
 
 if TYPE_CHECKING:
@@ -66,14 +66,14 @@ class TorchBackend:
 
     def rms_norm(self, x, weight, eps: float, residual=None, quant: ActQuant | None = None):
         out, total = reference.rms_norm(summed(x), weight, eps, residual)
-        return (out if quant is None else fp8_reference.quantize_act(out, quant)), total
+        return (out if quant is None else fp8_format.quantize_act(out, quant)), total
 
     def rope_write_kv(
         self, qkv, positions, cos, sin, q_norm, k_norm, eps, k_cache, v_cache, slot_mapping, q_heads,
         kv_heads, kv_scales=(1.0, 1.0),
     ):  # fmt: skip
         qkv = summed(qkv)
-        if q_norm is not None or fp8_reference.is_fp8(k_cache):  # Qwen3's q/k norms, FP8 caches: the oracle
+        if q_norm is not None or fp8_format.is_fp8(k_cache):  # Qwen3's q/k norms, FP8 caches: the oracle
             return reference.rope_write_kv(
                 qkv, positions, cos, sin, q_norm, k_norm, eps, k_cache, v_cache, slot_mapping, q_heads,
                 kv_heads, kv_scales,
@@ -85,15 +85,15 @@ class TorchBackend:
 
     def silu_mul(self, x, quant: ActQuant | None = None):
         out = reference.silu_mul(x)
-        return out if quant is None else fp8_reference.quantize_act(out, quant)
+        return out if quant is None else fp8_format.quantize_act(out, quant)
 
     def attention(
         self, query, k_cache, v_cache, ctx: PagedContext, scale: float, sliding_window, kv_scales=(1.0, 1.0)
     ):
         if self.governor is not None:
             self.governor.tick()
-        if fp8_reference.is_fp8(k_cache):  # the oracle's FP8 path: rare on the CPU
-            return fp8_reference.paged_attention(
+        if fp8_format.is_fp8(k_cache):  # the oracle's FP8 path: rare on the CPU
+            return reference.paged_attention_fp8(
                 query, k_cache, v_cache, ctx.cu_seqlens_q, ctx.seq_lens, ctx.block_tables, scale,
                 sliding_window, kv_scales,
             )  # fmt: skip

@@ -22,7 +22,7 @@ from typing import NamedTuple, Protocol
 
 import torch
 
-from batchgen.kernels.fp8_reference import ActQuant, Fp8Act
+from batchgen.kernels.fp8_format import ActQuant, Fp8Act
 from batchgen.kernels.split_sums import SplitSums
 from batchgen.model.attention import PagedContext
 from batchgen.model.backends import KernelBackend

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from batchgen.kernels import fp8_reference as ref
+from batchgen.kernels import fp8_format as ref
 from batchgen.kernels import reference
 from batchgen.kernels.cases import make_case
 from batchgen.kernels.cpu_attention import paged_attention as cpu_attention
@@ -74,7 +74,9 @@ def test_fp8_cache_columns_past_a_sequence_are_never_read(kind):
     clean = case.attn_args()
     dirty = (*clean[:5], _poisoned(case, WIDTH), *clean[6:])
     rows, scales, triton = case.num_valid_rows, (1.0, 1.0), _triton(case, kind)
-    got = ref.paged_attention(*dirty, kv_scales=scales)[:rows]
-    torch.testing.assert_close(got, ref.paged_attention(*clean, kv_scales=scales)[:rows], rtol=0, atol=0)
+    got = reference.paged_attention_fp8(*dirty, kv_scales=scales)[:rows]
+    torch.testing.assert_close(
+        got, reference.paged_attention_fp8(*clean, kv_scales=scales)[:rows], rtol=0, atol=0
+    )
     got = triton(*dirty, kv_scales=scales)[:rows]
     torch.testing.assert_close(got, triton(*clean, kv_scales=scales)[:rows], rtol=0, atol=0)

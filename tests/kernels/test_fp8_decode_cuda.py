@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from batchgen.kernels import fp8_decode_cuda
-from batchgen.kernels import fp8_reference as ref
+from batchgen.kernels import fp8_decode_cuda, reference
 from batchgen.kernels.cases import make_case, rel_error, to_fp8_cache
 from batchgen.kernels.decode import decode_attention
 
@@ -42,7 +41,7 @@ def test_cuda_decode_matches_reference(group, splits, block_size, build):
     assert fp8_decode_cuda.supports(case.query, case.k_cache, case.v_cache, None)
     builds = {"cp.async": fp8_decode_cuda.DEFAULT_SHAPE, "tma": fp8_decode_cuda.FEW_PROGRAMS_SHAPE}
     out = _cuda(case, kv_scales, splits, builds.get(build))
-    want = ref.paged_attention(*case.attn_args(), kv_scales)
+    want = reference.paged_attention_fp8(*case.attn_args(), kv_scales)
     assert rel_error(out, want, case.num_valid_rows) < 1e-2
     # Row by row too: one wrong sequence must not hide in the norm of ten.
     for b in range(len(LENS)):
@@ -68,7 +67,7 @@ def test_cuda_decode_launch_shapes_agree(shape, splits, dtype):
         pytest.skip("needs a Hopper GPU (TMA copies)")
     kv_scales = (0.5, 2.0)
     case = _case(4, 16, dtype, kv_scales)
-    want = ref.paged_attention(*case.attn_args(), kv_scales)
+    want = reference.paged_attention_fp8(*case.attn_args(), kv_scales)
     out = _cuda(case, kv_scales, splits, fp8_decode_cuda.LaunchShape(*shape))
     assert rel_error(out, want, case.num_valid_rows) < 1e-2
 
@@ -96,7 +95,7 @@ def test_cuda_decode_ignores_nan_bytes_past_the_context(tma):
     """Unwritten slots of a sequence's last page may hold anything, NaN patterns (0x7f) included."""
     kv_scales = (1.0, 1.0)
     case = _case(4, 16, torch.bfloat16, kv_scales)
-    want = ref.paged_attention(*case.attn_args(), kv_scales)
+    want = reference.paged_attention_fp8(*case.attn_args(), kv_scales)
     for cache in (case.k_cache, case.v_cache):
         raw = cache.view(torch.uint8)
         for b, n in enumerate(LENS):
@@ -121,7 +120,7 @@ def test_cuda_decode_reads_a_strided_query_and_larger_pages(tma, block_size):
     case.query = fused[:, : 32 * 128].view(-1, 32, 128)  # row stride 6144, not 4096
     assert case.query.stride(0) == 48 * 128
     out = _cuda(case, kv_scales, 2, fp8_decode_cuda.LaunchShape(tma=tma))
-    want = ref.paged_attention(*case.attn_args(), kv_scales)
+    want = reference.paged_attention_fp8(*case.attn_args(), kv_scales)
     assert rel_error(out, want, case.num_valid_rows) < 1e-2
 
 
@@ -131,7 +130,7 @@ def test_cuda_decode_leaves_padding_rows_and_sequences_alone():
     case.cu_seqlens_q[2:] -= 1  # sequence 1 becomes a padding sequence (no query row)
     out = torch.full_like(case.query, 7.0)
     _cuda(case, kv_scales, 1, out=out)
-    want = ref.paged_attention(*case.attn_args(), kv_scales)
+    want = reference.paged_attention_fp8(*case.attn_args(), kv_scales)
     assert rel_error(out, want, 2) < 1e-2
     assert (out[2:] == 7.0).all()  # the padding sequence's row and the padding rows
 
@@ -152,7 +151,10 @@ def test_cuda_decode_in_a_cuda_graph(tma):
     case.seq_lens.sub_(torch.tensor([0, 50, 0, 100], dtype=torch.int32, device="cuda"))
     graph.replay()
     torch.cuda.synchronize()
-    assert rel_error(out, ref.paged_attention(*case.attn_args(), kv_scales), case.num_valid_rows) < 1e-2
+    assert (
+        rel_error(out, reference.paged_attention_fp8(*case.attn_args(), kv_scales), case.num_valid_rows)
+        < 1e-2
+    )
 
 
 def test_unsupported_shapes_go_to_triton():

@@ -1,4 +1,4 @@
-"""Triton FP8 kernels against the torch reference (``fp8_reference``): activation quantization (alone and
+"""Triton FP8 kernels against the torch reference (``fp8_format``): activation quantization (alone and
 fused into RMSNorm / SiLU-and-multiply), the FP8 matrix product, and the FP8 KV cache (rotary + write,
 decode and prefill attention). Off-GPU under TRITON_INTERPRET=1 at tiny shapes.
 
@@ -11,14 +11,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+from batchgen.kernels import fp8_format as ref
 from batchgen.kernels import fp8_gemm_tma, reference
-from batchgen.kernels import fp8_reference as ref
 from batchgen.kernels.activation import silu_mul
 from batchgen.kernels.cases import llama_fp8_case, make_case, rel_error, to_fp8_cache
 from batchgen.kernels.dispatch import paged_attention_triton
+from batchgen.kernels.fp8_format import ActQuant
 from batchgen.kernels.fp8_gemm import _config, choose_split_k, triton_fp8_matmul
 from batchgen.kernels.fp8_quant import quantize_act
-from batchgen.kernels.fp8_reference import ActQuant
 from batchgen.kernels.norm import rms_norm
 from batchgen.kernels.rope import rope_write_kv
 from batchgen.kernels.split_sums import SplitSums, summed
@@ -213,7 +213,7 @@ def test_attention_reads_an_fp8_cache(decode, dtype):
     out = paged_attention_triton(
         *case.attn_args(), decode_only=decode, max_seq_len=70, max_q_len=max(q_lens), kv_scales=kv_scales
     )
-    want = ref.paged_attention(*case.attn_args(), kv_scales)
+    want = reference.paged_attention_fp8(*case.attn_args(), kv_scales)
     assert rel_error(out, want, case.num_valid_rows) < (1e-5 if dtype == torch.float32 else 2e-2)
 
 
@@ -228,7 +228,7 @@ def test_fp16_tiles_saturate_a_query_past_fp16s_range(decode):
         *case.attn_args(), decode_only=decode, max_seq_len=70, max_q_len=max(q_lens), kv_scales=(1.0, 1.0)
     )
     case.query = case.query.clamp(-65504, 65504)
-    want = ref.paged_attention(*case.attn_args(), (1.0, 1.0))
+    want = reference.paged_attention_fp8(*case.attn_args(), (1.0, 1.0))
     assert out[: case.num_valid_rows].isfinite().all()
     assert rel_error(out, want, case.num_valid_rows) < 2e-2
 
@@ -238,7 +238,10 @@ def test_fp8_cache_attention_is_close_to_a_full_precision_cache():
     case = make_case([4, 1], [50, 33], q_heads=8, kv_heads=2, head_dim=32, device=DEVICE)
     exact = reference.paged_attention(*case.attn_args())
     case.k_cache, case.v_cache = case.k_cache.to(ref.FP8), case.v_cache.to(ref.FP8)
-    assert rel_error(ref.paged_attention(*case.attn_args(), (1.0, 1.0)), exact, case.num_valid_rows) < 0.05
+    assert (
+        rel_error(reference.paged_attention_fp8(*case.attn_args(), (1.0, 1.0)), exact, case.num_valid_rows)
+        < 0.05
+    )
 
 
 def test_rope_writes_an_fp8_cache():
@@ -340,7 +343,10 @@ def test_gpu_attention_over_an_fp8_cache(decode):
     out = paged_attention_triton(
         *case.attn_args(), decode_only=decode, max_seq_len=4096, max_q_len=512, kv_scales=kv_scales
     )
-    assert rel_error(out, ref.paged_attention(*case.attn_args(), kv_scales), case.num_valid_rows) < 2e-2
+    assert (
+        rel_error(out, reference.paged_attention_fp8(*case.attn_args(), kv_scales), case.num_valid_rows)
+        < 2e-2
+    )
 
 
 @pytest.mark.gpu

@@ -36,7 +36,7 @@ def _fp8_forward_logits(path: str, intermediate: int = 3072) -> None:
 
     from batchgen.config import EngineConfig
     from batchgen.engine.kv_cache import KVShape
-    from batchgen.kernels.fp8_reference import FP8
+    from batchgen.kernels.fp8_format import FP8
     from batchgen.model.backends import TritonBackend
     from batchgen.model.build import ModelFiles, build_model
     from batchgen.parallel.group import ParallelGroup

@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from batchgen.kernels import fp8_reference as ref
+from batchgen.kernels import fp8_format as ref
+from batchgen.kernels.fp8_format import ActQuant
 from batchgen.kernels.fp8_gemm import triton_fp8_matmul
-from batchgen.kernels.fp8_reference import ActQuant
 from batchgen.kernels.norm import rms_norm
 from batchgen.kernels.rope import rope_write_kv
 from batchgen.kernels.split_sums import SplitSums, summed

@@ -16,7 +16,7 @@ import torch
 
 from batchgen.config import check_quantization
 from batchgen.kernels import cpu_linear
-from batchgen.kernels.fp8_reference import ActQuant, Fp8Act
+from batchgen.kernels.fp8_format import ActQuant, Fp8Act
 from batchgen.kernels.split_sums import SplitSums
 from batchgen.model.weights.sources import Part, WeightSource
 

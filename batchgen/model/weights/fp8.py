@@ -10,7 +10,7 @@ pre-quantized checkpoints load into (``fp8_checkpoint.py`` reads those).
 A projection's ``act_quant`` tells the producer of its input how to quantize it: the fused RMSNorm and
 SiLU-and-multiply kernels write e4m3 + scales directly (an ``Fp8Act``); anything else arrives in the model
 dtype and is quantized here. Off CUDA the same function is computed by dequantizing to fp32
-(``kernels/fp8_reference.py``), so CPU runs test the loading and the arithmetic.
+(``kernels/fp8_format.py``), so CPU runs test the loading and the arithmetic.
 
 Memory: ``Fp8QuantizeFormat`` reads one checkpoint part at a time and keeps only its e4m3 copy, so a model
 read from safetensors (or random weights) never holds its 16-bit projections. A model built in memory
@@ -23,8 +23,8 @@ from collections.abc import Sequence
 
 import torch
 
-from batchgen.kernels import fp8_reference as ref
-from batchgen.kernels.fp8_reference import ActQuant, Fp8Act
+from batchgen.kernels import fp8_format as ref
+from batchgen.kernels.fp8_format import ActQuant, Fp8Act
 from batchgen.kernels.split_sums import SplitSums
 from batchgen.model.weights.formats import stacked_bias
 from batchgen.model.weights.sources import Part, WeightSource

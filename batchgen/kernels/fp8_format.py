@@ -16,8 +16,6 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from batchgen.kernels import reference
-
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
 # The smallest dynamic scale: an all-zero row then quantizes to zeros (a zero scale would divide by 0).
@@ -121,22 +119,3 @@ def linear_blocks(
 def to_cache(x: torch.Tensor, scale: float) -> torch.Tensor:
     """What an FP8 cache stores for ``x`` (in fp32, saturated; the cache's assignment rounds it)."""
     return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX)
-
-
-def paged_attention(
-    query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cu_seqlens_q: torch.Tensor,
-    seq_lens: torch.Tensor, block_tables: torch.Tensor, scale: float, sliding_window: int | None,
-    kv_scales: tuple[float, float],
-) -> torch.Tensor:  # fmt: skip
-    """``reference.paged_attention`` over an FP8 cache: the blocks this step reads are dequantized to fp32
-    (``q * scale``) into a compact cache, and the block tables renumbered to it."""
-    block_size = k_cache.shape[1]
-    n_blocks = -(-int(seq_lens.max()) // block_size) if seq_lens.numel() else 1
-    table = block_tables[:, :n_blocks].long()
-    used, local = torch.unique(table, return_inverse=True)
-    k = k_cache[used].float() * kv_scales[0]
-    v = v_cache[used].float() * kv_scales[1]
-    out = reference.paged_attention(
-        query.float(), k, v, cu_seqlens_q, seq_lens, local.to(torch.int32), scale, sliding_window
-    )
-    return out.to(query.dtype)
