@@ -1,5 +1,5 @@
 """fp32 projections on the CPU: MKL (``F.linear``) vs oneDNN with the plain and the packed weight
-(``kernels/cpu_linear.py``), GFLOP/s at the embedded model's shapes over row counts.
+(``kernels/cpu/cpu_linear.py``), GFLOP/s at the embedded model's shapes over row counts.
 
     python scripts/bench_cpu_linear.py [--threads 2] [--rows 1 8 78 256 3299]
 """
@@ -13,7 +13,7 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from batchgen.kernels import cpu_linear
+from batchgen.kernels.cpu import cpu_linear
 
 SHAPES = {"qkv": (1728, 576), "gate_up": (3072, 576), "down": (576, 1536), "lm_head": (49152, 576)}
 

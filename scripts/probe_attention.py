@@ -12,7 +12,7 @@ import argparse
 import torch
 from triton.testing import do_bench
 
-from batchgen.kernels.decode import decode_attention
+from batchgen.kernels.attention.decode import decode_attention
 from batchgen.kernels.fp8_format import FP8
 
 Q_HEADS, KV_HEADS, HEAD_DIM, BLOCK = 32, 8, 128, 16

@@ -16,12 +16,12 @@ from functools import partial
 import torch
 from triton.testing import do_bench, do_bench_cudagraph
 
-from batchgen.kernels import fp8_decode_cuda
-from batchgen.kernels.decode import choose_num_splits, decode_attention, num_sms
-from batchgen.kernels.fp8_decode_cuda import LaunchShape
+from batchgen.kernels.attention import fp8_decode_cuda
+from batchgen.kernels.attention.decode import choose_num_splits, decode_attention, num_sms
+from batchgen.kernels.attention.fp8_decode_cuda import LaunchShape
 from batchgen.kernels.fp8_format import FP8, Fp8Act
-from batchgen.kernels.fp8_gemm import triton_fp8_matmul
-from batchgen.kernels.split_sums import summed
+from batchgen.kernels.gemm.fp8_gemm import triton_fp8_matmul
+from batchgen.kernels.gemm.split_sums import summed
 from scripts.probe_attention import DEFAULT_HEADS, inputs, parse_heads
 
 GEMMS = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
@@ -98,7 +98,7 @@ def matmul(m: int, bandwidth: float) -> None:
     the defaults, ``tma_shape`` / ``choose_split_k``'s pick), beside cuBLASLt's, each timed from graph
     replays over enough weight copies (> 150 MB) that L2 (50 MB on the H200) holds none of them between
     calls, as in a forward. Split products are timed without their sum, which the forward leaves to the
-    next op (``kernels/split_sums.py``)."""
+    next op (``kernels/gemm/split_sums.py``)."""
     total_default = total_best = 0.0
     for name, (n, k) in GEMMS.items():
         copies = max(2, -(-150_000_000 // (n * k)))

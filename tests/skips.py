@@ -35,7 +35,7 @@ def _tma_gate_up_applies(most_sms: int) -> bool:
         return False
     import torch
 
-    from batchgen.kernels import fp8_gemm_tma
+    from batchgen.kernels.gemm import fp8_gemm_tma
 
     device = torch.cuda.current_device()
     return (
@@ -44,7 +44,7 @@ def _tma_gate_up_applies(most_sms: int) -> bool:
 
 
 def _onednn() -> bool:
-    from batchgen.kernels import cpu_linear
+    from batchgen.kernels.cpu import cpu_linear
 
     return cpu_linear.ONEDNN
 

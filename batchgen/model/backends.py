@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from batchgen.kernels import cpu_attention, cpu_rotary, fp8_format, reference
+from batchgen.kernels import fp8_format, reference
+from batchgen.kernels.cpu import cpu_attention, cpu_rotary
 from batchgen.kernels.fp8_format import ActQuant, Fp8Act
-from batchgen.kernels.split_sums import SplitSums, summed
+from batchgen.kernels.gemm.split_sums import SplitSums, summed
 
 if TYPE_CHECKING:
     from batchgen.model.attention import PagedContext
@@ -51,7 +52,7 @@ class KernelBackend(Protocol):
 
 class TorchBackend:
     """The CPU path: the torch reference ops, with attention whose cost follows each sequence's own
-    context (``kernels/cpu_attention.py``, tested against ``reference.paged_attention``). A ``governor``
+    context (``kernels/cpu/cpu_attention.py``, tested against ``reference.paged_attention``). A ``governor``
     adjusts torch's CPU threads to the machine's load; it looks from here, the thread the model runs on."""
 
     def __init__(self, governor: ThreadGovernor | None = None) -> None:
@@ -118,7 +119,9 @@ class TritonBackend:
     """The CUDA path: Triton kernels, capturable in CUDA graphs (bounds come from the context)."""
 
     def __init__(self) -> None:
-        from batchgen.kernels import activation, dispatch, moe, norm, rope
+        from batchgen.kernels.attention import dispatch
+        from batchgen.kernels.layer_ops import activation, norm, rope
+        from batchgen.kernels.moe import routed_experts as moe
 
         self._kernels = dispatch
         self.write_kv = dispatch.write_kv

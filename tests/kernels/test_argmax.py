@@ -1,5 +1,5 @@
-"""The greedy pick's Triton kernels (kernels/argmax.py) against torch.argmax, exactly: ties to the first
-maximum, NaN above everything (the first NaN), -inf rows, a partial last column block. Off-GPU under
+"""The greedy pick's Triton kernels (kernels/sampling/argmax.py) against torch.argmax, exactly: ties to the
+first maximum, NaN above everything (the first NaN), -inf rows, a partial last column block. Off-GPU under
 TRITON_INTERPRET=1, with 64-column blocks (the default 4096 on the GPU)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from batchgen.kernels.argmax import row_argmax
+from batchgen.kernels.sampling.argmax import row_argmax
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 BLOCK = 4096 if DEVICE == "cuda" else 64

@@ -11,9 +11,9 @@ import torch
 
 from batchgen.kernels import fp8_format as ref
 from batchgen.kernels import reference
+from batchgen.kernels.attention.dispatch import paged_attention_triton
 from batchgen.kernels.cases import make_case
-from batchgen.kernels.cpu_attention import paged_attention as cpu_attention
-from batchgen.kernels.dispatch import paged_attention_triton
+from batchgen.kernels.cpu.cpu_attention import paged_attention as cpu_attention
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 POISON = 1 << 30  # a block id far past any cache

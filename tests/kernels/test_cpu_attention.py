@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from batchgen.kernels import cpu_attention, reference
+from batchgen.kernels import reference
 from batchgen.kernels.cases import make_case, rel_error
+from batchgen.kernels.cpu import cpu_attention
 from batchgen.model.attention import PagedContext
 from batchgen.model.backends import TorchBackend
 

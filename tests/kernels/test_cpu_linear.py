@@ -1,4 +1,4 @@
-"""fp32 CPU projections through oneDNN (kernels/cpu_linear.py) against F.linear (MKL): the same
+"""fp32 CPU projections through oneDNN (kernels/cpu/cpu_linear.py) against F.linear (MKL): the same
 products, summed in another order."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from batchgen.kernels import cpu_linear
+from batchgen.kernels.cpu import cpu_linear
 from batchgen.model.weights.formats import DenseFormat, DenseLinear
 from batchgen.model.weights.sources import Part
 

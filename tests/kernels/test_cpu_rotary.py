@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from batchgen.kernels import cpu_rotary, reference
+from batchgen.kernels import reference
+from batchgen.kernels.cpu import cpu_rotary
 from batchgen.model.backends import TorchBackend
 
 

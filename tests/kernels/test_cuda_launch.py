@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ctypes
 
-from batchgen.kernels.cuda_launch import _LaunchAttribute, _LaunchConfig
+from batchgen.kernels.launch.driver import _LaunchAttribute, _LaunchConfig
 
 
 def test_launch_config_matches_the_driver_layout():

@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from batchgen.kernels import fp8_decode_cuda, reference
+from batchgen.kernels import reference
+from batchgen.kernels.attention import fp8_decode_cuda
+from batchgen.kernels.attention.decode import decode_attention
 from batchgen.kernels.cases import make_case, rel_error, to_fp8_cache
-from batchgen.kernels.decode import decode_attention
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 

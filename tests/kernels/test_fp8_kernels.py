@@ -12,16 +12,17 @@ import pytest
 import torch
 
 from batchgen.kernels import fp8_format as ref
-from batchgen.kernels import fp8_gemm_tma, reference
-from batchgen.kernels.activation import silu_mul
+from batchgen.kernels import reference
+from batchgen.kernels.attention.dispatch import paged_attention_triton
 from batchgen.kernels.cases import llama_fp8_case, make_case, rel_error, to_fp8_cache
-from batchgen.kernels.dispatch import paged_attention_triton
 from batchgen.kernels.fp8_format import ActQuant
-from batchgen.kernels.fp8_gemm import _config, choose_split_k, triton_fp8_matmul
-from batchgen.kernels.fp8_quant import quantize_act
-from batchgen.kernels.norm import rms_norm
-from batchgen.kernels.rope import rope_write_kv
-from batchgen.kernels.split_sums import SplitSums, summed
+from batchgen.kernels.gemm import fp8_gemm_tma
+from batchgen.kernels.gemm.fp8_gemm import _config, choose_split_k, triton_fp8_matmul
+from batchgen.kernels.gemm.fp8_quant import quantize_act
+from batchgen.kernels.gemm.split_sums import SplitSums, summed
+from batchgen.kernels.layer_ops.activation import silu_mul
+from batchgen.kernels.layer_ops.norm import rms_norm
+from batchgen.kernels.layer_ops.rope import rope_write_kv
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 QUANTS = [ActQuant(None), ActQuant(128), ActQuant(32)]
@@ -89,7 +90,7 @@ def test_silu_mul_quantizes_its_output(quant):
 def test_silu_mul_row_scales_in_one_or_two_passes(whole_rows):
     """Per-row scales by (row, block) programs in two kernels, or one program per whole row in one pass
     (what many rows take): the same bits as quantizing the plain product."""
-    from batchgen.kernels.activation import _silu_mul_quant
+    from batchgen.kernels.layer_ops.activation import _silu_mul_quant
 
     torch.manual_seed(5)
     x = torch.randn(5, 2 * 2500, device=DEVICE)
@@ -272,7 +273,7 @@ def test_rope_writes_an_fp8_cache():
 def test_gpu_matmuls_match_reference(m, n, k):
     """``torch._scaled_mm`` (rowwise) and the Triton kernel (rowwise, 128 x 128 blocks) in bf16 against
     the fp32 reference over the same e4m3 operands; fp16 output takes the Triton kernel."""
-    from batchgen.kernels.fp8_gemm import rowwise_matmul
+    from batchgen.kernels.gemm.fp8_gemm import rowwise_matmul
 
     torch.manual_seed(0)
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from batchgen.kernels import fp8_format as ref
-from batchgen.kernels import fp8_gemm_tma
-from batchgen.kernels.activation import silu_mul
 from batchgen.kernels.fp8_format import ActQuant
-from batchgen.kernels.fp8_gemm import triton_fp8_matmul
-from batchgen.kernels.fp8_quant import quantize_act
+from batchgen.kernels.gemm import fp8_gemm_tma
+from batchgen.kernels.gemm.fp8_gemm import triton_fp8_matmul
+from batchgen.kernels.gemm.fp8_quant import quantize_act
+from batchgen.kernels.layer_ops.activation import silu_mul
 from tests.kernels.test_fp8_kernels import _same
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -19,9 +19,9 @@ import pytest
 import torch
 
 from batchgen.kernels import reference
-from batchgen.kernels.activation import silu_mul
-from batchgen.kernels.norm import rms_norm
-from batchgen.kernels.rope import rope_write_kv
+from batchgen.kernels.layer_ops.activation import silu_mul
+from batchgen.kernels.layer_ops.norm import rms_norm
+from batchgen.kernels.layer_ops.rope import rope_write_kv
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 FP32_TOL = dict(rtol=1e-5, atol=1e-5)

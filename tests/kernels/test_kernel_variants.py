@@ -13,7 +13,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from batchgen.kernels import decode, prefill, reference
+from batchgen.kernels import reference
+from batchgen.kernels.attention import decode, prefill
 from batchgen.kernels.cases import make_case, rel_error
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from batchgen.kernels import reference
-from batchgen.kernels.moe import group_by_expert, moe_experts
+from batchgen.kernels.moe.routed_experts import group_by_expert, moe_experts
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

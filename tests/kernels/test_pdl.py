@@ -1,4 +1,4 @@
-"""Programmatic dependent launch (kernels/pdl.py): only on CUDA, and it changes no bit of a forward."""
+"""Programmatic dependent launch (kernels/launch/pdl.py): only on CUDA, and it changes no bit of a forward."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from batchgen.kernels.pdl import DECODE_ROWS, enabled, pdl_options
+from batchgen.kernels.launch.pdl import DECODE_ROWS, enabled, pdl_options
 
 
 def test_no_dependent_launch_off_the_gpu():

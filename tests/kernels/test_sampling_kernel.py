@@ -1,5 +1,5 @@
-"""The fused sampler (kernels/sampling.py through engine/sampler.sample(fused=True)) against the torch
-sampler (fused=False), which tests/engine/test_sampler.py checks against written-out formulas and
+"""The fused sampler (kernels/sampling/fused_sampler.py through engine/sampler.sample(fused=True)) against the
+torch sampler (fused=False), which tests/engine/test_sampler.py checks against written-out formulas and
 transformers: the same tokens, the same log-probabilities, over penalties, temperature, min-p, greedy and
 sampled rows side by side, logit bias, token masks, graph padding rows and a partial last column block.
 Off-GPU under TRITON_INTERPRET=1 with 64-column blocks."""
@@ -12,7 +12,7 @@ import torch
 from batchgen.engine.row_tokens import RowTokens
 from batchgen.engine.sampler import sample
 from batchgen.engine.step_sampling import RowInit, SamplingFeatures
-from batchgen.kernels import sampling as fused_kernels
+from batchgen.kernels.sampling import fused_sampler as fused_kernels
 from tests.engine.sampling_cases import tensors
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -1,4 +1,4 @@
-"""Split-K partial products handed on unsummed (``kernels/split_sums.py``): the FP8 product returns them,
+"""Split-K partial products handed on unsummed (``kernels/gemm/split_sums.py``): the FP8 product returns them,
 RMSNorm (with its residual add) and rotary + KV write add them. Each consumer must see exactly the
 summed product: its outputs equal, bit for bit, those from the product summed by the summing kernel.
 Off-GPU under TRITON_INTERPRET=1 at tiny shapes."""
@@ -10,10 +10,10 @@ import torch
 
 from batchgen.kernels import fp8_format as ref
 from batchgen.kernels.fp8_format import ActQuant
-from batchgen.kernels.fp8_gemm import triton_fp8_matmul
-from batchgen.kernels.norm import rms_norm
-from batchgen.kernels.rope import rope_write_kv
-from batchgen.kernels.split_sums import SplitSums, summed
+from batchgen.kernels.gemm.fp8_gemm import triton_fp8_matmul
+from batchgen.kernels.gemm.split_sums import SplitSums, summed
+from batchgen.kernels.layer_ops.norm import rms_norm
+from batchgen.kernels.layer_ops.rope import rope_write_kv
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -81,7 +81,7 @@ def test_rotary_adds_qkv_partials(cache_dtype, qk_norm):
 def test_gpu_forward_with_partials_changes_no_bit(tmp_path, monkeypatch):
     """A small FP8 model's prompt chunks and decode steps: the same logits, bit for bit, whether its
     decode-sized products reach rotary and RMSNorm as partials or summed by the summing kernel."""
-    from batchgen.kernels import fp8_gemm
+    from batchgen.kernels.gemm import fp8_gemm
     from tests.kernels.test_pdl import _fp8_forward_logits
 
     handed_on = []
@@ -107,7 +107,7 @@ def test_gpu_forward_with_silu_in_the_product_changes_no_bit(tmp_path, monkeypat
     """The same forward with an MLP wide enough for gate|up's TMA kernel (2 x 8704 rows: 136 tiles of 128
     columns, >= the H200's 132 SMs): the same logits whether SiLU-and-multiply runs in the product's
     epilogue (``fp8_gemm_tma.silu_mul_product``) or after it."""
-    from batchgen.kernels import fp8_gemm_tma
+    from batchgen.kernels.gemm import fp8_gemm_tma
     from tests.kernels.test_pdl import _fp8_forward_logits
 
     device = torch.cuda.current_device()

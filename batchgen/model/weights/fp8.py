@@ -3,7 +3,7 @@ pre-quantized checkpoints load into (``fp8_checkpoint.py`` reads those).
 
 - ``Fp8RowLinear``: one weight scale per output row (per channel; a per-tensor scale repeats over its
   rows), the input quantized per token at run time (or with the checkpoint's static scale). CUDA:
-  ``torch._scaled_mm`` (cuBLASLt) or the Triton kernel (``kernels/fp8_gemm.py``).
+  ``torch._scaled_mm`` (cuBLASLt) or the Triton kernel (``kernels/gemm/fp8_gemm.py``).
 - ``Fp8BlockLinear``: one weight scale per block of rows x ``group`` columns (128 x 128 in the Qwen3 FP8
   releases), the input quantized per token per ``group`` columns. CUDA: the Triton kernel.
 
@@ -25,7 +25,7 @@ import torch
 
 from batchgen.kernels import fp8_format as ref
 from batchgen.kernels.fp8_format import ActQuant, Fp8Act
-from batchgen.kernels.split_sums import SplitSums
+from batchgen.kernels.gemm.split_sums import SplitSums
 from batchgen.model.weights.formats import stacked_bias
 from batchgen.model.weights.sources import Part, WeightSource
 
@@ -34,7 +34,7 @@ def quantize_input(x: torch.Tensor | Fp8Act, quant: ActQuant) -> Fp8Act:
     if isinstance(x, Fp8Act):
         return x
     if x.is_cuda:
-        from batchgen.kernels.fp8_quant import quantize_act
+        from batchgen.kernels.gemm.fp8_quant import quantize_act
 
         return quantize_act(x, quant)
     return ref.quantize_act(x, quant)
@@ -52,7 +52,7 @@ class Fp8RowLinear:
     def __call__(self, x: torch.Tensor | Fp8Act, summed: bool = True) -> torch.Tensor | SplitSums:
         act = quantize_input(x, self.act_quant)  # [T, K] -> [T, N]
         if self.weight.is_cuda:
-            from batchgen.kernels.fp8_gemm import rowwise_matmul
+            from batchgen.kernels.gemm.fp8_gemm import rowwise_matmul
 
             summed = summed or self.bias is not None  # a bias is added to the summed product
             y = rowwise_matmul(act, self.weight, self.scale, self.dtype, summed=summed)
@@ -67,7 +67,7 @@ class Fp8RowLinear:
         dynamic_rows = quant is not None and quant.group is None and quant.static_scale is None
         if not (self.weight.is_cuda and self.bias is None and dynamic_rows):
             return None
-        from batchgen.kernels.fp8_gemm_tma import silu_mul_product
+        from batchgen.kernels.gemm.fp8_gemm_tma import silu_mul_product
 
         return silu_mul_product(quantize_input(x, self.act_quant), self.weight, self.scale, self.dtype)
 
@@ -85,7 +85,7 @@ class Fp8BlockLinear:
     def __call__(self, x: torch.Tensor | Fp8Act, summed: bool = True) -> torch.Tensor | SplitSums:
         act = quantize_input(x, self.act_quant)  # [T, K] -> [T, N]
         if self.weight.is_cuda:
-            from batchgen.kernels.fp8_gemm import triton_fp8_matmul
+            from batchgen.kernels.gemm.fp8_gemm import triton_fp8_matmul
 
             y = triton_fp8_matmul(
                 act, self.weight, self.scale, self.dtype, group=self.group, scale_rows=self.scale_rows,

@@ -14,10 +14,10 @@ import torch
 import triton
 import triton.language as tl
 
-from batchgen.kernels.fp8_quant import exact_rounding, to_fp8
-from batchgen.kernels.pdl import pdl_options, wait_for_producer
-from batchgen.kernels.split_sums import SplitSums
-from batchgen.kernels.split_sums_triton import load_product
+from batchgen.kernels.gemm.fp8_quant import exact_rounding, to_fp8
+from batchgen.kernels.gemm.split_sums import SplitSums
+from batchgen.kernels.gemm.split_sums_triton import load_product
+from batchgen.kernels.launch.pdl import pdl_options, wait_for_producer
 
 
 @triton.jit

@@ -18,9 +18,9 @@ import torch
 import triton
 import triton.language as tl
 
-from batchgen.kernels.decode import num_sms
+from batchgen.kernels.attention.decode import num_sms
 from batchgen.kernels.fp8_format import Fp8Act
-from batchgen.kernels.fp8_gemm_tma import (
+from batchgen.kernels.gemm.fp8_gemm_tma import (
     SMALL_M,
     scale_rowwise,
     split_destination,
@@ -28,9 +28,9 @@ from batchgen.kernels.fp8_gemm_tma import (
     tma_shape,
     tma_supported,
 )
-from batchgen.kernels.pdl import pdl_options, wait_for_producer
-from batchgen.kernels.split_sums import SplitSums
-from batchgen.kernels.split_sums_triton import sum_splits
+from batchgen.kernels.gemm.split_sums import SplitSums
+from batchgen.kernels.gemm.split_sums_triton import sum_splits
+from batchgen.kernels.launch.pdl import pdl_options, wait_for_producer
 
 
 @triton.jit

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from batchgen.kernels.decode import decode_attention
-from batchgen.kernels.kv_write import write_kv
-from batchgen.kernels.prefill import prefill_attention
+from batchgen.kernels.attention.decode import decode_attention
+from batchgen.kernels.attention.kv_write import write_kv
+from batchgen.kernels.attention.prefill import prefill_attention
 
 __all__ = ["paged_attention_triton", "write_kv"]
 

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from batchgen.kernels.fp8_format import FP8_MAX, MIN_SCALE, ActQuant, Fp8Act
-from batchgen.kernels.pdl import pdl_options, wait_for_producer
+from batchgen.kernels.launch.pdl import pdl_options, wait_for_producer
 
 
 @triton.jit

@@ -1,7 +1,7 @@
 """Launching NVRTC-compiled kernels (``torch.cuda._compile_kernel``) through the CUDA driver with ctypes,
 with the parameter block built once: torch's ``_CudaKernel.__call__`` reopens libcuda and wraps every
 argument on each call (~150 us), longer than a decode step's attention. With ``pdl`` the launch carries
-programmatic stream serialization (``kernels/pdl.py``): the kernel must start with ``griddepcontrol.wait``.
+programmatic stream serialization (``pdl.py``): the kernel must start with ``griddepcontrol.wait``.
 """
 
 from __future__ import annotations

@@ -15,10 +15,10 @@ try:
 except ImportError:  # a Triton without host tensor descriptors: the pointer kernel only
     TensorDescriptor = None
 
-from batchgen.kernels.activation import quantize_by_maxima, silu_times
-from batchgen.kernels.decode import num_sms
+from batchgen.kernels.attention.decode import num_sms
 from batchgen.kernels.fp8_format import Fp8Act
-from batchgen.kernels.tma import supported as device_has_tma
+from batchgen.kernels.launch.tma import supported as device_has_tma
+from batchgen.kernels.layer_ops.activation import quantize_by_maxima, silu_times
 
 # Row counts up to this are decode sizes: narrow tiles with K split (pointer kernel) or TMA; above it,
 # cuBLASLt where it applies (else 128 x 128 tiles).

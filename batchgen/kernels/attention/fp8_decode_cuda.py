@@ -17,8 +17,8 @@ from typing import NamedTuple
 
 import torch
 
-from batchgen.kernels import pdl, tma
-from batchgen.kernels.cuda_launch import Launcher
+from batchgen.kernels.launch import pdl, tma
+from batchgen.kernels.launch.driver import Launcher
 
 log = logging.getLogger("batchgen")
 SOURCE = Path(__file__).with_name("fp8_decode.cu")
@@ -32,7 +32,7 @@ class LaunchShape(NamedTuple):
     min_blocks: int = 3  # programs per SM the register budget is cut for (168 registers at 3)
     stages: int = 3  # chunks of 4 KiB per warp in the shared-memory ring: stages - 1 in flight
     defines: str = ""  # more preprocessor lines, for experiments (scripts/tune_fp8.py: NO_MATH)
-    tma: bool = False  # chunks copied by TMA (kernels/tma.py, sm_90+), not per-lane cp.async
+    tma: bool = False  # chunks copied by TMA (kernels/launch/tma.py, sm_90+), not per-lane cp.async
 
     @property
     def ring_bytes(self) -> int:
@@ -42,7 +42,7 @@ class LaunchShape(NamedTuple):
 
 DEFAULT_SHAPE = LaunchShape()
 # Launched without PDL: B1's FP8 step (H200, bench_step, the decode matmul's PDL off too) 5.72 ms without
-# vs 5.82 with; B2's 9.70 vs 9.75. The kernel and its launcher keep the support (kernels/cuda_launch.py).
+# vs 5.82 with; B2's 9.70 vs 9.75. The kernel and its launcher keep the support (kernels/launch/driver.py).
 LAUNCH_WITH_PDL = False
 # H200, graph replays (tune_fp8.py): TMA copies win when there are at most ~2 programs per SM (32 x 4K:
 # 73.0 vs 92.0 us, 32 x 1K 23.2 vs ~25) and lose with more (256 x 1K: 186-194 vs 178.6, 256 x 2K), so a

@@ -13,13 +13,13 @@ import torch
 import triton
 import triton.language as tl
 
-from batchgen.kernels import fp8_quant
 from batchgen.kernels.fp8_format import MIN_SCALE, ActQuant, Fp8Act
 from batchgen.kernels.fp8_format import quantize_act as quantize_static
-from batchgen.kernels.fp8_quant import quantize_tile, to_fp8
-from batchgen.kernels.pdl import pdl_options, wait_for_producer
-from batchgen.kernels.split_sums import SplitSums
-from batchgen.kernels.split_sums_triton import load_product
+from batchgen.kernels.gemm import fp8_quant
+from batchgen.kernels.gemm.fp8_quant import quantize_tile, to_fp8
+from batchgen.kernels.gemm.split_sums import SplitSums
+from batchgen.kernels.gemm.split_sums_triton import load_product
+from batchgen.kernels.launch.pdl import pdl_options, wait_for_producer
 
 
 @triton.jit

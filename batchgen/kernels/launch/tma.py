@@ -12,7 +12,7 @@ import functools
 
 import torch
 
-from batchgen.kernels.cuda_launch import driver
+from batchgen.kernels.launch.driver import driver
 
 
 @functools.cache

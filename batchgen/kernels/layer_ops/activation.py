@@ -14,12 +14,12 @@ import torch
 import triton
 import triton.language as tl
 
-from batchgen.kernels import fp8_quant
-from batchgen.kernels.decode import num_sms
+from batchgen.kernels.attention.decode import num_sms
 from batchgen.kernels.fp8_format import MIN_SCALE, ActQuant, Fp8Act
 from batchgen.kernels.fp8_format import quantize_act as quantize_static
-from batchgen.kernels.fp8_quant import quantize_tile, to_fp8
-from batchgen.kernels.pdl import pdl_options, wait_for_producer
+from batchgen.kernels.gemm import fp8_quant
+from batchgen.kernels.gemm.fp8_quant import quantize_tile, to_fp8
+from batchgen.kernels.launch.pdl import pdl_options, wait_for_producer
 
 _BLOCK = 1024
 # The widest row one program holds in one-pass quantization: 32K columns over 16 warps, 64 values a thread.

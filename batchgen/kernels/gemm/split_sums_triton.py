@@ -8,7 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
-from batchgen.kernels.pdl import pdl_options, wait_for_producer
+from batchgen.kernels.launch.pdl import pdl_options, wait_for_producer
 
 
 @triton.jit

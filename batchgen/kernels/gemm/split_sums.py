@@ -28,6 +28,6 @@ def summed(x: torch.Tensor | SplitSums) -> torch.Tensor:
     """The product itself: a tensor as it is; partials added (in split order) and rounded to its dtype."""
     if not isinstance(x, SplitSums):
         return x
-    from batchgen.kernels.split_sums_triton import sum_splits
+    from batchgen.kernels.gemm.split_sums_triton import sum_splits
 
     return sum_splits(x.partials, x.dtype)

@@ -18,8 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
-from batchgen.kernels import fp8_decode_cuda
-from batchgen.kernels.attn_tile import (
+from batchgen.kernels.attention import fp8_decode_cuda
+from batchgen.kernels.attention.tiles import (
     check_head_dim,
     dot_precision,
     group_pad,
@@ -28,8 +28,8 @@ from batchgen.kernels.attn_tile import (
     needs_f32_dot,
     saturate_f16,
 )
-from batchgen.kernels.attn_tile import online_softmax_step as _step
-from batchgen.kernels.pdl import pdl_options, wait_for_producer
+from batchgen.kernels.attention.tiles import online_softmax_step as _step
+from batchgen.kernels.launch.pdl import pdl_options, wait_for_producer
 
 LOG2E = 1.4426950408889634
 # Fewer tokens per split than this and the merge costs more than the extra parallelism gains.

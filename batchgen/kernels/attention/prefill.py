@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from batchgen.kernels.attn_tile import (
+from batchgen.kernels.attention.tiles import (
     check_head_dim,
     dot_precision,
     kv_rows,
@@ -26,7 +26,7 @@ from batchgen.kernels.attn_tile import (
     needs_f32_dot,
     saturate_f16,
 )
-from batchgen.kernels.attn_tile import online_softmax_step as _step
+from batchgen.kernels.attention.tiles import online_softmax_step as _step
 
 LOG2E = 1.4426950408889634
 # ``_find_tile``'s lanes over the step's sequences: one variant for every step of up to 511 sequences.

@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from batchgen.kernels.argmax import first_max_combine
+from batchgen.kernels.sampling.argmax import first_max_combine
 
 _BLOCK = 4096  # columns per program: 32 programs per row of a 128K vocabulary
 
