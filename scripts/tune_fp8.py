@@ -17,11 +17,12 @@ import torch
 from triton.testing import do_bench, do_bench_cudagraph
 
 from batchgen.kernels.attention import fp8_decode_cuda
-from batchgen.kernels.attention.decode import choose_num_splits, decode_attention, num_sms
+from batchgen.kernels.attention.decode import choose_num_splits, decode_attention
 from batchgen.kernels.attention.fp8_decode_cuda import LaunchShape
 from batchgen.kernels.fp8_format import FP8, Fp8Act
 from batchgen.kernels.gemm.fp8_gemm import triton_fp8_matmul
 from batchgen.kernels.gemm.split_sums import summed
+from batchgen.kernels.launch.device import num_sms
 from scripts.probe_attention import DEFAULT_HEADS, inputs, parse_heads
 
 GEMMS = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}

@@ -106,25 +106,26 @@ def test_gpu_forward_with_partials_changes_no_bit(tmp_path, monkeypatch):
 def test_gpu_forward_with_silu_in_the_product_changes_no_bit(tmp_path, monkeypatch):
     """The same forward with an MLP wide enough for gate|up's TMA kernel (2 x 8704 rows: 136 tiles of 128
     columns, >= the H200's 132 SMs): the same logits whether SiLU-and-multiply runs in the product's
-    epilogue (``fp8_gemm_tma.silu_mul_product``) or after it."""
+    epilogue (``gate_up_silu.silu_mul_product``) or after it."""
     from batchgen.kernels.gemm import fp8_gemm_tma
+    from batchgen.kernels.layer_ops import gate_up_silu
     from tests.kernels.test_pdl import _fp8_forward_logits
 
     device = torch.cuda.current_device()
-    if fp8_gemm_tma.num_sms(torch.device("cuda", device)) > 136 or not fp8_gemm_tma.device_has_tma(device):
+    if gate_up_silu.num_sms(torch.device("cuda", device)) > 136 or not fp8_gemm_tma.device_has_tma(device):
         pytest.skip("needs a GPU with TMA and at most 136 SMs (the gate|up kernel at this width)")
     applied = []
-    product = fp8_gemm_tma.silu_mul_product
+    product = gate_up_silu.silu_mul_product
 
     def counting(*args, **kwargs):
         out = product(*args, **kwargs)
         applied.append(out is not None)
         return out
 
-    monkeypatch.setattr(fp8_gemm_tma, "silu_mul_product", counting)
+    monkeypatch.setattr(gate_up_silu, "silu_mul_product", counting)
     _fp8_forward_logits(str(tmp_path / "fused.pt"), intermediate=8704)
     assert any(applied), "SiLU never ran in the product: the test would prove nothing"
-    monkeypatch.setattr(fp8_gemm_tma, "silu_mul_product", lambda *args, **kwargs: None)
+    monkeypatch.setattr(gate_up_silu, "silu_mul_product", lambda *args, **kwargs: None)
     _fp8_forward_logits(str(tmp_path / "after.pt"), intermediate=8704)
     fused, after = torch.load(tmp_path / "fused.pt"), torch.load(tmp_path / "after.pt")
     assert fused.isfinite().all() and torch.equal(fused, after)

@@ -10,7 +10,6 @@ among the splits (in whole tiles), so a graph captured for the longest context s
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import NamedTuple
 
@@ -25,10 +24,10 @@ from batchgen.kernels.attention.tiles import (
     group_pad,
     kv_rows,
     load_rows,
-    needs_f32_dot,
     saturate_f16,
 )
 from batchgen.kernels.attention.tiles import online_softmax_step as _step
+from batchgen.kernels.launch.device import needs_f32_dot, num_sms
 from batchgen.kernels.launch.pdl import pdl_options, wait_for_producer
 
 LOG2E = 1.4426950408889634
@@ -157,18 +156,6 @@ def _decode_merge_kernel(
     o_ptrs = out_ptr + row * stride_ot + head * stride_oh + d
     # Scalar conditions go through tl.where: the interpreter rejects scalar & vector mask mixes.
     tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=d < tl.where(q_len > 0, HEAD_DIM, 0))
-
-
-@functools.cache
-def _num_sms(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-def num_sms(device: torch.device) -> int:
-    """Multiprocessor count (an H200's 132 off-GPU, where only the interpreter runs)."""
-    if device.type != "cuda":
-        return 132
-    return _num_sms(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def choose_num_splits(batch: int, kv_heads: int, max_seq_len: int, sms: int, waves: int = 2) -> int:

@@ -23,10 +23,10 @@ from batchgen.kernels.attention.tiles import (
     dot_precision,
     kv_rows,
     load_rows,
-    needs_f32_dot,
     saturate_f16,
 )
 from batchgen.kernels.attention.tiles import online_softmax_step as _step
+from batchgen.kernels.launch.device import needs_f32_dot
 
 LOG2E = 1.4426950408889634
 # ``_find_tile``'s lanes over the step's sequences: one variant for every step of up to 511 sequences.

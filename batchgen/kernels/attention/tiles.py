@@ -9,6 +9,8 @@ import torch
 import triton
 import triton.language as tl
 
+from batchgen.kernels.launch.device import needs_f32_dot
+
 
 @triton.jit
 def kv_rows(
@@ -88,12 +90,6 @@ def online_softmax_step(
 def dot_precision(tensor: torch.Tensor) -> str:
     """fp32 inputs get exact ``ieee`` products (the GPU would otherwise use tf32); ignored for 16-bit."""
     return "ieee" if tensor.dtype == torch.float32 or needs_f32_dot(tensor) else "tf32"
-
-
-def needs_f32_dot(tensor: torch.Tensor) -> bool:
-    """Triton 3.9's interpreter multiplies bf16 operands of tl.dot as their raw uint16 bits: off-GPU,
-    upcast bf16 tiles (already rounded to bf16, so only the summation order differs from the GPU)."""
-    return tensor.device.type != "cuda" and tensor.dtype == torch.bfloat16
 
 
 def check_head_dim(head_dim: int) -> None:

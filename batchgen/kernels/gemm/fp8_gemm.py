@@ -18,7 +18,6 @@ import torch
 import triton
 import triton.language as tl
 
-from batchgen.kernels.attention.decode import num_sms
 from batchgen.kernels.fp8_format import Fp8Act
 from batchgen.kernels.gemm.fp8_gemm_tma import (
     SMALL_M,
@@ -30,6 +29,7 @@ from batchgen.kernels.gemm.fp8_gemm_tma import (
 )
 from batchgen.kernels.gemm.split_sums import SplitSums
 from batchgen.kernels.gemm.split_sums_triton import sum_splits
+from batchgen.kernels.launch.device import num_sms
 from batchgen.kernels.launch.pdl import pdl_options, wait_for_producer
 
 

@@ -1,7 +1,8 @@
 """The FP8 products' TMA kernels (sm_90+, Triton host tensor descriptors), at decode sizes (<= 64 rows):
 per-token x per-channel products whose operand tiles TMA copies into a ring of shared memory (Triton's
-pipeliner), with K split into fp32 partials where N alone gives too few programs, and gate|up with
-SiLU-and-multiply in its epilogue. ``fp8_gemm`` chooses between them and the pointer kernel.
+pipeliner), with K split into fp32 partials where N alone gives too few programs. ``fp8_gemm`` chooses
+between them and the pointer kernel; gate|up with SiLU-and-multiply in its epilogue is
+``layer_ops/gate_up_silu.py``.
 """
 
 from __future__ import annotations
@@ -15,10 +16,8 @@ try:
 except ImportError:  # a Triton without host tensor descriptors: the pointer kernel only
     TensorDescriptor = None
 
-from batchgen.kernels.attention.decode import num_sms
 from batchgen.kernels.fp8_format import Fp8Act
 from batchgen.kernels.launch.tma import supported as device_has_tma
-from batchgen.kernels.layer_ops.activation import quantize_by_maxima, silu_times
 
 # Row counts up to this are decode sizes: narrow tiles with K split (pointer kernel) or TMA; above it,
 # cuBLASLt where it applies (else 128 x 128 tiles).
@@ -85,51 +84,6 @@ def _fp8_matmul_tma_kernel(
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
-@triton.jit
-def _fp8_gate_up_silu_tma_kernel(
-    a_desc,  # [M, K] e4m3, boxes [BLOCK_M, BLOCK_K]; rows past M read as zeros
-    b_desc,  # [2I, K] e4m3 (gate rows, then up rows), boxes [BLOCK_H, BLOCK_K]
-    h_ptr,  # [M, I] model dtype (I = inter): silu(gate) * up
-    amax_ptr,  # [M, cdiv(I, BLOCK_H)] fp32: each program's max |h| per row
-    as_ptr,  # [M, 1] fp32
-    bs_ptr,  # [2I] fp32
-    M,
-    inter,
-    K,
-    stride_as,
-    stride_hm,
-    n_amax,
-    BLOCK_M: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    STAGES: tl.constexpr,
-):
-    """The gate|up product with SiLU-and-multiply in its epilogue: a program takes BLOCK_H gate rows and
-    the matching up rows over the whole of K (decode sizes), rounds both products to the model dtype as
-    the plain product stores them, and writes h and its rows' maxima for the per-row quantization that
-    follows (``activation.quantize_by_maxima``): the same bits as product, then ``silu_mul``."""
-    pid = tl.program_id(0)
-    acc_gate = tl.zeros([BLOCK_M, BLOCK_H], dtype=tl.float32)
-    acc_up = tl.zeros([BLOCK_M, BLOCK_H], dtype=tl.float32)
-    for kb in tl.range(0, tl.cdiv(K, BLOCK_K), num_stages=STAGES):
-        a = a_desc.load([0, kb * BLOCK_K])
-        gate = b_desc.load([pid * BLOCK_H, kb * BLOCK_K])
-        up = b_desc.load([inter + pid * BLOCK_H, kb * BLOCK_K])
-        acc_gate = tl.dot(a, gate.T, acc_gate)
-        acc_up = tl.dot(a, up.T, acc_up)
-    dt = h_ptr.dtype.element_ty
-    rm = tl.arange(0, BLOCK_M)
-    rh = pid * BLOCK_H + tl.arange(0, BLOCK_H)
-    m_ok = rm < M
-    h_ok = rh < inter
-    gate = scale_rowwise(acc_gate, as_ptr, bs_ptr, rm, rh, m_ok, h_ok, stride_as).to(dt).to(tl.float32)
-    up = scale_rowwise(acc_up, as_ptr, bs_ptr + inter, rm, rh, m_ok, h_ok, stride_as).to(dt).to(tl.float32)
-    h = silu_times(gate, up, dt)  # [BLOCK_M, BLOCK_H] fp32 of model-dtype values
-    ok = m_ok[:, None] & h_ok[None, :]
-    tl.store(h_ptr + rm.to(tl.int64)[:, None] * stride_hm + rh[None, :], h.to(dt), mask=ok)
-    tl.store(amax_ptr + rm * n_amax + pid, tl.max(tl.where(ok, tl.abs(h), 0.0), axis=1), mask=m_ok)
-
-
 # The TMA kernel's tiles: H200, M = 32, Llama-3-8B's gate_up (117 MB of e4m3 weights), graph replays over
 # weight copies: 33.1 us (3.55 TB/s) vs 38.0 for the pointer kernel's best (32-wide, 4 stages).
 TMA_BLOCK_N, TMA_BLOCK_K, TMA_STAGES = 128, 256, 3
@@ -164,7 +118,7 @@ def tma_shape(n: int, k: int, sms: int) -> tuple[int, int] | None:
     return None
 
 
-def _act_descriptor(data: torch.Tensor) -> tuple[TensorDescriptor, int]:
+def act_descriptor(data: torch.Tensor) -> tuple[TensorDescriptor, int]:
     """The TMA kernels' activation operand: one box of all M rows (padded to a power of two >= 16) by
     ``TMA_BLOCK_K`` columns, and that row count (their BLOCK_M)."""
     block_m = max(16, triton.next_power_of_2(data.shape[0]))
@@ -183,36 +137,10 @@ def tma_product(
     block_n = block_n or TMA_BLOCK_N
     k_tiles = triton.cdiv(k, TMA_BLOCK_K)
     dest, per_split, splits = split_destination(m, n, k_tiles, split_k or 1, dtype, act.data.device)
-    a_desc, block_m = _act_descriptor(act.data)
+    a_desc, block_m = act_descriptor(act.data)
     b_desc = TensorDescriptor.from_tensor(weight, [block_n, TMA_BLOCK_K])
     _fp8_matmul_tma_kernel[(triton.cdiv(n, block_n), splits)](
         a_desc, b_desc, dest, act.scale, scale, m, n, k, act.scale.stride(0), n, m * n, per_split,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=TMA_BLOCK_K, STAGES=stages or TMA_STAGES, num_warps=4,
     )  # fmt: skip
     return dest
-
-
-def silu_mul_product(
-    act: Fp8Act, weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, force: bool = False
-) -> Fp8Act | None:
-    """silu(gate) * up of the gate|up product (``weight`` [2I, K]: gate rows, then up rows), quantized
-    per row to e4m3, by the TMA kernel with SiLU in its epilogue and one quantizing launch from the rows'
-    maxima it wrote (the plain path: the product, then a maxima pass and a quantizing pass over it). None
-    where the TMA kernel does not apply (``tma_applies``): the caller runs the plain path. ``force``: run
-    it anyway (the tests, under the interpreter)."""
-    m, k = act.data.shape
-    inter = weight.shape[0] // 2
-    applies = force or tma_applies(act.data, weight, num_sms(act.data.device))
-    if weight.shape[0] % 2 or not applies:
-        return None
-    a_desc, block_m = _act_descriptor(act.data)
-    block_h = TMA_BLOCK_N // 2
-    b_desc = TensorDescriptor.from_tensor(weight, [block_h, TMA_BLOCK_K])
-    h = torch.empty((m, inter), dtype=dtype, device=act.data.device)
-    n_amax = triton.cdiv(inter, block_h)
-    amax = torch.empty((m, n_amax), dtype=torch.float32, device=act.data.device)
-    _fp8_gate_up_silu_tma_kernel[(n_amax,)](
-        a_desc, b_desc, h, amax, act.scale, scale, m, inter, k, act.scale.stride(0), h.stride(0), n_amax,
-        BLOCK_M=block_m, BLOCK_H=block_h, BLOCK_K=TMA_BLOCK_K, STAGES=TMA_STAGES, num_warps=4,
-    )  # fmt: skip
-    return quantize_by_maxima(h, amax)

@@ -14,11 +14,11 @@ import torch
 import triton
 import triton.language as tl
 
-from batchgen.kernels.attention.decode import num_sms
 from batchgen.kernels.fp8_format import MIN_SCALE, ActQuant, Fp8Act
 from batchgen.kernels.fp8_format import quantize_act as quantize_static
 from batchgen.kernels.gemm import fp8_quant
 from batchgen.kernels.gemm.fp8_quant import quantize_tile, to_fp8
+from batchgen.kernels.launch.device import num_sms
 from batchgen.kernels.launch.pdl import pdl_options, wait_for_producer
 
 _BLOCK = 1024
@@ -186,7 +186,7 @@ def _silu_mul_quant(x: torch.Tensor, group: int | None, whole_rows: bool | None 
 def quantize_by_maxima(h: torch.Tensor, amax: torch.Tensor) -> Fp8Act:
     """h [T, I] (silu(gate) * up, model dtype) -> e4m3 per row, the row's scale from ``amax`` [T, B]:
     the maxima of |h| over B column blocks, written by the kernel that produced h (the FP8 gate|up
-    product with SiLU in its epilogue, ``fp8_gemm_tma.silu_mul_product``)."""
+    product with SiLU in its epilogue, ``gate_up_silu.silu_mul_product``)."""
     rows, cols = h.shape
     out = fp8_quant.act_buffers(h, None)
     block = min(triton.next_power_of_2(cols), _BLOCK)

@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from batchgen.kernels.attention.tiles import needs_f32_dot
+from batchgen.kernels.launch.device import needs_f32_dot
 
 
 @triton.jit

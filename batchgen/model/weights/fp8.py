@@ -62,12 +62,12 @@ class Fp8RowLinear:
 
     def silu_mul(self, x: torch.Tensor | Fp8Act, quant: ActQuant | None) -> Fp8Act | None:
         """silu(gate) * up of this gate|up projection ([T, 2I] -> [T, I]), quantized per row as ``quant``
-        asks, where the product's kernel applies SiLU itself (CUDA, decode sizes: ``fp8_gemm_tma.
+        asks, where the product's kernel applies SiLU itself (CUDA, decode sizes: ``gate_up_silu.
         silu_mul_product``); else None, and the caller runs the product, then SiLU-and-multiply."""
         dynamic_rows = quant is not None and quant.group is None and quant.static_scale is None
         if not (self.weight.is_cuda and self.bias is None and dynamic_rows):
             return None
-        from batchgen.kernels.gemm.fp8_gemm_tma import silu_mul_product
+        from batchgen.kernels.layer_ops.gate_up_silu import silu_mul_product
 
         return silu_mul_product(quantize_input(x, self.act_quant), self.weight, self.scale, self.dtype)
 
