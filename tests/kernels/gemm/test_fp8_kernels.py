@@ -14,7 +14,6 @@ import torch
 from batchgen.kernels import fp8_format as ref
 from batchgen.kernels import reference
 from batchgen.kernels.attention.dispatch import paged_attention_triton
-from batchgen.kernels.cases import llama_fp8_case, make_case, rel_error, to_fp8_cache
 from batchgen.kernels.fp8_format import ActQuant
 from batchgen.kernels.gemm import fp8_gemm_tma
 from batchgen.kernels.gemm.fp8_gemm import _config, choose_split_k, triton_fp8_matmul
@@ -23,6 +22,7 @@ from batchgen.kernels.gemm.split_sums import SplitSums, summed
 from batchgen.kernels.layer_ops.activation import silu_mul
 from batchgen.kernels.layer_ops.norm import rms_norm
 from batchgen.kernels.layer_ops.rope import rope_write_kv
+from tests.kernels.cases import llama_fp8_case, make_case, rel_error, to_fp8_cache
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 QUANTS = [ActQuant(None), ActQuant(128), ActQuant(32)]
@@ -62,7 +62,7 @@ def test_quantize_act_matches_reference(quant, dtype):
 
 
 # The fused kernels quantize what the plain kernel computes (which agrees with the reference within fp32
-# rounding, tests/kernels/test_fused_kernels.py): bit for bit, given the same unquantized row.
+# rounding, tests/kernels/layer_ops/test_fused_kernels.py): bit for bit, given the same unquantized row.
 
 
 @pytest.mark.parametrize("quant", QUANTS)

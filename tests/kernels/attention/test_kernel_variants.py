@@ -15,7 +15,7 @@ import torch
 
 from batchgen.kernels import reference
 from batchgen.kernels.attention import decode, prefill
-from batchgen.kernels.cases import make_case, rel_error
+from tests.kernels.cases import make_case, rel_error
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

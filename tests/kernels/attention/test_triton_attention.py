@@ -14,7 +14,7 @@ from batchgen.kernels.attention import dispatch
 from batchgen.kernels.attention.decode import choose_num_splits, decode_attention
 from batchgen.kernels.attention.dispatch import paged_attention_triton, write_kv
 from batchgen.kernels.attention.prefill import prefill_attention
-from batchgen.kernels.cases import make_case, rel_error
+from tests.kernels.cases import make_case, rel_error
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float32: 1e-3, torch.bfloat16: 2e-2, torch.float16: 5e-3}

@@ -14,7 +14,7 @@ from batchgen.kernels.gemm.fp8_gemm import triton_fp8_matmul
 from batchgen.kernels.gemm.fp8_quant import quantize_act
 from batchgen.kernels.layer_ops import gate_up_silu
 from batchgen.kernels.layer_ops.activation import silu_mul
-from tests.kernels.test_fp8_kernels import _same
+from tests.kernels.gemm.test_fp8_kernels import _same
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

@@ -82,7 +82,7 @@ def test_gpu_forward_with_partials_changes_no_bit(tmp_path, monkeypatch):
     """A small FP8 model's prompt chunks and decode steps: the same logits, bit for bit, whether its
     decode-sized products reach rotary and RMSNorm as partials or summed by the summing kernel."""
     from batchgen.kernels.gemm import fp8_gemm
-    from tests.kernels.test_pdl import _fp8_forward_logits
+    from tests.kernels.launch.test_pdl import _fp8_forward_logits
 
     handed_on = []
     product = fp8_gemm.rowwise_matmul
@@ -109,7 +109,7 @@ def test_gpu_forward_with_silu_in_the_product_changes_no_bit(tmp_path, monkeypat
     epilogue (``gate_up_silu.silu_mul_product``) or after it."""
     from batchgen.kernels.gemm import fp8_gemm_tma
     from batchgen.kernels.layer_ops import gate_up_silu
-    from tests.kernels.test_pdl import _fp8_forward_logits
+    from tests.kernels.launch.test_pdl import _fp8_forward_logits
 
     device = torch.cuda.current_device()
     if gate_up_silu.num_sms(torch.device("cuda", device)) > 136 or not fp8_gemm_tma.device_has_tma(device):

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from batchgen.kernels import reference
-from batchgen.kernels.cases import make_case, rel_error
 from batchgen.kernels.cpu import cpu_attention
 from batchgen.model.attention import PagedContext
 from batchgen.model.backends import TorchBackend
+from tests.kernels.cases import make_case, rel_error
 
 GQA = [(4, 4), (9, 3), (8, 2), (8, 1)]  # group sizes 1, 3 (SmolLM2's 9/3), 4 and 8
 

@@ -66,7 +66,7 @@ def test_gpu_dependent_launch_changes_no_bit(tmp_path):
     logits = {}
     for pdl in ("1", "0"):
         path = str(tmp_path / f"logits_{pdl}.pt")
-        code = f"from tests.kernels.test_pdl import _fp8_forward_logits; _fp8_forward_logits({path!r})"
+        code = f"from tests.kernels.launch.test_pdl import _fp8_forward_logits; _fp8_forward_logits({path!r})"
         env = {**os.environ, "BATCHGEN_PDL": pdl}
         subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=240)
         logits[pdl] = torch.load(path)

@@ -12,8 +12,8 @@ import torch
 from batchgen.kernels import fp8_format as ref
 from batchgen.kernels import reference
 from batchgen.kernels.attention.dispatch import paged_attention_triton
-from batchgen.kernels.cases import make_case
 from batchgen.kernels.cpu.cpu_attention import paged_attention as cpu_attention
+from tests.kernels.cases import make_case
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 POISON = 1 << 30  # a block id far past any cache

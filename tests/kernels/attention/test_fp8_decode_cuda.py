@@ -9,7 +9,7 @@ import torch
 from batchgen.kernels import reference
 from batchgen.kernels.attention import fp8_decode_cuda
 from batchgen.kernels.attention.decode import decode_attention
-from batchgen.kernels.cases import make_case, rel_error, to_fp8_cache
+from tests.kernels.cases import make_case, rel_error, to_fp8_cache
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
