@@ -22,6 +22,7 @@ from batchgen.kernels.gemm.split_sums import SplitSums, summed
 from batchgen.kernels.layer_ops.activation import silu_mul
 from batchgen.kernels.layer_ops.norm import rms_norm
 from batchgen.kernels.layer_ops.rope import rope_write_kv
+from batchgen.kernels.reference import paged_attention_fp8
 from tests.kernels.cases import llama_fp8_case, make_case, rel_error, to_fp8_cache
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -214,7 +215,7 @@ def test_attention_reads_an_fp8_cache(decode, dtype):
     out = paged_attention_triton(
         *case.attn_args(), decode_only=decode, max_seq_len=70, max_q_len=max(q_lens), kv_scales=kv_scales
     )
-    want = reference.paged_attention_fp8(*case.attn_args(), kv_scales)
+    want = paged_attention_fp8(*case.attn_args(), kv_scales)
     assert rel_error(out, want, case.num_valid_rows) < (1e-5 if dtype == torch.float32 else 2e-2)
 
 
@@ -229,7 +230,7 @@ def test_fp16_tiles_saturate_a_query_past_fp16s_range(decode):
         *case.attn_args(), decode_only=decode, max_seq_len=70, max_q_len=max(q_lens), kv_scales=(1.0, 1.0)
     )
     case.query = case.query.clamp(-65504, 65504)
-    want = reference.paged_attention_fp8(*case.attn_args(), (1.0, 1.0))
+    want = paged_attention_fp8(*case.attn_args(), (1.0, 1.0))
     assert out[: case.num_valid_rows].isfinite().all()
     assert rel_error(out, want, case.num_valid_rows) < 2e-2
 
@@ -239,10 +240,7 @@ def test_fp8_cache_attention_is_close_to_a_full_precision_cache():
     case = make_case([4, 1], [50, 33], q_heads=8, kv_heads=2, head_dim=32, device=DEVICE)
     exact = reference.paged_attention(*case.attn_args())
     case.k_cache, case.v_cache = case.k_cache.to(ref.FP8), case.v_cache.to(ref.FP8)
-    assert (
-        rel_error(reference.paged_attention_fp8(*case.attn_args(), (1.0, 1.0)), exact, case.num_valid_rows)
-        < 0.05
-    )
+    assert rel_error(paged_attention_fp8(*case.attn_args(), (1.0, 1.0)), exact, case.num_valid_rows) < 0.05
 
 
 def test_rope_writes_an_fp8_cache():
@@ -344,10 +342,7 @@ def test_gpu_attention_over_an_fp8_cache(decode):
     out = paged_attention_triton(
         *case.attn_args(), decode_only=decode, max_seq_len=4096, max_q_len=512, kv_scales=kv_scales
     )
-    assert (
-        rel_error(out, reference.paged_attention_fp8(*case.attn_args(), kv_scales), case.num_valid_rows)
-        < 2e-2
-    )
+    assert rel_error(out, paged_attention_fp8(*case.attn_args(), kv_scales), case.num_valid_rows) < 2e-2
 
 
 @pytest.mark.gpu
