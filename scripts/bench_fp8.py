@@ -1,4 +1,4 @@
-"""FP8 building blocks on the GPU, for the choices in ``kernels/fp8_gemm.py`` and the fused quantization:
+"""FP8 building blocks on the GPU, for the choices in ``kernels/gemm/fp8_gemm.py`` and the fused quantization:
 
 - matmuls at Llama-3-8B's projection shapes and decode / prefill row counts: bf16 ``F.linear`` vs FP8
   ``torch._scaled_mm`` (rowwise) vs the Triton kernel (rowwise; 128 x 128 blocks), with the weight-read
@@ -21,12 +21,12 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from batchgen.kernels import fp8_reference as ref  # noqa: E402
-from batchgen.kernels.activation import silu_mul  # noqa: E402
-from batchgen.kernels.fp8_gemm import triton_fp8_matmul  # noqa: E402
-from batchgen.kernels.fp8_quant import quantize_act  # noqa: E402
-from batchgen.kernels.fp8_reference import ActQuant  # noqa: E402
-from batchgen.kernels.norm import rms_norm  # noqa: E402
+from batchgen.kernels import fp8_format as ref  # noqa: E402
+from batchgen.kernels.fp8_format import ActQuant  # noqa: E402
+from batchgen.kernels.gemm.fp8_gemm import triton_fp8_matmul  # noqa: E402
+from batchgen.kernels.gemm.fp8_quant import quantize_act  # noqa: E402
+from batchgen.kernels.layer_ops.activation import silu_mul  # noqa: E402
+from batchgen.kernels.layer_ops.norm import rms_norm  # noqa: E402
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 

@@ -27,10 +27,11 @@ from triton.testing import do_bench, do_bench_cudagraph
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from batchgen.kernels import reference  # noqa: E402
-from batchgen.kernels.cases import make_case, rel_error  # noqa: E402
-from batchgen.kernels.decode import choose_num_splits, decode_attention, num_sms  # noqa: E402
-from batchgen.kernels.dispatch import paged_attention_triton, write_kv  # noqa: E402
-from batchgen.kernels.prefill import default_prefill_config, prefill_attention  # noqa: E402
+from batchgen.kernels.attention.decode import choose_num_splits, decode_attention  # noqa: E402
+from batchgen.kernels.attention.dispatch import paged_attention_triton, write_kv  # noqa: E402
+from batchgen.kernels.attention.prefill import default_prefill_config, prefill_attention  # noqa: E402
+from batchgen.kernels.launch.device import num_sms  # noqa: E402
+from tests.kernels.cases import make_case, rel_error  # noqa: E402
 
 Q_HEADS, KV_HEADS, HEAD_DIM, BLOCK = 32, 8, 128, 16  # Llama-3-8B attention
 DT = torch.bfloat16

@@ -118,7 +118,7 @@ fi
 # STAGES="moe" = moe-tests moe-step moe-bench (each also alone: one device call holds 10 minutes).
 moe() { has moe || has "moe-$1"; }
 moe tests && stage moe-tests 180 "$RUN/moe-tests.log" "$PY" -m pytest -q -m gpu -k "$MOE_TESTS" \
-    tests/kernels/test_moe_kernels.py tests/model/test_moe_layer.py tests/engine/test_cuda_runner.py -p no:cacheprovider
+    tests/kernels/moe/test_moe_kernels.py tests/model/test_moe_layer.py tests/engine/test_cuda_runner.py -p no:cacheprovider
 moe step && stage moe-step 200 "$RUN/moe-step.log" "$PY" scripts/bench_step.py --preset B6 --out "$RUN/moe-step.json"
 moe bench && stage moe-bench 420 "$RUN/moe-bench.log" "$PY" -m batchgen.bench --workload B6 --mode async \
     --out "$RUN/moe"
@@ -126,8 +126,8 @@ moe bench && stage moe-bench 420 "$RUN/moe-bench.log" "$PY" -m batchgen.bench --
 # steps vs the FP8 roofline and B2's eager steps (prompts, prompts + decodes), B1s and B2; fp8-b1 runs B1
 # alone: about 7 minutes).
 fp8() { has fp8 || has "fp8-$1"; }
-fp8 tests && stage fp8-tests 200 "$RUN/fp8-tests.log" "$PY" -m pytest -q -m gpu tests/kernels/test_fp8_kernels.py \
-    tests/kernels/test_fp8_decode_cuda.py tests/engine/test_fp8_engine.py -p no:cacheprovider -o faulthandler_timeout=150
+fp8 tests && stage fp8-tests 200 "$RUN/fp8-tests.log" "$PY" -m pytest -q -m gpu tests/kernels/gemm/test_fp8_kernels.py \
+    tests/kernels/attention/test_fp8_decode_cuda.py tests/engine/test_fp8_engine.py -p no:cacheprovider -o faulthandler_timeout=150
 fp8 tests && stage fp8-kernels 120 "$RUN/fp8-kernels.log" "$PY" scripts/bench_fp8.py --out "$RUN/fp8.json"
 FP8="--quantization fp8 --kv-cache-dtype fp8"
 # shellcheck disable=SC2086

@@ -35,16 +35,15 @@ def _tma_gate_up_applies(most_sms: int) -> bool:
         return False
     import torch
 
-    from batchgen.kernels import fp8_gemm_tma
+    from batchgen.kernels.gemm import fp8_gemm_tma
+    from batchgen.kernels.launch.device import num_sms
 
     device = torch.cuda.current_device()
-    return (
-        fp8_gemm_tma.device_has_tma(device) and fp8_gemm_tma.num_sms(torch.device("cuda", device)) <= most_sms
-    )
+    return fp8_gemm_tma.device_has_tma(device) and num_sms(torch.device("cuda", device)) <= most_sms
 
 
 def _onednn() -> bool:
-    from batchgen.kernels import cpu_linear
+    from batchgen.kernels.cpu import cpu_linear
 
     return cpu_linear.ONEDNN
 

@@ -99,7 +99,7 @@ def test_rss_stays_flat_over_many_rows(tiny_llama, tmp_path):
     arenas, whose low points (a step's transient buffers come and go) must not rise. Measured here
     (rows 5-8 k -> 16-20 k): held +3 to +6 MiB, RSS +2 to +9; a leak of 1 KiB a row: held +16.5 MiB
     (RSS only +6.9: the leak reused freed memory); keeping each finished request: held +29.6 MiB. (The
-    oneDNN primitives compiled per batch row count, kernels/cpu_linear.py, grew mostly before 5 k rows
+    oneDNN primitives compiled per batch row count, kernels/cpu/cpu_linear.py, grew mostly before 5 k rows
     in this job: test_cpu_linear.py guards them.)"""
     rows = 20_000
     inp, out, samples_path = tmp_path / "in.jsonl", tmp_path / "out.jsonl", tmp_path / "samples.json"

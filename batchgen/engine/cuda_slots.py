@@ -221,7 +221,7 @@ def fill_host(host: dict[str, np.ndarray], inputs: StepInputs) -> None:
     """Copy the step's arrays into its host views; pad the rest of each view with inert rows.
 
     Block tables: a row's columns past the step's widest table keep whatever the buffer held (another
-    layout's fields). No kernel reads a row's table past its own length (tests/kernels/
+    layout's fields). No kernel reads a row's table past its own length (tests/kernels/attention/
     test_block_tables.py); zeroing them wrote max_blocks - W columns a row every step, megabytes a step
     for a wide batch, a visible share of the engine thread's time."""
     for name, view in host.items():

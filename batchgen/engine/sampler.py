@@ -25,7 +25,7 @@ from batchgen.engine.row_tokens import RowTokens
 from batchgen.engine.step_sampling import GREEDY, SamplingFeatures
 
 if TYPE_CHECKING:
-    from batchgen.kernels.sampling import Draws, Penalties
+    from batchgen.kernels.sampling.fused_sampler import Draws, Penalties
 
 _MASK32 = 0xFFFFFFFF
 
@@ -139,9 +139,9 @@ def _truncate(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) ->
 
 def _argmax(logits: torch.Tensor) -> torch.Tensor:
     """[S, V] -> [S], torch.argmax's answer; on CUDA by two Triton passes over column blocks
-    (``kernels/argmax.py``: torch's one block a row was slow on a decode step's few rows)."""
+    (``kernels/sampling/argmax.py``: torch's one block a row was slow on a decode step's few rows)."""
     if logits.is_cuda and logits.stride(-1) == 1:
-        from batchgen.kernels.argmax import row_argmax  # Triton: installed with CUDA builds only
+        from batchgen.kernels.sampling.argmax import row_argmax  # Triton: installed with CUDA builds only
 
         return row_argmax(logits)
     return torch.argmax(logits, dim=-1)
@@ -182,7 +182,7 @@ def sample(
     and the most likely tokens' under the model (before masks, penalties, temperature and truncation,
     like vLLM's raw log-probabilities).
 
-    ``fused``: through the Triton kernels of ``kernels/sampling.py`` (default: on CUDA, for the steps
+    ``fused``: through the Triton kernels of ``kernels/sampling/`` (default: on CUDA, for the steps
     without top-k / top-p, which need a sort). Greedy steps without adjustments take the argmax in the
     logits' own dtype: widening to float32 is exact, so the pick is the same, and a small model's step
     skips a [S, V] float32 copy."""
@@ -219,7 +219,7 @@ def sample(
 def _sample_fused(logits: torch.Tensor, params: SamplingTensors, features: SamplingFeatures) -> SampleOutput:
     """``sample`` with the penalties, temperature, min-p, draw and log-normaliser in two reads of the
     logits; the sparse adjustments and token masks first, on a float32 copy (only when a row has them)."""
-    from batchgen.kernels.sampling import pick_tokens  # Triton: installed with CUDA builds only
+    from batchgen.kernels.sampling.fused_sampler import pick_tokens  # Triton: installed with CUDA builds only
 
     raw = logits  # [S, V]
     if params.token_mask is not None or features.adjustments:
@@ -247,7 +247,7 @@ def _penalties(
 ) -> Penalties | None:
     if not features.penalties:
         return None
-    from batchgen.kernels.sampling import Penalties
+    from batchgen.kernels.sampling.fused_sampler import Penalties
 
     state = params.row_tokens
     return Penalties(
@@ -263,6 +263,6 @@ def _penalties(
 def _draws(params: SamplingTensors, features: SamplingFeatures) -> Draws | None:
     if not features.sampling:
         return None
-    from batchgen.kernels.sampling import Draws
+    from batchgen.kernels.sampling.fused_sampler import Draws
 
     return Draws(params.temperature, params.min_p, row_hash(params.rng_keys, params.rng_steps))

@@ -1,8 +1,8 @@
 """Torch reference kernels: the oracle the Triton kernels are tested against, and the CPU path.
 
-Paged attention and KV write first, then the fused layer ops (RMSNorm with residual add, q/k norm +
-rotary + KV write, SiLU-and-multiply) and the routed experts of a MoE layer, written with transformers'
-own arithmetic and rounding.
+Paged attention (over a model-dtype or an FP8 cache) and KV write first, then the fused layer ops
+(RMSNorm with residual add, q/k norm + rotary + KV write, SiLU-and-multiply) and the routed experts of a
+MoE layer, written with transformers' own arithmetic and rounding.
 
 Cache layout (one pair per layer): ``k_cache``, ``v_cache``: [num_blocks, block_size, num_kv_heads, head_dim].
 Token slot ``s`` lives at block ``s // block_size``, offset ``s % block_size``.
@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from batchgen.kernels.fp8_format import to_cache
 
 
 def write_kv(
@@ -111,6 +113,25 @@ def paged_attention(
     return out
 
 
+def paged_attention_fp8(
+    query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor, block_tables: torch.Tensor, scale: float, sliding_window: int | None,
+    kv_scales: tuple[float, float],
+) -> torch.Tensor:  # fmt: skip
+    """``paged_attention`` over an FP8 cache: the blocks this step reads are dequantized to fp32
+    (``q * scale``) into a compact cache, and the block tables renumbered to it."""
+    block_size = k_cache.shape[1]
+    n_blocks = -(-int(seq_lens.max()) // block_size) if seq_lens.numel() else 1
+    table = block_tables[:, :n_blocks].long()
+    used, local = torch.unique(table, return_inverse=True)
+    k = k_cache[used].float() * kv_scales[0]
+    v = v_cache[used].float() * kv_scales[1]
+    out = paged_attention(
+        query.float(), k, v, cu_seqlens_q, seq_lens, local.to(torch.int32), scale, sliding_window
+    )
+    return out.to(query.dtype)
+
+
 # --- fused layer ops ---------------------------------------------------------------------------------
 
 
@@ -161,8 +182,6 @@ def rope_write_kv(
     s = sin[positions].repeat(1, 2).unsqueeze(1)
     q, k = _rotate(q, c, s), _rotate(k, c, s)
     if k_cache.dtype == torch.float8_e4m3fn:
-        from batchgen.kernels.fp8_reference import to_cache
-
         k, v = to_cache(k, kv_scales[0]), to_cache(v, kv_scales[1])
     write_kv(k_cache, v_cache, k, v, slot_mapping)
     return q

@@ -27,7 +27,7 @@ def _warm(fp8_attention: tuple[int, bool] | None) -> None:
     except Exception:  # best effort (another Triton, an import race): the first launch pays what is left
         pass
     if fp8_attention is not None:
-        from batchgen.kernels import fp8_decode_cuda
+        from batchgen.kernels.attention import fp8_decode_cuda
 
         fp8_decode_cuda.prepare(*fp8_attention)  # best effort: a failure is logged, the first step retries
 

@@ -19,9 +19,10 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import torch
 
-from batchgen.kernels import cpu_attention, cpu_rotary, fp8_reference, reference
-from batchgen.kernels.fp8_reference import ActQuant, Fp8Act
-from batchgen.kernels.split_sums import SplitSums, summed
+from batchgen.kernels import fp8_format, reference
+from batchgen.kernels.cpu import cpu_attention, cpu_rotary
+from batchgen.kernels.fp8_format import ActQuant, Fp8Act
+from batchgen.kernels.gemm.split_sums import SplitSums, summed
 
 if TYPE_CHECKING:
     from batchgen.threads import ThreadGovernor
@@ -69,7 +70,7 @@ class KernelBackend(Protocol):
 
 class TorchBackend:
     """The CPU path: the torch reference ops, with attention whose cost follows each sequence's own
-    context (``kernels/cpu_attention.py``, tested against ``reference.paged_attention``). A ``governor``
+    context (``kernels/cpu/cpu_attention.py``, tested against ``reference.paged_attention``). A ``governor``
     adjusts torch's CPU threads to the machine's load; it looks from here, the thread the model runs on."""
 
     def __init__(self, governor: ThreadGovernor | None = None) -> None:
@@ -84,14 +85,14 @@ class TorchBackend:
 
     def rms_norm(self, x, weight, eps: float, residual=None, quant: ActQuant | None = None):
         out, total = reference.rms_norm(summed(x), weight, eps, residual)
-        return (out if quant is None else fp8_reference.quantize_act(out, quant)), total
+        return (out if quant is None else fp8_format.quantize_act(out, quant)), total
 
     def rope_write_kv(
         self, qkv, positions, cos, sin, q_norm, k_norm, eps, k_cache, v_cache, slot_mapping, q_heads,
         kv_heads, kv_scales=(1.0, 1.0),
     ):  # fmt: skip
         qkv = summed(qkv)
-        if q_norm is not None or fp8_reference.is_fp8(k_cache):  # Qwen3's q/k norms, FP8 caches: the oracle
+        if q_norm is not None or fp8_format.is_fp8(k_cache):  # Qwen3's q/k norms, FP8 caches: the oracle
             return reference.rope_write_kv(
                 qkv, positions, cos, sin, q_norm, k_norm, eps, k_cache, v_cache, slot_mapping, q_heads,
                 kv_heads, kv_scales,
@@ -103,15 +104,15 @@ class TorchBackend:
 
     def silu_mul(self, x, quant: ActQuant | None = None):
         out = reference.silu_mul(x)
-        return out if quant is None else fp8_reference.quantize_act(out, quant)
+        return out if quant is None else fp8_format.quantize_act(out, quant)
 
     def attention(
         self, query, k_cache, v_cache, ctx: PagedContext, scale: float, sliding_window, kv_scales=(1.0, 1.0)
     ):
         if self.governor is not None:
             self.governor.tick()
-        if fp8_reference.is_fp8(k_cache):  # the oracle's FP8 path: rare on the CPU
-            return fp8_reference.paged_attention(
+        if fp8_format.is_fp8(k_cache):  # the oracle's FP8 path: rare on the CPU
+            return reference.paged_attention_fp8(
                 query, k_cache, v_cache, ctx.cu_seqlens_q, ctx.seq_lens, ctx.block_tables, scale,
                 sliding_window, kv_scales,
             )  # fmt: skip
@@ -136,7 +137,9 @@ class TritonBackend:
     """The CUDA path: Triton kernels, capturable in CUDA graphs (bounds come from the context)."""
 
     def __init__(self) -> None:
-        from batchgen.kernels import activation, dispatch, moe, norm, rope
+        from batchgen.kernels.attention import dispatch
+        from batchgen.kernels.layer_ops import activation, norm, rope
+        from batchgen.kernels.moe import routed_experts as moe
 
         self._kernels = dispatch
         self.write_kv = dispatch.write_kv

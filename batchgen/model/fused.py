@@ -13,7 +13,7 @@ FP8 (``model/weights/fp8.py``) needs no branch here: a projection's ``act_quant`
 produces its input (RMSNorm, SiLU-and-multiply), which then writes it quantized; an FP8 KV cache is
 written and read by the attention ops with the layer's ``kv_scales``. q|k|v, o_proj and down_proj are
 called with ``summed=False``: a split-K FP8 product then reaches rotary or the next RMSNorm as its
-partials (``kernels/split_sums.py``), which that op adds, instead of through a summing launch.
+partials (``kernels/gemm/split_sums.py``), which that op adds, instead of through a summing launch.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from typing import NamedTuple, Protocol
 
 import torch
 
-from batchgen.kernels.fp8_reference import ActQuant, Fp8Act
-from batchgen.kernels.split_sums import SplitSums
+from batchgen.kernels.fp8_format import ActQuant, Fp8Act
+from batchgen.kernels.gemm.split_sums import SplitSums
 from batchgen.model.backends import KernelBackend, PagedContext
 from batchgen.model.weights.formats import Linear
 from batchgen.parallel.group import ParallelGroup

@@ -2,7 +2,7 @@
 
 A MoE layer is a router (a replicated [E, H] projection), each architecture's routing exactly as
 transformers computes it, the routed experts (``ops.moe_experts``: a torch grouped-GEMM reference on the
-CPU, Triton kernels on CUDA, ``kernels/moe.py``), and for Qwen2-MoE a shared expert scaled by a sigmoid
+CPU, Triton kernels on CUDA, ``kernels/moe/``), and for Qwen2-MoE a shared expert scaled by a sigmoid
 gate. Under tensor parallelism each rank holds the intermediate rows ``I / K`` of every expert (gate and
 up rows, down columns) and of the shared expert, so its output is a partial sum: one all-reduce of the
 layer's output combines them. Dense layers between MoE ones (``mlp_only_layers``,

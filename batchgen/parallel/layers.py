@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from batchgen.kernels import cpu_linear
+from batchgen.kernels.cpu import cpu_linear
 from batchgen.model.weights.formats import Linear
 from batchgen.parallel.group import ParallelGroup
 from batchgen.parallel.shard import Span

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-from batchgen.kernels import fp8_reference as ref
-from batchgen.kernels.fp8_reference import ActQuant
+from batchgen.kernels import fp8_format as ref
+from batchgen.kernels.fp8_format import ActQuant
 
 PROJ = re.compile(r"model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+_proj)\.weight$")
 # Static activation scales are shared by a stacked projection's parts (they see the same input).

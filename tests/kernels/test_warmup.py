@@ -27,7 +27,7 @@ def test_only_a_cuda_run_with_triton_kernels_starts_it():
 
 
 def test_an_fp8_cache_compiles_the_cuda_attention_on_the_thread(monkeypatch):
-    from batchgen.kernels import fp8_decode_cuda
+    from batchgen.kernels.attention import fp8_decode_cuda
 
     asked = []
     monkeypatch.setattr(fp8_decode_cuda, "prepare", lambda *args: asked.append(args))
@@ -51,7 +51,8 @@ def test_the_engine_asks_for_it_with_an_fp8_cache_only(monkeypatch):
 def test_a_failed_compile_on_the_thread_is_forgotten(monkeypatch, caplog):
     """The thread's compile is best effort: if it fails (here: no CUDA at all), nothing is cached, so
     the first step compiles again instead of running Triton's kernel for the whole run."""
-    from batchgen.kernels import fp8_decode_cuda, tma
+    from batchgen.kernels.attention import fp8_decode_cuda
+    from batchgen.kernels.launch import tma
 
     monkeypatch.setattr(fp8_decode_cuda, "_enabled", lambda: True)
     monkeypatch.setattr(fp8_decode_cuda, "_has_fp8_converts", lambda index: True)

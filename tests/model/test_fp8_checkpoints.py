@@ -16,7 +16,7 @@ import torch
 
 from batchgen.config import EngineConfig
 from batchgen.engine.kv_cache import KVShape
-from batchgen.kernels import fp8_reference as ref
+from batchgen.kernels import fp8_format as ref
 from batchgen.model.build import ModelFiles, build_model
 from batchgen.model.weights.fp8 import Fp8BlockLinear, Fp8RowLinear
 from batchgen.parallel.group import ParallelGroup

@@ -1,4 +1,4 @@
-"""FP8 (e4m3) quantize / dequantize round trips and scale layouts (``kernels/fp8_reference.py``), and block
+"""FP8 (e4m3) quantize / dequantize round trips and scale layouts (``kernels/fp8_format.py``), and block
 scales that follow tensor-parallel weight slices (``model/weights/fp8_checkpoint.py``)."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from batchgen.kernels import fp8_reference as ref
-from batchgen.kernels.fp8_reference import ActQuant
+from batchgen.kernels import fp8_format as ref
+from batchgen.kernels.fp8_format import ActQuant
 
 HALF_STEP = 2.0**-4  # e4m3 keeps 3 mantissa bits: rounding moves a normal value by at most 1/16 of it
 

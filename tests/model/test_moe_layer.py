@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from batchgen.config import EngineConfig
-from batchgen.kernels import cpu_linear
+from batchgen.kernels.cpu import cpu_linear
 from batchgen.model import attention
 from batchgen.model.backends import TorchBackend
 from batchgen.model.build import ModelFiles, build_model

@@ -14,9 +14,9 @@ from typing import Protocol
 
 import torch
 
-from batchgen.kernels import cpu_linear
-from batchgen.kernels.fp8_reference import ActQuant, Fp8Act
-from batchgen.kernels.split_sums import SplitSums
+from batchgen.kernels.cpu import cpu_linear
+from batchgen.kernels.fp8_format import ActQuant, Fp8Act
+from batchgen.kernels.gemm.split_sums import SplitSums
 from batchgen.model.weights.sources import Part, WeightSource
 
 
@@ -27,7 +27,7 @@ class Linear(Protocol):
     act_quant: ActQuant | None
 
     # [T, in] -> [T, out]; ``summed`` False: a split-K product may come back as its partials, for a
-    # consumer that adds them (``kernels/split_sums.py``)
+    # consumer that adds them (``kernels/gemm/split_sums.py``)
     def __call__(self, x: torch.Tensor | Fp8Act, summed: bool = True) -> torch.Tensor | SplitSums: ...
 
 

@@ -3,14 +3,14 @@ pre-quantized checkpoints load into (``fp8_checkpoint.py`` reads those).
 
 - ``Fp8RowLinear``: one weight scale per output row (per channel; a per-tensor scale repeats over its
   rows), the input quantized per token at run time (or with the checkpoint's static scale). CUDA:
-  ``torch._scaled_mm`` (cuBLASLt) or the Triton kernel (``kernels/fp8_gemm.py``).
+  ``torch._scaled_mm`` (cuBLASLt) or the Triton kernel (``kernels/gemm/fp8_gemm.py``).
 - ``Fp8BlockLinear``: one weight scale per block of rows x ``group`` columns (128 x 128 in the Qwen3 FP8
   releases), the input quantized per token per ``group`` columns. CUDA: the Triton kernel.
 
 A projection's ``act_quant`` tells the producer of its input how to quantize it: the fused RMSNorm and
 SiLU-and-multiply kernels write e4m3 + scales directly (an ``Fp8Act``); anything else arrives in the model
 dtype and is quantized here. Off CUDA the same function is computed by dequantizing to fp32
-(``kernels/fp8_reference.py``), so CPU runs test the loading and the arithmetic.
+(``kernels/fp8_format.py``), so CPU runs test the loading and the arithmetic.
 
 Memory: ``Fp8QuantizeFormat`` reads one checkpoint part at a time and keeps only its e4m3 copy, so a model
 read from safetensors (or random weights) never holds its 16-bit projections. A model built in memory
@@ -23,9 +23,9 @@ from collections.abc import Sequence
 
 import torch
 
-from batchgen.kernels import fp8_reference as ref
-from batchgen.kernels.fp8_reference import ActQuant, Fp8Act
-from batchgen.kernels.split_sums import SplitSums
+from batchgen.kernels import fp8_format as ref
+from batchgen.kernels.fp8_format import ActQuant, Fp8Act
+from batchgen.kernels.gemm.split_sums import SplitSums
 from batchgen.model.weights.formats import stacked_bias
 from batchgen.model.weights.sources import Part, WeightSource
 
@@ -34,7 +34,7 @@ def quantize_input(x: torch.Tensor | Fp8Act, quant: ActQuant) -> Fp8Act:
     if isinstance(x, Fp8Act):
         return x
     if x.is_cuda:
-        from batchgen.kernels.fp8_quant import quantize_act
+        from batchgen.kernels.gemm.fp8_quant import quantize_act
 
         return quantize_act(x, quant)
     return ref.quantize_act(x, quant)
@@ -52,7 +52,7 @@ class Fp8RowLinear:
     def __call__(self, x: torch.Tensor | Fp8Act, summed: bool = True) -> torch.Tensor | SplitSums:
         act = quantize_input(x, self.act_quant)  # [T, K] -> [T, N]
         if self.weight.is_cuda:
-            from batchgen.kernels.fp8_gemm import rowwise_matmul
+            from batchgen.kernels.gemm.fp8_gemm import rowwise_matmul
 
             summed = summed or self.bias is not None  # a bias is added to the summed product
             y = rowwise_matmul(act, self.weight, self.scale, self.dtype, summed=summed)
@@ -62,12 +62,12 @@ class Fp8RowLinear:
 
     def silu_mul(self, x: torch.Tensor | Fp8Act, quant: ActQuant | None) -> Fp8Act | None:
         """silu(gate) * up of this gate|up projection ([T, 2I] -> [T, I]), quantized per row as ``quant``
-        asks, where the product's kernel applies SiLU itself (CUDA, decode sizes: ``fp8_gemm_tma.
+        asks, where the product's kernel applies SiLU itself (CUDA, decode sizes: ``gate_up_silu.
         silu_mul_product``); else None, and the caller runs the product, then SiLU-and-multiply."""
         dynamic_rows = quant is not None and quant.group is None and quant.static_scale is None
         if not (self.weight.is_cuda and self.bias is None and dynamic_rows):
             return None
-        from batchgen.kernels.fp8_gemm_tma import silu_mul_product
+        from batchgen.kernels.layer_ops.gate_up_silu import silu_mul_product
 
         return silu_mul_product(quantize_input(x, self.act_quant), self.weight, self.scale, self.dtype)
 
@@ -85,7 +85,7 @@ class Fp8BlockLinear:
     def __call__(self, x: torch.Tensor | Fp8Act, summed: bool = True) -> torch.Tensor | SplitSums:
         act = quantize_input(x, self.act_quant)  # [T, K] -> [T, N]
         if self.weight.is_cuda:
-            from batchgen.kernels.fp8_gemm import triton_fp8_matmul
+            from batchgen.kernels.gemm.fp8_gemm import triton_fp8_matmul
 
             y = triton_fp8_matmul(
                 act, self.weight, self.scale, self.dtype, group=self.group, scale_rows=self.scale_rows,

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from batchgen.kernels.fp8_reference import FP8
+from batchgen.kernels.fp8_format import FP8
 from batchgen.model.weights.formats import DenseFormat, Linear, stacked_bias
 from batchgen.model.weights.fp8 import Fp8BlockLinear, Fp8RowLinear
 from batchgen.model.weights.sources import Part, WeightSource

@@ -1,0 +1,1 @@
+"""What CUDA kernel launches share: driver launches, programmatic dependent launch, TMA maps, the device."""

@@ -1,0 +1,1 @@
+"""Triton kernels of the mixture-of-experts layer: token grouping, grouped products, the combine."""
