@@ -25,7 +25,7 @@ import torch  # noqa: E402
 from batchgen.bench.workloads import RECORDS_SCHEMA  # noqa: E402
 from batchgen.config import SamplingParams  # noqa: E402
 from batchgen.engine.grammar import GrammarCompiler  # noqa: E402
-from batchgen.testing.models import tokenizer_path  # noqa: E402
+from tests.support.models import tokenizer_path  # noqa: E402
 
 
 def main() -> None:

@@ -44,7 +44,7 @@ from batchgen.engine.batch import StepInputs  # noqa: E402
 from batchgen.engine.cuda_slots import SAMPLE_FIELDS, TOKEN_FIELDS  # noqa: E402
 from batchgen.llm import LLM  # noqa: E402
 from batchgen.model.moe import MoEMLP  # noqa: E402
-from batchgen.testing.models import tokenizer_path  # noqa: E402
+from tests.support.models import tokenizer_path  # noqa: E402
 
 PRESETS = {  # name -> (arch, batch, context, GPUs): B1 at 4K context, B3, B5, B6 at their mean context
     "B1": ("llama3-8b", 32, 4096, 1),

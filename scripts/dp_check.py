@@ -27,7 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from batchgen.bench.workloads import build_random_model  # noqa: E402
-from batchgen.testing.models import tokenizer_path  # noqa: E402
+from tests.support.models import tokenizer_path  # noqa: E402
 
 
 def save_model(path: Path) -> None:

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from batchgen import LLM, SamplingParams  # noqa: E402
 from batchgen.engine.kv_cache import cache_dtype  # noqa: E402
-from batchgen.testing.paged import sequence_logits  # noqa: E402
+from tests.support.paged import sequence_logits  # noqa: E402
 
 PROMPTS = [
     "What is the capital of France?", "Write a haiku about autumn leaves.", "Explain recursion to a child.",

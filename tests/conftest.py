@@ -4,8 +4,8 @@ from collections import Counter
 import pytest
 
 from batchgen.model.loader import default_model_dir
-from batchgen.testing.models import TINY_CONFIGS, build_tiny_model
 from tests.skips import unexplained
+from tests.support.models import TINY_CONFIGS, build_tiny_model
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 

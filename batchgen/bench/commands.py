@@ -237,7 +237,7 @@ def random_embedded_model(out: Path, arch: str = "smollm2-135m") -> Path:
     from transformers import AutoTokenizer
 
     from batchgen.bench.workloads import build_random_model
-    from batchgen.testing.models import tokenizer_path
+    from tests.support.models import tokenizer_path
 
     model = build_random_model(arch, "cuda", torch.bfloat16)
     model.save_pretrained(out)

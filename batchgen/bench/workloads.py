@@ -312,6 +312,6 @@ def load_tokenizer():
     """The embedded model's tokenizer: prompts are token ids, so it is only needed to satisfy the API."""
     from transformers import AutoTokenizer
 
-    from batchgen.testing.models import tokenizer_path
+    from tests.support.models import tokenizer_path
 
     return AutoTokenizer.from_pretrained(tokenizer_path())

@@ -7,8 +7,8 @@ import pytest
 from batchgen import LLM, SamplingParams
 from batchgen.model.forward import TransformersForward
 from batchgen.model.fused import FusedForward
-from batchgen.testing.models import DENSE_ARCHS
 from tests.engine.oracle import WORDS, make_prompts, reference_greedy, with_system_prompt
+from tests.support.models import DENSE_ARCHS
 
 NEW_TOKENS = 12
 GREEDY = SamplingParams(max_new_tokens=NEW_TOKENS)  # EOS stops both sides alike

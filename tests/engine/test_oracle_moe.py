@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from batchgen.testing.models import MOE_ARCHS
 from tests.engine.oracle import make_prompts, reference_greedy
 from tests.engine.test_oracle import NEW_TOKENS, _check_model
+from tests.support.models import MOE_ARCHS
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 REGIMES = ("queueing", "chunked_prefill", "tiny_kv", "async")

@@ -16,7 +16,7 @@ from transformers import AutoConfig
 from batchgen.model.build import meta_skeleton
 from batchgen.model.files.config import FileConfig, model_spec, read_config
 from batchgen.model.spec import ModelSpec, describe
-from batchgen.testing.models import TINY_CONFIGS
+from tests.support.models import TINY_CONFIGS
 
 DENSE = ("llama", "mistral", "qwen2", "qwen3")
 # Read as transformers' config has them (head_dim: as the attention module derives it, below).

@@ -18,9 +18,9 @@ from batchgen.model.loader import open_checkpoint
 from batchgen.model.moe import MoELayout, Routing, layout_of
 from batchgen.model.spec import describe
 from batchgen.parallel.shard import config_problem
-from batchgen.testing.models import MOE_ARCHS, TINY_CONFIGS
 from tests.model.test_file_config import _SHARED_FIELDS, _assert_same_spec
 from tests.model.test_file_config_refused import assert_refused
+from tests.support.models import MOE_ARCHS, TINY_CONFIGS
 
 _EXPERT_SIZES = ("moe_intermediate_size", "shared_expert_intermediate_size")
 _MINIMAL = dict(

@@ -13,7 +13,7 @@ from batchgen.model.forward import TransformersForward
 from batchgen.model.fused import FusedForward
 from batchgen.model.spec import unsupported_reason
 from batchgen.parallel.group import ParallelGroup
-from batchgen.testing.paged import sequence_logits
+from tests.support.paged import sequence_logits
 
 BASE = dict(
     vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,

@@ -19,8 +19,8 @@ from batchgen.model.weights.experts import expert_stacks
 from batchgen.model.weights.sources import ModuleSource, SafetensorsSource
 from batchgen.parallel.group import ParallelGroup
 from batchgen.parallel.shard import Span
-from batchgen.testing.models import MOE_ARCHS, TINY_CONFIGS, build_tiny_model
 from tests.model.test_fused import _fused_logits, build_forward
+from tests.support.models import MOE_ARCHS, TINY_CONFIGS, build_tiny_model
 
 DTYPES = [torch.float32, torch.bfloat16]
 

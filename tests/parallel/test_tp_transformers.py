@@ -67,7 +67,7 @@ def _refusal(path: str, size: int, monkeypatch: pytest.MonkeyPatch) -> str:
 def test_architecture_with_neither_path_is_refused_before_any_process_starts(tmp_path, monkeypatch):
     from transformers import AutoConfig, AutoTokenizer
 
-    from batchgen.testing.models import tokenizer_path
+    from tests.support.models import tokenizer_path
 
     config = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
     AutoConfig.for_model("stablelm", **config).save_pretrained(tmp_path)  # no tp_plan in transformers
