@@ -53,6 +53,23 @@ def tiny_llama(tiny_models) -> str:
     return tiny_models["llama"]
 
 
+@pytest.fixture
+def gen(tiny_llama):
+    """Run ``batchgen run`` in-process on the tiny model: (exit code, stderr)."""
+    from click.testing import CliRunner
+
+    from batchgen.cli import cli
+
+    def _run(*args, model=tiny_llama, max_new_tokens=4):
+        argv = ["run", *map(str, args), "--model", model, "--max-num-seqs", "4"]
+        if "--max-new-tokens" not in args:
+            argv += ["--max-new-tokens", str(max_new_tokens)]
+        result = CliRunner().invoke(cli, argv, catch_exceptions=False)
+        return result.exit_code, result.stderr
+
+    return _run
+
+
 @pytest.fixture(scope="module")
 def one_torch_thread():
     """Tiny models gain nothing from intra-op threads, and on a busy 2-core runner their spin-waits
