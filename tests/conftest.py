@@ -4,8 +4,8 @@ from collections import Counter
 import pytest
 
 from batchgen.model.loader import default_model_dir
-from batchgen.testing.models import TINY_CONFIGS, build_tiny_model
 from tests.skips import unexplained
+from tests.support.models import TINY_CONFIGS, build_tiny_model
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -51,6 +51,23 @@ def tiny_models(tmp_path_factory) -> dict[str, str]:
 @pytest.fixture(scope="session")
 def tiny_llama(tiny_models) -> str:
     return tiny_models["llama"]
+
+
+@pytest.fixture
+def gen(tiny_llama):
+    """Run ``batchgen run`` in-process on the tiny model: (exit code, stderr)."""
+    from click.testing import CliRunner
+
+    from batchgen.cli import cli
+
+    def _run(*args, model=tiny_llama, max_new_tokens=4):
+        argv = ["run", *map(str, args), "--model", model, "--max-num-seqs", "4"]
+        if "--max-new-tokens" not in args:
+            argv += ["--max-new-tokens", str(max_new_tokens)]
+        result = CliRunner().invoke(cli, argv, catch_exceptions=False)
+        return result.exit_code, result.stderr
+
+    return _run
 
 
 @pytest.fixture(scope="module")

@@ -4,8 +4,6 @@ import json
 import subprocess
 import sys
 
-import orjson
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
@@ -13,56 +11,9 @@ from click.testing import CliRunner
 from batchgen import __version__
 from batchgen.cli import cli
 from batchgen.io.checkpoint import load_state
-
-CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."}]
-ROWS = [
-    {"id": "a", "prompt": "Hello there, how are you?", "topic": "greet"},
-    {"id": "b", "messages": CHAT, "topic": "chat"},
-    {"id": "c", "prompt": "Count to five:", "max_new_tokens": 2, "topic": "count"},
-    {"id": "d", "prompt": "Tell me a story about a fox.", "topic": "story"},
-    {"id": "e", "prompt": "Why is the sea salty?", "topic": "science"},
-]
-
-
-FIELDS = ["id", "index", "sample", "completion", "finish_reason", "prompt_tokens", "completion_tokens"]
-
+from tests.helpers import FIELDS, ROWS, by_index, read_records, write_jsonl, write_parquet
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-def write_jsonl(path, rows):
-    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
-    return str(path)
-
-
-def write_parquet(path, rows):
-    cols = list(dict.fromkeys(k for r in rows for k in r))
-    pq.write_table(pa.table({c: [r.get(c) for r in rows] for c in cols}), path, row_group_size=2)
-    return str(path)
-
-
-def read_records(path):
-    if str(path).endswith(".parquet"):
-        return pq.read_table(path).to_pylist()
-    return [orjson.loads(line) for line in open(path, "rb")]
-
-
-def by_index(records):
-    return sorted(records, key=lambda r: (r["index"], r["sample"]))
-
-
-@pytest.fixture
-def gen(tiny_llama):
-    """Run ``batchgen run`` in-process on the tiny model: (exit code, stderr)."""
-
-    def _run(*args, model=tiny_llama, max_new_tokens=4):
-        argv = ["run", *map(str, args), "--model", model, "--max-num-seqs", "4"]
-        if "--max-new-tokens" not in args:
-            argv += ["--max-new-tokens", str(max_new_tokens)]
-        result = CliRunner().invoke(cli, argv, catch_exceptions=False)
-        return result.exit_code, result.stderr
-
-    return _run
 
 
 def test_version_and_module_entry_point():

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from batchgen.cli import cli
 from batchgen.cli_options import HELP_GROUPS
 from batchgen.config import PARAMS
-from tests.test_cli import by_index, read_records, write_jsonl, write_parquet
+from tests.helpers import by_index, read_records, write_jsonl, write_parquet
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 ROWS = [{"id": "a", "prompt": "Hello there"}, {"id": "b", "prompt": "Count to five:"}]

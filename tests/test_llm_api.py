@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from batchgen import LLM, CompletionOutput, GenerationRequest, RequestOutput, SamplingParams
-from batchgen.testing.models import build_tiny_model
+from tests.support.models import build_tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

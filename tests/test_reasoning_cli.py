@@ -17,8 +17,8 @@ from batchgen.app.options import RunOptions
 from batchgen.cli import cli
 from batchgen.config import EngineConfig
 from batchgen.io.checkpoint import diff_fingerprints
-from batchgen.testing.thinking import OPENING_TEMPLATE, QWEN3_TEMPLATE, build_thinking_model
-from tests.test_cli import FIELDS, by_index, read_records, write_jsonl
+from tests.helpers import FIELDS, by_index, read_records, write_jsonl
+from tests.support.thinking import OPENING_TEMPLATE, QWEN3_TEMPLATE, build_thinking_model
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

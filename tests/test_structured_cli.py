@@ -7,7 +7,7 @@ import re
 import jsonschema
 import pytest
 
-from tests.test_cli import by_index, gen, read_records, write_jsonl  # noqa: F401 (gen: a fixture)
+from tests.helpers import by_index, read_records, write_jsonl
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -46,7 +46,7 @@ def _valid(record: dict) -> None:
         assert re.fullmatch(r"(?:[^\s]|(?<=[:,]) )*", skeleton), text
 
 
-def test_json_schema_file_per_row_constraints_and_resume(gen, tmp_path):  # noqa: F811
+def test_json_schema_file_per_row_constraints_and_resume(gen, tmp_path):
     schema, inp = tmp_path / "schema.json", write_jsonl(tmp_path / "in.jsonl", ROWS)
     schema.write_text(json.dumps(SCHEMA, indent=2))
     out, args = tmp_path / "out.jsonl", ("--json-schema", schema, "--n", "2", "--logprobs", "--seed", "5")
@@ -73,7 +73,7 @@ def test_json_schema_file_per_row_constraints_and_resume(gen, tmp_path):  # noqa
     "content, needle",
     [("{", "not valid JSON"), ('{"type": "strin"}', "Unsupported type"), ("[1]", "must be a JSON object")],
 )
-def test_an_unusable_json_schema_file_is_a_usage_error(gen, tmp_path, content, needle):  # noqa: F811
+def test_an_unusable_json_schema_file_is_a_usage_error(gen, tmp_path, content, needle):
     schema, inp = tmp_path / "schema.json", write_jsonl(tmp_path / "in.jsonl", ROWS[:1])
     schema.write_text(content)
     code, err = gen(inp, tmp_path / "out.jsonl", "--json-schema", schema)

@@ -11,7 +11,7 @@ from batchgen.engine.admission import DECODE_WINDOW, MAX_PRICE_STEPS, Rent, Step
 from batchgen.engine.block_manager import BlockManager
 from batchgen.engine.request import Request
 from batchgen.engine.scheduler import Scheduler
-from tests.engine.test_scheduler import CASES, _run
+from tests.engine.scheduler_cases import CASES, run_case
 
 
 def test_an_eager_step_bound_by_its_launch_costs_its_launch_in_decode_steps():
@@ -101,9 +101,9 @@ def test_rows_that_wait_get_the_same_tokens_in_fewer_eager_steps(async_mode, cas
     cases' small budgets they are held less often (the rows a step could take often need more than its
     budget) and never join in more."""
     price = 4.0 * case[1]  # four decode steps' worth of rows
-    want, want_steps, _ = _run(False, async_mode, case)
-    outs, steps, _ = _run(False, async_mode, case, price=price)
-    ref_outs, ref_steps, _ = _run(True, async_mode, case, price=price)
+    want, want_steps, _ = run_case(False, async_mode, case)
+    outs, steps, _ = run_case(False, async_mode, case, price=price)
+    ref_outs, ref_steps, _ = run_case(True, async_mode, case, price=price)
     assert sorted(outs) == sorted(want)
     assert outs == ref_outs and len(steps) == len(ref_steps)
     for i, (got, ref) in enumerate(zip(steps, ref_steps, strict=True)):

@@ -10,8 +10,8 @@ from batchgen.engine.build import CAPTURE_AFTER
 from batchgen.engine.kv_cache import kv_shape
 from batchgen.engine.mixed_graphs import MixedGraphs
 from batchgen.engine.step_sampling import SamplingFeatures
-from batchgen.testing.models import MOE_ARCHS
 from tests.engine.oracle import generate_greedy, make_prompts, reference_greedy
+from tests.support.models import MOE_ARCHS
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -105,7 +105,7 @@ def _near_tie(model, prompt: list[int], expected: list[int], got: list[int]) -> 
 def test_1b_random_model_all_modes_agree_with_transformers():
     from transformers import AutoTokenizer
 
-    from batchgen.testing.models import random_llama, tokenizer_path
+    from tests.support.models import random_llama, tokenizer_path
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_path())
     model = random_llama(2048, 16, 32, 8, 5632, len(tokenizer), "cuda", torch.float32)

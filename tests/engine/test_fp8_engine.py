@@ -50,8 +50,8 @@ def test_tensor_parallel_block_fp8_checkpoint_matches_one_process(tmp_path):
     o_proj / down_proj input columns split at 128; an FP8 KV cache on both."""
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from batchgen.testing.fp8 import write_checkpoint
-    from batchgen.testing.models import tokenizer_path
+    from tests.support.fp8 import write_checkpoint
+    from tests.support.models import tokenizer_path
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_path())
     config = LlamaConfig(

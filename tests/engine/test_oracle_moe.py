@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from batchgen.testing.models import MOE_ARCHS
 from tests.engine.oracle import make_prompts, reference_greedy
-from tests.engine.test_oracle import NEW_TOKENS, _check_model
+from tests.engine.regimes import NEW_TOKENS, check_model
+from tests.support.models import MOE_ARCHS
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 REGIMES = ("queueing", "chunked_prefill", "tiny_kv", "async")
@@ -29,7 +29,7 @@ def moe_expected(tiny_models, moe_prompts):
 @pytest.mark.parametrize("regime", REGIMES)
 @pytest.mark.parametrize("arch", MOE_ARCHS)
 def test_tiny_moe_models_match_transformers(tiny_models, moe_prompts, moe_expected, arch, regime):
-    _check_model(tiny_models[arch], moe_prompts, regime, moe_expected[arch])
+    check_model(tiny_models[arch], moe_prompts, regime, moe_expected[arch])
 
 
 @pytest.mark.parametrize("arch", ["olmoe", "qwen2_moe"])

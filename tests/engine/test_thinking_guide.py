@@ -15,7 +15,7 @@ from batchgen import LLM, GenerationRequest, SamplingParams
 from batchgen.engine.grammar import GrammarCompiler, Guide, allow_token
 from batchgen.engine.thinking import ThinkingGuide
 from batchgen.model.reasoning import AFTER, BEFORE, INSIDE, Thinking, parser_for, split_reasoning, think_spans
-from batchgen.testing.thinking import OPENING_TEMPLATE, QWEN3_TEMPLATE, build_thinking_model
+from tests.support.thinking import OPENING_TEMPLATE, QWEN3_TEMPLATE, build_thinking_model
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

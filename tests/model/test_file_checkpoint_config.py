@@ -5,37 +5,18 @@ files; no weights are needed."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import pickle
-from pathlib import Path
 
 import pytest
-import torch
 from transformers import AutoConfig
 
 from batchgen.model.build import meta_skeleton
 from batchgen.model.files.checkpoint_config import FileConfig, model_spec, read_config
-from batchgen.model.spec import ModelSpec, describe
-from batchgen.testing.models import TINY_CONFIGS
+from batchgen.model.spec import describe
+from tests.model.config_cases import LLAMA31, MINIMAL, SHARED_FIELDS, SMALL, assert_same_spec, write_config
+from tests.support.models import TINY_CONFIGS
 
 DENSE = ("llama", "mistral", "qwen2", "qwen3")
-# Read as transformers' config has them (head_dim: as the attention module derives it, below).
-_SHARED_FIELDS = (
-    "model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-    "num_key_value_heads", "intermediate_size", "rms_norm_eps", "max_position_embeddings",
-    "tie_word_embeddings", "hidden_act", "bos_token_id", "eos_token_id", "pad_token_id", "rope_parameters",
-)  # fmt: skip
-# Only the sizes a model needs: every other default of its config class applies.
-_MINIMAL = dict(
-    hidden_size=256, num_attention_heads=32, num_hidden_layers=2, intermediate_size=128, vocab_size=999
-)
-_SMALL = dict(
-    hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=3, intermediate_size=96
-)
-_LLAMA31 = {  # meta-llama/Llama-3.1-8B's rope_scaling
-    "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192,
-    "rope_type": "llama3",
-}  # fmt: skip
 _LLAMA31_SIZES = dict(hidden_size=256, num_attention_heads=2, head_dim=128, max_position_embeddings=131072)
 
 _FULL = {
@@ -124,40 +105,24 @@ _FULL = {
 }
 
 
-def _write(directory: Path, config: dict) -> str:
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "config.json").write_text(json.dumps(config))
-    return str(directory)
-
-
-def _assert_same_spec(got: ModelSpec, want: ModelSpec) -> None:
-    for field in dataclasses.fields(ModelSpec):
-        a, b = getattr(got, field.name), getattr(want, field.name)
-        if isinstance(b, torch.Tensor):
-            assert (a.dtype, a.device, a.shape) == (b.dtype, b.device, b.shape), field.name
-            assert torch.equal(a, b), field.name
-        else:
-            assert type(a) is type(b) and a == b, (field.name, a, b)
-
-
 def _assert_matches(path: str) -> FileConfig:
     """read_config + model_spec == transformers' config + describe(meta skeleton), field by field."""
     hf = AutoConfig.from_pretrained(path)
     cfg = read_config(path)
     assert cfg is not None
-    for name in _SHARED_FIELDS:
+    for name in SHARED_FIELDS:
         assert getattr(cfg, name) == getattr(hf, name), (name, getattr(cfg, name), getattr(hf, name))
     assert cfg.head_dim == (getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads)
     assert cfg.quantization_config == getattr(hf, "quantization_config", None)
-    _assert_same_spec(model_spec(cfg), describe(meta_skeleton(hf)))
+    assert_same_spec(model_spec(cfg), describe(meta_skeleton(hf)))
     return cfg
 
 
 @pytest.mark.parametrize("model_type", DENSE)
 def test_every_default_applies(tmp_path, model_type):
     """No sizes at all (a 32-layer skeleton on the meta device costs nothing), then only the sizes."""
-    bare = _assert_matches(_write(tmp_path / "bare", {"model_type": model_type}))
-    minimal = _assert_matches(_write(tmp_path / "minimal", {"model_type": model_type, **_MINIMAL}))
+    bare = _assert_matches(write_config(tmp_path / "bare", {"model_type": model_type}))
+    minimal = _assert_matches(write_config(tmp_path / "minimal", {"model_type": model_type, **MINIMAL}))
     assert (bare.head_dim, minimal.head_dim) == ((128, 128) if model_type == "qwen3" else (128, 8))
     assert minimal.num_key_value_heads == {"llama": 32, "mistral": 8}.get(model_type, 32)
     assert minimal.sliding_windows == ((4096, 4096) if model_type == "mistral" else (None, None))
@@ -165,22 +130,22 @@ def test_every_default_applies(tmp_path, model_type):
 
 @pytest.mark.parametrize("model_type", DENSE)
 def test_every_field_given(tmp_path, model_type):
-    _assert_matches(_write(tmp_path, {"model_type": model_type, **_FULL[model_type]}))
+    _assert_matches(write_config(tmp_path, {"model_type": model_type, **_FULL[model_type]}))
 
 
 @pytest.mark.parametrize(
     "config",
     [
-        dict(model_type="llama", **_SMALL, head_dim=32),  # head_dim != hidden / heads
-        dict(model_type="qwen2", **_SMALL, head_dim=8),  # Qwen2Config has no head_dim field
-        dict(model_type="mistral", **_SMALL, head_dim=None),
-        dict(model_type="llama", **{**_SMALL, "num_key_value_heads": 1}),  # MQA
-        dict(model_type="qwen3", **{**_SMALL, "num_key_value_heads": None}),
-        dict(model_type="qwen2", **{**_MINIMAL, "num_attention_heads": 64}),  # Qwen's default: 32 KV heads
-        dict(model_type="llama", **_SMALL, tie_word_embeddings=True, pad_token_id=-1),
+        dict(model_type="llama", **SMALL, head_dim=32),  # head_dim != hidden / heads
+        dict(model_type="qwen2", **SMALL, head_dim=8),  # Qwen2Config has no head_dim field
+        dict(model_type="mistral", **SMALL, head_dim=None),
+        dict(model_type="llama", **{**SMALL, "num_key_value_heads": 1}),  # MQA
+        dict(model_type="qwen3", **{**SMALL, "num_key_value_heads": None}),
+        dict(model_type="qwen2", **{**MINIMAL, "num_attention_heads": 64}),  # Qwen's default: 32 KV heads
+        dict(model_type="llama", **SMALL, tie_word_embeddings=True, pad_token_id=-1),
         dict(
             model_type="qwen3",
-            **_SMALL,
+            **SMALL,
             quantization_config={"quant_method": "fp8", "weight_block_size": [128, 128]},
         ),
     ],
@@ -196,7 +161,7 @@ def test_every_field_given(tmp_path, model_type):
     ],
 )
 def test_shapes(tmp_path, config):
-    _assert_matches(_write(tmp_path, config))
+    _assert_matches(write_config(tmp_path, config))
 
 
 @pytest.mark.parametrize("model_type", ["qwen2", "qwen3"])
@@ -226,8 +191,8 @@ def test_shapes(tmp_path, config):
     ],
 )
 def test_qwen_sliding_windows(tmp_path, model_type, window):
-    config = {"model_type": model_type, **_SMALL, "num_hidden_layers": 4, **window}
-    cfg = _assert_matches(_write(tmp_path, config))
+    config = {"model_type": model_type, **SMALL, "num_hidden_layers": 4, **window}
+    cfg = _assert_matches(write_config(tmp_path, config))
     assert len(cfg.sliding_windows) == 4
 
 
@@ -235,7 +200,7 @@ def test_qwen_sliding_windows(tmp_path, model_type, window):
     "window", [{"sliding_window": None}, {"sliding_window": 100}, {}], ids=["null", "100", "absent"]
 )
 def test_mistral_sliding_window(tmp_path, window):
-    cfg = _assert_matches(_write(tmp_path, {"model_type": "mistral", **_SMALL, **window}))
+    cfg = _assert_matches(write_config(tmp_path, {"model_type": "mistral", **SMALL, **window}))
     assert cfg.sliding_windows == (window.get("sliding_window", 4096),) * 3
 
 
@@ -249,11 +214,11 @@ _ROPE_CASES = {
     "linear-old": dict(rope_theta=20000.0, rope_scaling={"type": "linear", "factor": 4.0}),
     "linear-old-int-factor": dict(rope_scaling={"rope_type": "linear", "factor": 2}),
     "linear-new": dict(rope_parameters={"rope_type": "linear", "factor": 2.5, "rope_theta": 20000.0}),
-    "llama3-old": dict(**_LLAMA31_SIZES, rope_theta=500000.0, rope_scaling=_LLAMA31),
-    "llama3-new": dict(**_LLAMA31_SIZES, rope_parameters={**_LLAMA31, "rope_theta": 500000.0}),
+    "llama3-old": dict(**_LLAMA31_SIZES, rope_theta=500000.0, rope_scaling=LLAMA31),
+    "llama3-new": dict(**_LLAMA31_SIZES, rope_parameters={**LLAMA31, "rope_theta": 500000.0}),
     "llama3-default-original-length": dict(
         **_LLAMA31_SIZES, rope_theta=500000.0,
-        rope_scaling={k: v for k, v in _LLAMA31.items() if k != "original_max_position_embeddings"},
+        rope_scaling={k: v for k, v in LLAMA31.items() if k != "original_max_position_embeddings"},
     ),
 }  # fmt: skip
 
@@ -261,10 +226,10 @@ _ROPE_CASES = {
 @pytest.mark.parametrize("model_type", ["llama", "qwen3"])
 @pytest.mark.parametrize("rope", list(_ROPE_CASES.values()), ids=list(_ROPE_CASES))
 def test_rope(tmp_path, model_type, rope):
-    config = {"model_type": model_type, **{**_SMALL, "num_hidden_layers": 1}, **rope}
+    config = {"model_type": model_type, **{**SMALL, "num_hidden_layers": 1}, **rope}
     if model_type == "qwen3" and "head_dim" not in rope:
         config["head_dim"] = 16  # else Qwen3's default 128
-    _assert_matches(_write(tmp_path, config))
+    _assert_matches(write_config(tmp_path, config))
 
 
 @pytest.mark.parametrize("arch", DENSE)
@@ -276,7 +241,7 @@ def test_configs_saved_by_transformers(tmp_path, arch):
 
 def test_llama3_rope_saved_by_transformers(tmp_path):
     config = AutoConfig.for_model(
-        "llama", **_LLAMA31_SIZES, num_hidden_layers=1, rope_parameters=dict(_LLAMA31)
+        "llama", **_LLAMA31_SIZES, num_hidden_layers=1, rope_parameters=dict(LLAMA31)
     )
     config.save_pretrained(tmp_path)
     _assert_matches(str(tmp_path))
@@ -287,12 +252,12 @@ def test_the_embedded_model(default_model_path):
 
 
 def test_a_file_config_reads_like_a_transformers_config(tmp_path):
-    cfg = read_config(_write(tmp_path, {"model_type": "qwen3", **_SMALL}))
+    cfg = read_config(write_config(tmp_path, {"model_type": "qwen3", **SMALL}))
     assert cfg.get_text_config() is cfg and cfg.get_text_config(decoder=True) is cfg
     assert getattr(cfg, "moe_intermediate_size", 0) is None
     assert getattr(cfg, "shared_expert_intermediate_size", 0) is None
     assert getattr(cfg, "num_experts", None) is None
     assert pickle.loads(pickle.dumps(cfg)) == cfg
-    assert cfg.raw == {"model_type": "qwen3", **_SMALL}
+    assert cfg.raw == {"model_type": "qwen3", **SMALL}
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.vocab_size = 1

@@ -18,9 +18,8 @@ from batchgen.model.loader import open_checkpoint
 from batchgen.model.moe_layout import MoELayout, Routing, layout_of
 from batchgen.model.spec import describe
 from batchgen.parallel.shard import config_problem
-from batchgen.testing.models import MOE_ARCHS, TINY_CONFIGS
-from tests.model.test_file_checkpoint_config import _SHARED_FIELDS, _assert_same_spec
-from tests.model.test_file_checkpoint_config_refused import assert_refused
+from tests.model.config_cases import SHARED_FIELDS, assert_refused, assert_same_spec
+from tests.support.models import MOE_ARCHS, TINY_CONFIGS
 
 _EXPERT_SIZES = ("moe_intermediate_size", "shared_expert_intermediate_size")
 _MINIMAL = dict(
@@ -53,7 +52,7 @@ def _assert_matches(path: str) -> FileConfig:
     hf = AutoConfig.from_pretrained(path)
     cfg = read_config(path)
     assert cfg is not None
-    for name in (*_SHARED_FIELDS, *_EXPERT_SIZES):
+    for name in (*SHARED_FIELDS, *_EXPERT_SIZES):
         assert getattr(cfg, name) == getattr(hf, name, None), (
             name,
             getattr(cfg, name),
@@ -61,12 +60,12 @@ def _assert_matches(path: str) -> FileConfig:
         )
     assert cfg.quantization_config == getattr(hf, "quantization_config", None)
     skeleton = meta_skeleton(hf)
-    _assert_same_spec(model_spec(cfg), describe(skeleton))
+    assert_same_spec(model_spec(cfg), describe(skeleton))
     assert cfg.moe_layouts == tuple(layout_of(hf.model_type, layer) for layer in skeleton.model.layers)
     from_file, from_skeleton = (
         choose_forward(EngineConfig(), ModelFiles(path, c)).structure for c in (cfg, hf)
     )
-    _assert_same_spec(from_file.spec, from_skeleton.spec)
+    assert_same_spec(from_file.spec, from_skeleton.spec)
     assert list(from_file.layers) == list(from_skeleton.layers)
     for size in (1, 2, 3, 4, 8):
         assert config_problem(cfg, size) == config_problem(hf, size), size

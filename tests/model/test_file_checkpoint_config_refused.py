@@ -4,15 +4,13 @@ fused forward does not implement, values transformers' strict validation rejects
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 
-from batchgen.model.files.checkpoint_config import UnsupportedConfig, parse_config, read_config
-from tests.model.test_file_checkpoint_config import _LLAMA31, _MINIMAL, _SMALL, _write
+from batchgen.model.files.checkpoint_config import read_config
+from tests.model.config_cases import LLAMA31, MINIMAL, SMALL, assert_refused
 
-_LLAMA = {"model_type": "llama", **_SMALL}
-_QWEN2 = {"model_type": "qwen2", **{**_SMALL, "num_hidden_layers": 2}}
+_LLAMA = {"model_type": "llama", **SMALL}
+_QWEN2 = {"model_type": "qwen2", **{**SMALL, "num_hidden_layers": 2}}
 _REFUSED = {
     "remote-code": ({**_LLAMA, "auto_map": {"AutoConfig": "x.Config"}}, "auto_map"),
     "text-config": ({**_LLAMA, "text_config": {"hidden_size": 8}}, "text_config"),
@@ -50,7 +48,7 @@ _REFUSED = {
         "rope parameters",
     ),
     "llama3-outer-original-length": (
-        {**_LLAMA, "rope_theta": 5e5, "rope_scaling": _LLAMA31, "original_max_position_embeddings": 4096},
+        {**_LLAMA, "rope_theta": 5e5, "rope_scaling": LLAMA31, "original_max_position_embeddings": 4096},
         "original_max_position_embeddings",
     ),
     "llama-window": ({**_LLAMA, "sliding_window": 4096}, "sliding_window"),
@@ -69,7 +67,7 @@ _REFUSED = {
     "zero-window": ({**_LLAMA, "model_type": "mistral", "sliding_window": 0}, "sliding_window"),
     "kv-heads-not-dividing": ({**_LLAMA, "num_key_value_heads": 3}, "key/value heads"),
     "qwen-default-kv-heads": (
-        {"model_type": "qwen2", **_MINIMAL, "num_attention_heads": 8},
+        {"model_type": "qwen2", **MINIMAL, "num_attention_heads": 8},
         "key/value heads",
     ),
     "llama-hidden-not-multiple": (
@@ -95,15 +93,6 @@ _REFUSED = {
     "other-moe-model": ({**_LLAMA, "model_type": "phimoe"}, "model type"),
     "no-model-type": ({k: v for k, v in _LLAMA.items() if k != "model_type"}, "model type"),
 }
-
-
-def assert_refused(tmp_path, config: dict, why: str) -> None:
-    """``parse_config`` raises naming ``why`` and leaves the dict as it was; ``read_config`` of it is None."""
-    original = copy.deepcopy(config)
-    with pytest.raises(UnsupportedConfig, match=why):
-        parse_config(config)
-    assert config == original
-    assert read_config(_write(tmp_path, config)) is None
 
 
 @pytest.mark.parametrize("config,why", list(_REFUSED.values()), ids=list(_REFUSED))

@@ -1,7 +1,7 @@
 """FP8 checkpoints load and compute what they mean; ``--quantization fp8`` and the FP8 KV cache stay close
 to full precision; unsupported methods are refused in one line.
 
-Each tiny checkpoint is written by the test in a released layout (``batchgen/testing/fp8.py``). Its
+Each tiny checkpoint is written by the test in a released layout (``tests/support/fp8.py``). Its
 dequantized twin (the same model with the dequantized weights, rounding each projection's input to e4m3
 the way the FP8 forward does) must give the same logits up to fp32 summation order; without the input
 rounding it stays within FP8 rounding.
@@ -20,8 +20,8 @@ from batchgen.kernels import fp8_format as ref
 from batchgen.model.build import ModelFiles, build_model
 from batchgen.model.weights.fp8 import Fp8BlockLinear, Fp8RowLinear
 from batchgen.parallel.group import ParallelGroup
-from batchgen.testing.fp8 import LAYOUTS, simulated_activations, write_checkpoint
-from batchgen.testing.paged import sequence_logits
+from tests.support.fp8 import LAYOUTS, simulated_activations, write_checkpoint
+from tests.support.paged import sequence_logits
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

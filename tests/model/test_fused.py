@@ -6,14 +6,11 @@ import pytest
 import torch
 
 from batchgen.config import EngineConfig
-from batchgen.engine.kv_cache import kv_shape
 from batchgen.model import attention
-from batchgen.model.build import ModelFiles, build_model
 from batchgen.model.forward import TransformersForward
 from batchgen.model.fused import FusedForward
 from batchgen.model.spec import unsupported_reason
-from batchgen.parallel.group import ParallelGroup
-from batchgen.testing.paged import sequence_logits
+from tests.model.forward_cases import build_forward, fused_logits
 
 BASE = dict(
     vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
@@ -40,7 +37,6 @@ VARIANTS = {
     "qwen3": dict(model_type="qwen3", head_dim=32),
     "mistral_sliding": dict(model_type="mistral", sliding_window=6, head_dim=16),
 }
-BLOCK = 4
 
 
 def _model(variant: str, dtype=torch.float32) -> torch.nn.Module:
@@ -57,21 +53,6 @@ def _model(variant: str, dtype=torch.float32) -> torch.nn.Module:
     return model.eval()
 
 
-def build_forward(model: torch.nn.Module, impl: str, max_positions: int):
-    """The forward ``LLM.from_model`` would run on ``model`` with ``--model-impl impl``."""
-    param = next(model.parameters())
-    files = ModelFiles(None, model.config, model)
-    options = EngineConfig(model_impl=impl)
-    return build_model(
-        options, files, ParallelGroup.single(), param.device, param.dtype, max_positions
-    ).forward
-
-
-def _fused_logits(forward, model, ids, chunks: list[int], dtype, backend=None) -> torch.Tensor:
-    """All positions' logits, the sequence fed in ``chunks`` (chunked prefill, then decodes)."""
-    return sequence_logits(forward, ids, chunks, kv_shape(model.config), dtype, backend, BLOCK)
-
-
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_fused_forward_matches_transformers(variant):
     model = _model(variant)
@@ -81,7 +62,7 @@ def test_fused_forward_matches_transformers(variant):
     forward = build_forward(model, "auto", max_positions=256)
     assert isinstance(forward, FusedForward)
     with torch.inference_mode():
-        got = _fused_logits(forward, model, ids, [7, 4, 1, 1, 1, 1], torch.float32)
+        got = fused_logits(forward, model, ids, [7, 4, 1, 1, 1, 1], torch.float32)
         after = model(ids.unsqueeze(0)).logits[0]
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
     # The model's own projections became views of the merged weights: transformers' forward is unchanged.
@@ -96,8 +77,8 @@ def test_bf16_fused_forward_rounds_like_transformers(variant):
     model.set_attn_implementation(attention.register())  # transformers' forward on the paged cache
     ids = torch.randint(0, 97, (12,), generator=torch.Generator().manual_seed(2))
     with torch.inference_mode():
-        expected = _fused_logits(TransformersForward(model), model, ids, [9, 1, 1, 1], torch.bfloat16)
-        got = _fused_logits(build_forward(model, "batchgen", 256), model, ids, [9, 1, 1, 1], torch.bfloat16)
+        expected = fused_logits(TransformersForward(model), model, ids, [9, 1, 1, 1], torch.bfloat16)
+        got = fused_logits(build_forward(model, "batchgen", 256), model, ids, [9, 1, 1, 1], torch.bfloat16)
     assert torch.equal(got, expected), (got.float() - expected.float()).abs().max()
 
 
@@ -157,7 +138,7 @@ def _bf16_against_transformers(device: str, backend) -> dict[str, float]:
         expected = model(ids.unsqueeze(0)).logits[0].float()  # transformers' bf16, sdpa
         model.set_attn_implementation(attention.register())
         forward = build_forward(model, "batchgen", 4096)
-        got = _fused_logits(forward, model, ids, [128, 160] + [1] * 12, torch.bfloat16, backend).float()
+        got = fused_logits(forward, model, ids, [128, 160] + [1] * 12, torch.bfloat16, backend).float()
 
     def rel(a: torch.Tensor, b: torch.Tensor, dim=None) -> torch.Tensor:
         return (a - b).norm(dim=dim) / b.norm(dim=dim)

@@ -19,8 +19,8 @@ from batchgen.model.weights.experts import expert_stacks
 from batchgen.model.weights.sources import ModuleSource, SafetensorsSource
 from batchgen.parallel.group import ParallelGroup
 from batchgen.parallel.shard import Span
-from batchgen.testing.models import MOE_ARCHS, TINY_CONFIGS, build_tiny_model
-from tests.model.test_fused import _fused_logits, build_forward
+from tests.model.forward_cases import build_forward, fused_logits
+from tests.support.models import MOE_ARCHS, TINY_CONFIGS, build_tiny_model
 
 DTYPES = [torch.float32, torch.bfloat16]
 
@@ -72,8 +72,8 @@ def test_moe_forward_equals_transformers_forward(arch, dtype, monkeypatch):
     ids = torch.randint(0, 97, (15,), generator=torch.Generator().manual_seed(1))
     chunks = [7, 4, 1, 1, 1, 1]
     with torch.inference_mode():
-        expected = _fused_logits(TransformersForward(model), model, ids, chunks, dtype)
-        got = _fused_logits(build_forward(model, "auto", 256), model, ids, chunks, dtype)
+        expected = fused_logits(TransformersForward(model), model, ids, chunks, dtype)
+        got = fused_logits(build_forward(model, "auto", 256), model, ids, chunks, dtype)
     assert torch.equal(got, expected), (got.float() - expected.float()).abs().max()
 
 
@@ -114,14 +114,14 @@ def test_checkpoint_layouts_load_like_the_model(arch, tmp_path):
     options = EngineConfig(model_impl="batchgen")
     ids = torch.randint(0, 100, (9,), generator=torch.Generator().manual_seed(4))
     with torch.inference_mode():
-        expected = _fused_logits(build_forward(model, "batchgen", 64), model, ids, [9], torch.float32)
+        expected = fused_logits(build_forward(model, "batchgen", 64), model, ids, [9], torch.float32)
     file_config = read_config(str(path))
     assert isinstance(file_config, FileConfig)
     for config in (model.config, file_config):  # the structure read off the skeleton, then off config.json
         files = ModelFiles(str(path), config)
         loaded = build_model(options, files, ParallelGroup.single(), torch.device("cpu"), torch.float32, 64)
         with torch.inference_mode():
-            got = _fused_logits(loaded.forward, model, ids, [9], torch.float32)
+            got = fused_logits(loaded.forward, model, ids, [9], torch.float32)
         assert torch.equal(got, expected)
 
 
@@ -203,9 +203,9 @@ def test_triton_moe_forward_matches_transformers_on_cuda():
     ids = torch.randint(0, 4096, (300,), device="cuda")
     chunks = [128, 160] + [1] * 12
     with torch.inference_mode():
-        expected = _fused_logits(TransformersForward(model), model, ids, chunks, torch.bfloat16).float()
+        expected = fused_logits(TransformersForward(model), model, ids, chunks, torch.bfloat16).float()
         forward = build_forward(model, "batchgen", 4096)
-        got = _fused_logits(forward, model, ids, chunks, torch.bfloat16, TritonBackend()).float()
+        got = fused_logits(forward, model, ids, chunks, torch.bfloat16, TritonBackend()).float()
     err = (got - expected).norm() / expected.norm()
     assert err < 2e-2, f"relative error {err:.2e}"
     assert (got.argmax(-1) == expected.argmax(-1)).float().mean() > 0.95

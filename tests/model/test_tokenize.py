@@ -18,9 +18,9 @@ from batchgen.model.tokenize import (
     render_prompt,
     tokenizer_for_thread,
 )
-from batchgen.testing.models import tokenizer_path
-from tests.chat_template_cases import THINK_TEMPLATE, WEATHER_TOOL, rendered
 from tests.model.tokenizer_cases import open_as_installed
+from tests.support.chat_template_cases import THINK_TEMPLATE, WEATHER_TOOL, rendered
+from tests.support.models import tokenizer_path
 
 
 def _sequences(tokenizer) -> list[list[int]]:

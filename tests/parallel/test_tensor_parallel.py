@@ -8,18 +8,12 @@ model is started once per module and reused.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
-from batchgen import LLM, SamplingParams
+from batchgen import LLM
 from tests.engine.oracle import make_prompts, reference_greedy
+from tests.parallel.tp_cases import ENGINE, GREEDY, NEW_TOKENS, SAMPLED, children, tokens_of
 
-NEW_TOKENS = 10
-GREEDY = SamplingParams(max_new_tokens=NEW_TOKENS)
-SAMPLED = SamplingParams(
-    max_new_tokens=NEW_TOKENS, temperature=0.9, top_p=0.8, top_k=40, seed=3, logprobs=True
-)
 # Every per-row device statistic, and prompt log-probabilities (gathered over the vocabulary's shares).
 EVERYTHING = SAMPLED.with_overrides(
     min_p=0.05,
@@ -30,20 +24,7 @@ EVERYTHING = SAMPLED.with_overrides(
     logprobs=3,
     prompt_logprobs=2,
 )
-# Small batches and chunks: queueing and chunked prefill happen under tensor parallelism too.
-ENGINE = dict(max_num_seqs=4, max_batch_tokens=48)
-
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-def _children() -> set[int]:
-    pid = os.getpid()
-    with open(f"/proc/{pid}/task/{pid}/children") as f:
-        return {int(p) for p in f.read().split()}
-
-
-def _tokens(llm: LLM, prompts, params: SamplingParams) -> list[list[int]]:
-    return [o.token_ids for o in llm.generate_samples(prompts, params)]
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +41,7 @@ def test_two_ranks_match_one_and_transformers(tiny_models, tiny_prompts, arch):
     assert max(map(len, tiny_prompts)) > ENGINE["max_batch_tokens"]  # so some prefills run in chunks
     single = LLM(path, **ENGINE)
     with LLM(path, tensor_parallel=2, **ENGINE) as split:
-        assert _tokens(split, tiny_prompts, GREEDY) == expected
+        assert tokens_of(split, tiny_prompts, GREEDY) == expected
         sampled = split.generate_samples(tiny_prompts, SAMPLED)
         everything = split.generate_samples(tiny_prompts, EVERYTHING)
     reference = single.generate_samples(tiny_prompts, SAMPLED)
@@ -84,14 +65,14 @@ def test_embedded_model_over_three_ranks(default_model_path):
     prompts = make_prompts(tokenizer, count=6, max_tokens=80, seed=5)
     expected = reference_greedy(default_model_path, prompts, NEW_TOKENS)
     with LLM(tensor_parallel=3, **ENGINE) as split:
-        assert _tokens(split, prompts, GREEDY) == expected
+        assert tokens_of(split, prompts, GREEDY) == expected
 
 
 def test_indivisible_head_count_is_refused_before_any_process_starts(tiny_llama):
-    before = _children()
+    before = children()
     with pytest.raises(ValueError, match="--tensor-parallel 3 does not divide the model's 4 attention heads"):
         LLM(tiny_llama, tensor_parallel=3)
-    assert _children() == before
+    assert children() == before
 
 
 def test_structured_output_over_two_ranks_matches_one(tiny_llama, tiny_prompts):

@@ -12,7 +12,7 @@ import batchgen.llm
 import batchgen.parallel.launch
 from batchgen import LLM
 from tests.engine.oracle import make_prompts, reference_greedy
-from tests.parallel.test_tensor_parallel import ENGINE, GREEDY, SAMPLED, _children, _tokens
+from tests.parallel.tp_cases import ENGINE, GREEDY, SAMPLED, children, tokens_of
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -32,10 +32,10 @@ def gemma_prompts(gemma):
 def test_tp_plan_two_ranks_match_one_and_transformers(gemma, gemma_prompts):
     expected = reference_greedy(gemma, gemma_prompts, GREEDY.max_new_tokens)
     single = LLM(gemma, **ENGINE)
-    assert _tokens(single, gemma_prompts, GREEDY) == expected
+    assert tokens_of(single, gemma_prompts, GREEDY) == expected
     with LLM(gemma, tensor_parallel=2, **ENGINE) as split:
         assert split._rank.bundle.kv_shape.num_kv_heads == 1  # its half of the 2 KV heads
-        assert _tokens(split, gemma_prompts, GREEDY) == expected
+        assert tokens_of(split, gemma_prompts, GREEDY) == expected
         sampled = split.generate_samples(gemma_prompts, SAMPLED)
     reference = single.generate_samples(gemma_prompts, SAMPLED)
     assert [o.token_ids for o in sampled] == [o.token_ids for o in reference]
@@ -57,17 +57,17 @@ def _refusal(path: str, size: int, monkeypatch: pytest.MonkeyPatch) -> str:
 
     monkeypatch.setattr(batchgen.parallel.launch, "start_workers", slow("start_workers"))
     monkeypatch.setattr(batchgen.llm, "build_rank", slow("build_rank"))
-    before = _children()
+    before = children()
     with pytest.raises(ValueError) as info:
         LLM(path, tensor_parallel=size)
-    assert started == [] and _children() == before  # no rank started, no weights loaded
+    assert started == [] and children() == before  # no rank started, no weights loaded
     return str(info.value)
 
 
 def test_architecture_with_neither_path_is_refused_before_any_process_starts(tmp_path, monkeypatch):
     from transformers import AutoConfig, AutoTokenizer
 
-    from batchgen.testing.models import tokenizer_path
+    from tests.support.models import tokenizer_path
 
     config = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
     AutoConfig.for_model("stablelm", **config).save_pretrained(tmp_path)  # no tp_plan in transformers

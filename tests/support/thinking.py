@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from batchgen.testing.models import TINY_CONFIGS, tokenizer_path
+from tests.support.models import TINY_CONFIGS, tokenizer_path
 
 _SYSTEM = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] "

@@ -15,7 +15,7 @@ from batchgen.engine.outputs import GenerationRequest
 from batchgen.io.checkpoint import DoneSet
 from batchgen.io.row_parser import RowSpec
 from batchgen.model.tokenize import encode_prompt
-from batchgen.testing.models import tokenizer_path
+from tests.support.models import tokenizer_path
 
 
 @pytest.fixture(scope="module")

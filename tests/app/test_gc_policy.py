@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from batchgen.app import gc_policy
 from batchgen.app import run as run_module
 from batchgen.cli import cli
-from tests.test_cli import ROWS, write_jsonl
+from tests.helpers import ROWS, write_jsonl
 
 
 class _Cycle:

@@ -17,7 +17,7 @@ from batchgen.io.checkpoint import DoneSet, RunState, load_state, sidecar_dir
 from batchgen.io.faults import Faults
 from batchgen.io.records import RowKey
 from batchgen.io.writers import open_output
-from batchgen.testing.models import tokenizer_path
+from tests.support.models import tokenizer_path
 
 
 def test_the_writer_takes_turns_until_its_backlog_grows(tmp_path, monkeypatch):

@@ -20,8 +20,8 @@ from transformers import AutoTokenizer
 
 from batchgen.app.stdin_input import check_dashes
 from batchgen.cli import cli
-from batchgen.testing.models import build_tiny_model
-from tests.chat_template_cases import THINK_TEMPLATE, WEATHER_TOOL, rendered
+from tests.support.chat_template_cases import THINK_TEMPLATE, WEATHER_TOOL, rendered
+from tests.support.models import build_tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

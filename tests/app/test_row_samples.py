@@ -19,7 +19,7 @@ from batchgen.io.checkpoint import DoneSet, RunState, load_state, save_state, si
 from batchgen.io.faults import Faults
 from batchgen.io.records import RowKey
 from batchgen.io.writers import JsonlWriter
-from batchgen.testing.models import tokenizer_path
+from tests.support.models import tokenizer_path
 
 # Rows 1, 4, 7, ... ask for 3 samples, the others take the run's 1 (null: not set); sampled, so they differ.
 ROWS = [{"id": f"r{i}", "prompt": f"Row {i} says", "n": 3 if i % 3 == 1 else None} for i in range(12)]

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from batchgen.app.shards import Shard, parse_shard, shard_of_path, shard_output, shard_rows, slurm_shard
 from batchgen.cli import cli
 from batchgen.io.checkpoint import load_state, save_state
-from tests.test_cli import ROWS, by_index, read_records, write_jsonl, write_parquet
+from tests.helpers import ROWS, by_index, read_records, write_jsonl, write_parquet
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 MORE_ROWS = ROWS + [{"id": f"x{i}", "prompt": f"Say the number {i}."} for i in range(6)]  # 11 rows

@@ -1,1 +1,0 @@
-"""Helpers for tests and benchmarks: tiny random models built from real configs (no download)."""
