@@ -8,7 +8,7 @@ behind code choices", counts it on B4).
 
 ``keep_freed_memory`` raises both thresholds (``mallopt``) to 64 MiB once a run knows it computes on the
 CPU, which removes most of those page faults. Much higher thresholds never returned the heap's unused
-top, so RSS crept over a long run (``tests/test_run_memory.py`` bounds that growth).
+top, so RSS crept over a long run (``tests/app/test_run_memory.py`` bounds that growth).
 Skipped when the C library is not glibc, when ``MALLOC_*`` variables or ``LD_PRELOAD`` (jemalloc,
 tcmalloc) show the user chose the allocator's policy, and with ``BATCHGEN_KEEP_FREED_MEMORY=0``.
 """

@@ -120,3 +120,10 @@ def llama_fp8_case(decode: bool, kv_scales: tuple[float, float]) -> PagedCase:
     case = make_case(q_lens, lens, q_heads=32, kv_heads=8, head_dim=128, dtype=torch.bfloat16, pad_rows=3,
                      device="cuda")  # fmt: skip
     return to_fp8_cache(case, kv_scales)
+
+
+def same_fp8(a: fp8_format.Fp8Act, b: fp8_format.Fp8Act) -> None:
+    """Two quantized activations are the same bits: e4m3 data and scales."""
+    assert a.data.dtype == b.data.dtype == fp8_format.FP8 and a.scale.shape == b.scale.shape
+    torch.testing.assert_close(a.scale, b.scale, rtol=0, atol=0)
+    assert torch.equal(a.data.view(torch.uint8), b.data.view(torch.uint8))

@@ -23,16 +23,10 @@ from batchgen.kernels.layer_ops.activation import silu_mul
 from batchgen.kernels.layer_ops.norm import rms_norm
 from batchgen.kernels.layer_ops.rope import rope_write_kv
 from batchgen.kernels.reference import paged_attention_fp8
-from tests.kernels.cases import llama_fp8_case, make_case, rel_error, to_fp8_cache
+from tests.kernels.cases import llama_fp8_case, make_case, rel_error, same_fp8, to_fp8_cache
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 QUANTS = [ActQuant(None), ActQuant(128), ActQuant(32)]
-
-
-def _same(a: ref.Fp8Act, b: ref.Fp8Act) -> None:
-    assert a.data.dtype == b.data.dtype == ref.FP8 and a.scale.shape == b.scale.shape
-    torch.testing.assert_close(a.scale, b.scale, rtol=0, atol=0)
-    assert torch.equal(a.data.view(torch.uint8), b.data.view(torch.uint8))
 
 
 def test_e4m3_rounding_matches_torch_everywhere():
@@ -46,11 +40,11 @@ def test_e4m3_rounding_matches_torch_everywhere():
     x = x.view(1, -1).to(DEVICE)
     got = quantize_act(x, ActQuant(static_scale=torch.tensor(1.0)))  # torch ops for a static scale...
     want = ref.quantize_act(x, ActQuant(static_scale=torch.tensor(1.0)))
-    _same(got, want)
+    same_fp8(got, want)
     # ...and through a kernel: a dynamic scale of exactly 1 (the row's maximum is 448)
     x = x.clamp(-448.0, 448.0)
     x[0, 0] = 448.0
-    _same(quantize_act(x, ActQuant()), ref.quantize_act(x, ActQuant()))
+    same_fp8(quantize_act(x, ActQuant()), ref.quantize_act(x, ActQuant()))
 
 
 @pytest.mark.parametrize("quant", QUANTS)
@@ -59,7 +53,7 @@ def test_quantize_act_matches_reference(quant, dtype):
     torch.manual_seed(1)
     x = (torch.randn(5, 200) * torch.logspace(-3, 2, 200)).to(DEVICE, dtype)  # 200: a partial group
     x[2] = 0  # an all-zero row: the minimum scale, zeros
-    _same(quantize_act(x, quant), ref.quantize_act(x, quant))
+    same_fp8(quantize_act(x, quant), ref.quantize_act(x, quant))
 
 
 # The fused kernels quantize what the plain kernel computes (which agrees with the reference within fp32
@@ -75,7 +69,7 @@ def test_rms_norm_quantizes_its_output(quant, residual):
     res = torch.randn(4, 160, device=DEVICE) if residual else None
     plain, plain_sum = rms_norm(x, weight, 1e-6, None if res is None else res.clone())
     got, summed = rms_norm(x, weight, 1e-6, res, quant)
-    _same(got, ref.quantize_act(plain, quant))
+    same_fp8(got, ref.quantize_act(plain, quant))
     torch.testing.assert_close(summed, plain_sum, rtol=0, atol=0)
 
 
@@ -84,7 +78,7 @@ def test_silu_mul_quantizes_its_output(quant):
     torch.manual_seed(3)
     x = torch.randn(3, 2 * 2500, device=DEVICE)  # 2500: three column blocks, the last one partial
     x[1, 2400] = x[1, 2500 + 2400] = 9.0  # row 1's largest product sits in its last block
-    _same(silu_mul(x, quant), ref.quantize_act(silu_mul(x), quant))
+    same_fp8(silu_mul(x, quant), ref.quantize_act(silu_mul(x), quant))
 
 
 @pytest.mark.parametrize("whole_rows", [False, True])
@@ -97,14 +91,14 @@ def test_silu_mul_row_scales_in_one_or_two_passes(whole_rows):
     x = torch.randn(5, 2 * 2500, device=DEVICE)
     x[2, 2499] = x[2, 2500 + 2499] = 9.0  # row 2's largest product is its last column
     x[3] = 0.0  # an all-zero row: the minimum scale, zeros
-    _same(_silu_mul_quant(x, None, whole_rows), ref.quantize_act(silu_mul(x), ActQuant()))
+    same_fp8(_silu_mul_quant(x, None, whole_rows), ref.quantize_act(silu_mul(x), ActQuant()))
 
 
 def test_static_scale_quantizes_after_the_op():
     torch.manual_seed(4)
     x, weight = torch.randn(3, 64, device=DEVICE), torch.randn(64, device=DEVICE)
     quant = ActQuant(static_scale=torch.tensor(0.01, device=DEVICE))
-    _same(
+    same_fp8(
         rms_norm(x, weight, 1e-6, None, quant)[0],
         ref.quantize_act(reference.rms_norm(x, weight, 1e-6)[0], quant),
     )

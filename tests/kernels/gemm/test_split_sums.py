@@ -82,7 +82,7 @@ def test_gpu_forward_with_partials_changes_no_bit(tmp_path, monkeypatch):
     """A small FP8 model's prompt chunks and decode steps: the same logits, bit for bit, whether its
     decode-sized products reach rotary and RMSNorm as partials or summed by the summing kernel."""
     from batchgen.kernels.gemm import fp8_gemm
-    from tests.kernels.launch.test_pdl import _fp8_forward_logits
+    from tests.kernels.fp8_forward import fp8_forward_logits
 
     handed_on = []
     product = fp8_gemm.rowwise_matmul
@@ -93,10 +93,10 @@ def test_gpu_forward_with_partials_changes_no_bit(tmp_path, monkeypatch):
         return out
 
     monkeypatch.setattr(fp8_gemm, "rowwise_matmul", counting)
-    _fp8_forward_logits(str(tmp_path / "partials.pt"))
+    fp8_forward_logits(str(tmp_path / "partials.pt"))
     assert any(handed_on), "no product was handed on as partials: the test would prove nothing"
     monkeypatch.setattr(fp8_gemm, "rowwise_matmul", lambda *args, summed=True: product(*args, summed=True))
-    _fp8_forward_logits(str(tmp_path / "summed.pt"))
+    fp8_forward_logits(str(tmp_path / "summed.pt"))
     with_partials, without = torch.load(tmp_path / "partials.pt"), torch.load(tmp_path / "summed.pt")
     assert with_partials.isfinite().all() and torch.equal(with_partials, without)
 
@@ -109,7 +109,7 @@ def test_gpu_forward_with_silu_in_the_product_changes_no_bit(tmp_path, monkeypat
     product's epilogue (``gate_up_silu.silu_mul_product``) or after it."""
     from batchgen.kernels.gemm import fp8_gemm_tma
     from batchgen.kernels.layer_ops import gate_up_silu
-    from tests.kernels.launch.test_pdl import _fp8_forward_logits
+    from tests.kernels.fp8_forward import fp8_forward_logits
 
     device = torch.cuda.current_device()
     if gate_up_silu.num_sms(torch.device("cuda", device)) > 136 or not fp8_gemm_tma.device_has_tma(device):
@@ -123,9 +123,9 @@ def test_gpu_forward_with_silu_in_the_product_changes_no_bit(tmp_path, monkeypat
         return out
 
     monkeypatch.setattr(gate_up_silu, "silu_mul_product", counting)
-    _fp8_forward_logits(str(tmp_path / "fused.pt"), intermediate=8704)
+    fp8_forward_logits(str(tmp_path / "fused.pt"), intermediate=8704)
     assert any(applied), "SiLU never ran in the product: the test would prove nothing"
     monkeypatch.setattr(gate_up_silu, "silu_mul_product", lambda *args, **kwargs: None)
-    _fp8_forward_logits(str(tmp_path / "after.pt"), intermediate=8704)
+    fp8_forward_logits(str(tmp_path / "after.pt"), intermediate=8704)
     fused, after = torch.load(tmp_path / "fused.pt"), torch.load(tmp_path / "after.pt")
     assert fused.isfinite().all() and torch.equal(fused, after)

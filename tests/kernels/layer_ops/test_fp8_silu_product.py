@@ -14,7 +14,7 @@ from batchgen.kernels.gemm.fp8_gemm import triton_fp8_matmul
 from batchgen.kernels.gemm.fp8_quant import quantize_act
 from batchgen.kernels.layer_ops import gate_up_silu
 from batchgen.kernels.layer_ops.activation import silu_mul
-from tests.kernels.gemm.test_fp8_kernels import _same
+from tests.kernels.cases import same_fp8
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -29,7 +29,7 @@ def test_gate_up_product_with_silu_equals_product_then_silu(m, inter, k, dtype):
     weight, scale = ref.quantize_rows(torch.randn(2 * inter, k, device=DEVICE))
     got = gate_up_silu.silu_mul_product(act, weight, scale, dtype, force=True)
     want = silu_mul(triton_fp8_matmul(act, weight, scale, dtype, tma=True), ActQuant())
-    _same(got, want)
+    same_fp8(got, want)
 
 
 @pytest.mark.gpu
@@ -44,7 +44,7 @@ def test_gpu_gate_up_silu_product_equals_product_then_silu(m):
     wq, ws = ref.quantize_rows(torch.randn(2 * inter, k, device="cuda", dtype=torch.bfloat16) * 0.02)
     got = gate_up_silu.silu_mul_product(act, wq, ws, torch.bfloat16)
     assert got is not None, "the fused kernel should apply here"
-    _same(got, silu_mul(triton_fp8_matmul(act, wq, ws, torch.bfloat16), ActQuant()))
+    same_fp8(got, silu_mul(triton_fp8_matmul(act, wq, ws, torch.bfloat16), ActQuant()))
     graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
     with torch.cuda.stream(stream), torch.cuda.graph(graph):
         captured = gate_up_silu.silu_mul_product(act, wq, ws, torch.bfloat16)
@@ -52,4 +52,4 @@ def test_gpu_gate_up_silu_product_equals_product_then_silu(m):
     act.data.copy_(fresh.data)
     act.scale.copy_(fresh.scale)
     graph.replay()
-    _same(captured, silu_mul(triton_fp8_matmul(fresh, wq, ws, torch.bfloat16), ActQuant()))
+    same_fp8(captured, silu_mul(triton_fp8_matmul(fresh, wq, ws, torch.bfloat16), ActQuant()))
