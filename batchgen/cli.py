@@ -13,11 +13,11 @@ from typing import Any
 import click
 
 from batchgen import __version__
-from batchgen.app.lean_imports import hide_for_command
 from batchgen.app.signals import StoppedEarly
 from batchgen.bench.command import bench_command
 from batchgen.cli_options import GroupedCommand, chat_template_options, reasoning_option, sampling_options
 from batchgen.config import EngineConfig
+from batchgen.lean_imports import hide_for_command
 
 EXIT_FATAL, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 75
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)

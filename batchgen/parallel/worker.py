@@ -17,7 +17,7 @@ import sys
 from collections import deque
 from multiprocessing.connection import Connection
 
-from batchgen.app.lean_imports import hide_inherited
+from batchgen.lean_imports import hide_inherited
 from batchgen.parallel.launch import Rendezvous, connect, init_group
 from batchgen.parallel.runner import runner_stats
 
