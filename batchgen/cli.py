@@ -240,11 +240,11 @@ def run_command(input_path: str, output: str, verbose: bool, **kw: Any) -> None:
 
 def _tensor_parallel_worker(kw: dict[str, Any]) -> None:
     from batchgen.model.loader import resolve_device
-    from batchgen.parallel.launch import launched_rank
+    from batchgen.tensor_parallel.launch import launched_rank
 
     rdzv = launched_rank(kw["tensor_parallel"])
     if rdzv is not None and rdzv.rank > 0:
-        from batchgen.parallel.worker import serve_launched
+        from batchgen.tensor_parallel.worker import serve_launched
 
         serve_launched(rdzv, resolve_device(kw["device"]).type == "cuda")
         sys.exit(0)

@@ -13,12 +13,13 @@ from typing import Any
 import torch
 
 from batchgen.config import EngineConfig, SamplingParams
+from batchgen.distributed.group import ParallelGroup
 from batchgen.engine.block_manager import BlockManager
-from batchgen.engine.build import RankEngine, build_rank
 from batchgen.engine.engine import Engine
 from batchgen.engine.grammar import GrammarCompiler
 from batchgen.engine.outputs import CompletionOutput as SampleOutput
 from batchgen.engine.outputs import GenerationRequest
+from batchgen.engine.rank_engine import RankEngine, build_rank
 from batchgen.engine.scheduler import Scheduler
 from batchgen.engine.stats import EngineStats
 from batchgen.engine.step_sampling import features_of
@@ -37,7 +38,6 @@ from batchgen.model.build import ModelFiles
 from batchgen.model.loader import DEFAULT_MODEL_NAME, local_model_dir, open_checkpoint
 from batchgen.model.tokenize import Messages, encode_prompt
 from batchgen.outputs import RequestOutput
-from batchgen.parallel.group import ParallelGroup
 from batchgen.threads import HostTurns
 
 # One prompt or a sequence of them: text, token ids, or vLLM's dicts {"prompt"} / {"prompt_token_ids"}.
@@ -96,7 +96,7 @@ class LLM:
         group = ParallelGroup.single()
         if config.tensor_parallel > 1:
             from batchgen.model.build import tensor_parallel_problem
-            from batchgen.parallel.launch import start_workers
+            from batchgen.tensor_parallel.launch import start_workers
 
             problem = tensor_parallel_problem(config, files)
             if problem is not None:  # before any process starts
@@ -141,7 +141,7 @@ class LLM:
         scheduler = Scheduler(blocks, cfg.max_num_seqs, cfg.max_batch_tokens)
         runner = rank.runner
         if self._workers is not None:
-            from batchgen.parallel.runner import TensorParallelRunner
+            from batchgen.tensor_parallel.rank0_runner import TensorParallelRunner
 
             runner = TensorParallelRunner(runner, self._workers)
         eos = self._eos_ids()

@@ -21,7 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from batchgen import LLM, SamplingParams  # noqa: E402
-from batchgen.engine.kv_cache import cache_dtype  # noqa: E402
+from batchgen.model.kv_cache import cache_dtype  # noqa: E402
 from batchgen.testing.paged import sequence_logits  # noqa: E402
 
 PROMPTS = [

@@ -59,7 +59,7 @@ def step_result(step_id: int, out: SampleOutput, prompt: PromptScores | None = N
 
 def full_vocab(sampler: Sampler) -> Callable[[torch.Tensor], torch.Tensor]:
     """How rows of a step's logits become whole-vocabulary rows (prompt log-probabilities): a sampler over a
-    vocabulary split across ranks gathers them (``parallel.sampling.ShardedSampler.full_logits``)."""
+    vocabulary split across ranks gathers them (``sharded_sampler.ShardedSampler.full_logits``)."""
     return getattr(sampler, "full_logits", lambda logits: logits)
 
 
@@ -84,7 +84,7 @@ def apply_carry_over(input_ids: torch.Tensor, carry_rows: torch.Tensor, prev_tok
 
 
 # (logits [S, V / K] in the model dtype or float32, params, features) -> SampleOutput:
-# ``sample`` in one process, ``parallel.sampling.ShardedSampler`` over a vocabulary split across ranks.
+# ``sample`` in one process, ``sharded_sampler.ShardedSampler`` over a vocabulary split across ranks.
 Sampler = Callable[[torch.Tensor, SamplingTensors, SamplingFeatures], SampleOutput]
 
 

@@ -11,15 +11,15 @@ from typing import NamedTuple
 
 import torch
 
+from batchgen.distributed.group import ParallelGroup
+from batchgen.distributed.layers import LMHead, RowParallel, VocabEmbedding
+from batchgen.distributed.shard import HeadShard, Span, config_problem, even_span, head_shard, vocab_span
 from batchgen.model.fused import Attention, DenseMLP, FusedForward, Layer, ProjectionNorm
 from batchgen.model.moe import MoELayout, moe_mlp
 from batchgen.model.spec import ModelSpec, ModelStructure, rope_tables
 from batchgen.model.weights.formats import Linear, WeightFormat
 from batchgen.model.weights.fp8 import kv_scales
 from batchgen.model.weights.sources import Part, WeightSource
-from batchgen.parallel.group import ParallelGroup
-from batchgen.parallel.layers import LMHead, RowParallel, VocabEmbedding
-from batchgen.parallel.shard import HeadShard, Span, config_problem, even_span, head_shard, vocab_span
 
 
 class Assembled(NamedTuple):

@@ -22,13 +22,13 @@ from typing import NamedTuple, Protocol
 
 import torch
 
+from batchgen.distributed.group import ParallelGroup
+from batchgen.distributed.layers import LMHead, VocabEmbedding
 from batchgen.kernels.fp8_reference import ActQuant, Fp8Act
 from batchgen.kernels.split_sums import SplitSums
 from batchgen.model.attention import PagedContext
 from batchgen.model.backends import KernelBackend
 from batchgen.model.weights.formats import Linear
-from batchgen.parallel.group import ParallelGroup
-from batchgen.parallel.layers import LMHead, VocabEmbedding
 
 
 class MLP(Protocol):  # [T, H] -> [T, H], perhaps as split-K partials (the next RMSNorm adds them)

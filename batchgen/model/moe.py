@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 import torch.nn.functional as F
 
+from batchgen.distributed.group import ParallelGroup
+from batchgen.distributed.shard import even_span
 from batchgen.model.backends import KernelBackend
 from batchgen.model.weights.experts import expert_stacks, router_name
 from batchgen.model.weights.formats import Linear
 from batchgen.model.weights.sources import Part
-from batchgen.parallel.group import ParallelGroup
-from batchgen.parallel.shard import even_span
 
 if TYPE_CHECKING:
     from batchgen.model.assemble import Loader

@@ -8,10 +8,10 @@ import torch
 from batchgen import LLM, GenerationRequest, SamplingParams
 from batchgen.engine.block_manager import BlockManager
 from batchgen.engine.engine import Engine
-from batchgen.engine.kv_cache import kv_shape
 from batchgen.engine.runner import StepResult, apply_carry_over
 from batchgen.engine.scheduler import Scheduler
 from batchgen.engine.stops import StopChecker
+from batchgen.model.kv_cache import kv_shape
 from batchgen.threads import HostTurns
 from tests.engine.oracle import make_prompts
 

@@ -12,12 +12,12 @@ import pytest
 from transformers import AutoConfig
 
 from batchgen.config import EngineConfig
+from batchgen.distributed.shard import config_problem
 from batchgen.model.build import ModelFiles, choose_forward, meta_skeleton
 from batchgen.model.files.config import FileConfig, model_spec, read_config
 from batchgen.model.loader import open_checkpoint
 from batchgen.model.moe import MoELayout, Routing, layout_of
 from batchgen.model.spec import describe
-from batchgen.parallel.shard import config_problem
 from batchgen.testing.models import MOE_ARCHS, TINY_CONFIGS
 from tests.model.test_file_config import _SHARED_FIELDS, _assert_same_spec
 from tests.model.test_file_config_refused import assert_refused

@@ -6,13 +6,13 @@ import pytest
 import torch
 
 from batchgen.config import EngineConfig
-from batchgen.engine.kv_cache import kv_shape
+from batchgen.distributed.group import ParallelGroup
 from batchgen.model import attention
 from batchgen.model.build import ModelFiles, build_model
 from batchgen.model.forward import TransformersForward
 from batchgen.model.fused import FusedForward
+from batchgen.model.kv_cache import kv_shape
 from batchgen.model.spec import unsupported_reason
-from batchgen.parallel.group import ParallelGroup
 from batchgen.testing.paged import sequence_logits
 
 BASE = dict(

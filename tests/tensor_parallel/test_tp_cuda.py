@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from batchgen import LLM, GenerationRequest, SamplingParams
-from batchgen.engine.kv_cache import kv_shape
+from batchgen.model.kv_cache import kv_shape
 from tests.engine.oracle import make_prompts, reference_greedy
 
 pytestmark = [

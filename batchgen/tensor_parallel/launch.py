@@ -1,7 +1,7 @@
 """Starting the ranks of a tensor-parallel job, and watching them.
 
 Rank 0 is the process that asked (``LLM(tensor_parallel=K)``). It starts ranks 1..K-1 itself as
-``python -m batchgen.parallel.worker`` processes, unless a launcher already started all K (torchrun's
+``python -m batchgen.tensor_parallel.worker`` processes, unless a launcher already started all K (torchrun's
 ``RANK``/``WORLD_SIZE`` or an ``srun`` step's ``SLURM_PROCID``/``SLURM_NTASKS``): then every process ran
 the same command and ranks > 0 turn into workers (``batchgen run`` checks ``launched_rank``).
 Workers take their orders over a control connection (``WorkerPool.send``) and run in their own session
@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from batchgen.parallel.group import ParallelGroup
+from batchgen.distributed.group import ParallelGroup
 
 log = logging.getLogger("batchgen")
 COLLECTIVE_TIMEOUT = timedelta(minutes=30)  # start-up collectives wait for the slowest rank's load
@@ -222,7 +222,7 @@ def start_workers(config, files) -> WorkerPool:
 
 def _spawn(rdzv: Rendezvous, rank: int, address, authkey: bytes) -> subprocess.Popen:
     env = dict(os.environ, **{_AUTHKEY_ENV: authkey.hex()})
-    cmd = [sys.executable, "-m", "batchgen.parallel.worker", "--control", f"{address[0]}:{address[1]}",
+    cmd = [sys.executable, "-m", "batchgen.tensor_parallel.worker", "--control", f"{address[0]}:{address[1]}",
            "--rank", str(rank)]  # fmt: skip
     return subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=_worker_setup)
 

@@ -18,8 +18,8 @@ from collections import deque
 from multiprocessing.connection import Connection
 
 from batchgen.lean_imports import hide_inherited
-from batchgen.parallel.launch import Rendezvous, connect, init_group
-from batchgen.parallel.runner import runner_stats
+from batchgen.tensor_parallel.launch import Rendezvous, connect, init_group
+from batchgen.tensor_parallel.rank0_runner import runner_stats
 
 log = logging.getLogger("batchgen")
 
@@ -63,9 +63,9 @@ def run_worker(conn: Connection, rdzv: Rendezvous | None, rank: int) -> None:
     """Receive the job from rank 0, join the group, build this rank, serve."""
     import torch
 
-    from batchgen.engine.build import build_rank
+    from batchgen.engine.rank_engine import build_rank
     from batchgen.model import attention
-    from batchgen.parallel.launch import _uses_cuda
+    from batchgen.tensor_parallel.launch import _uses_cuda
 
     kind, config, files, rank0 = conn.recv()
     assert kind == "init", kind
@@ -75,7 +75,7 @@ def run_worker(conn: Connection, rdzv: Rendezvous | None, rank: int) -> None:
     else:
         import torch.distributed as dist
 
-        from batchgen.parallel.group import ParallelGroup
+        from batchgen.distributed.group import ParallelGroup
 
         group = ParallelGroup(rdzv.rank, rdzv.size, dist.group.WORLD, rdzv.local_rank)
     attention.register()
@@ -91,7 +91,7 @@ def ignore_stop_signals() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m batchgen.parallel.worker")
+    parser = argparse.ArgumentParser(prog="python -m batchgen.tensor_parallel.worker")
     parser.add_argument("--control", required=True, help="host:port of rank 0's control listener")
     parser.add_argument("--rank", type=int, required=True)
     args = parser.parse_args(argv)

@@ -10,8 +10,8 @@ from multiprocessing import Pipe
 
 import pytest
 
-from batchgen.parallel.group import ParallelGroup
-from batchgen.parallel.launch import RankFailed, WorkerPool
+from batchgen.distributed.group import ParallelGroup
+from batchgen.tensor_parallel.launch import RankFailed, WorkerPool
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from typing import Any
 from batchgen.engine.batch import StepInputs
 from batchgen.engine.runner import StepResult
 from batchgen.engine.step_sampling import GREEDY, SamplingFeatures
-from batchgen.parallel.launch import WorkerPool
+from batchgen.tensor_parallel.launch import WorkerPool
 
 
 class TensorParallelRunner:
