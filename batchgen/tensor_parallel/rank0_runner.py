@@ -13,6 +13,7 @@ from batchgen.engine.batch import StepInputs
 from batchgen.engine.runner import StepResult
 from batchgen.engine.step_sampling import GREEDY, SamplingFeatures
 from batchgen.tensor_parallel.launch import WorkerPool
+from batchgen.tensor_parallel.messages import Capture, Launch, Reset, Sample, Stats, TimeAllReduce
 
 
 class TensorParallelRunner:
@@ -25,7 +26,7 @@ class TensorParallelRunner:
         return getattr(self.local, name)
 
     def launch(self, inputs: StepInputs):
-        self.pool.send(("launch", inputs))
+        self.pool.send(Launch(inputs))
         return self.local.launch(inputs)
 
     def mask_buffer(self, handle, width: int):
@@ -34,7 +35,7 @@ class TensorParallelRunner:
 
     def sample(self, handle) -> None:
         """A masked step's sampling: the token masks rank 0 filled go to every rank with the order."""
-        self.pool.send(("sample", self._mask.numpy()))
+        self.pool.send(Sample(self._mask.numpy()))
         self._mask = None
         self.local.sample(handle)
 
@@ -43,27 +44,25 @@ class TensorParallelRunner:
         return self.local.fetch(handle)
 
     def reset(self) -> None:
-        self.pool.send(("reset",))
+        self.pool.send(Reset())
         self.local.reset()
 
     def capture_all(
         self, features: SamplingFeatures = GREEDY, progress: bool = True,
         mask_width: int | None = None,
     ) -> None:  # fmt: skip
-        self.pool.send(("capture", features, mask_width))
+        self.pool.send(Capture(features, mask_width))
         self.local.capture_all(features, progress=progress, mask_width=mask_width)
 
     def rank_stats(self) -> list[dict]:
         """Every rank's busy and host-prep time (rank 0 first)."""
-        return self.pool.request(("stats",), lambda: runner_stats(self.local))
+        return self.pool.request(Stats(), lambda: runner_stats(self.local))
 
     def time_all_reduce(self, shape: tuple[int, ...], count: int) -> list[float]:
         """Every rank's median ms for ``count`` graph-captured all-reduces of ``shape`` (the roofline's
         communication term), run on the job's own process group."""
         group = self.pool.group
-        return self.pool.request(
-            ("time_all_reduce", shape, count), lambda: group.time_all_reduce(shape, count)
-        )
+        return self.pool.request(TimeAllReduce(shape, count), lambda: group.time_all_reduce(shape, count))
 
 
 def runner_stats(runner) -> dict:
