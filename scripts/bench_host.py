@@ -27,12 +27,12 @@ from batchgen.config import SamplingParams
 from batchgen.engine.block_manager import BlockManager
 from batchgen.engine.engine import Engine
 from batchgen.engine.outputs import GenerationRequest
-from batchgen.engine.runner import StepResult
+from batchgen.engine.runner_protocol import Runner, StepResult
 from batchgen.engine.scheduler import Scheduler
 from batchgen.engine.stops import StopChecker
 
 
-class NullRunner:
+class NullRunner(Runner):
     """Samples token 7 for every row at once; records each step's size and the time to pack it."""
 
     def __init__(self, pack=None) -> None:

@@ -7,23 +7,71 @@ tokens): no host round trip per step, and nothing comes back but at the end (the
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from batchgen.engine.batch import StepInputs
-from batchgen.engine.runner import StepResult
+from batchgen.engine.runner_protocol import Runner, StepResult
 from batchgen.engine.step_sampling import GREEDY, SamplingFeatures
 from batchgen.tensor_parallel.launch import WorkerPool
 from batchgen.tensor_parallel.messages import Capture, Launch, Reset, Sample, Stats, TimeAllReduce
 
+if TYPE_CHECKING:
+    from batchgen.engine.admission import StepCosts
+    from batchgen.engine.idle_gaps import IdleGaps
 
-class TensorParallelRunner:
-    def __init__(self, local, pool: WorkerPool) -> None:
+
+class TensorParallelRunner(Runner):
+    """Rank 0's own runner (``local``: its model, KV pool, graphs) behind the job's orders. What the
+    engine reads of a runner is rank 0's; ``rank_stats`` asks every rank."""
+
+    def __init__(self, local: Runner, pool: WorkerPool) -> None:
         self.local, self.pool = local, pool
         local.check_alive = pool.check  # rank 0's waits notice a dead rank instead of hanging
         self._mask = None  # the token masks of the masked step being sampled
 
-    def __getattr__(self, name: str) -> Any:  # forward, kv_caches, buckets, gpu_busy_s, ...
-        return getattr(self.local, name)
+    # --- rank 0's measures and graph policy ---------------------------------------------------------
+
+    @property
+    def tells_waits(self) -> bool:
+        return self.local.tells_waits
+
+    @property
+    def buckets(self) -> Sequence[int]:
+        return self.local.buckets
+
+    @property
+    def capture_after(self) -> int:
+        return self.local.capture_after
+
+    @property
+    def graph_memory(self) -> Mapping[str, int]:
+        return self.local.graph_memory
+
+    @property
+    def gpu_busy_s(self) -> float:
+        return self.local.gpu_busy_s
+
+    @property
+    def prep_s(self) -> float:
+        return self.local.prep_s
+
+    @property
+    def replay_s(self) -> float:
+        return self.local.replay_s
+
+    @property
+    def idle(self) -> IdleGaps | None:
+        return self.local.idle
+
+    @property
+    def step_costs(self) -> StepCosts | None:
+        return self.local.step_costs
+
+    def ready(self, handle) -> bool:
+        return self.local.ready(handle)
+
+    # --- orders: to the workers first, then here -----------------------------------------------------
 
     def launch(self, inputs: StepInputs):
         self.pool.send(Launch(inputs))
@@ -56,14 +104,10 @@ class TensorParallelRunner:
 
     def rank_stats(self) -> list[dict]:
         """Every rank's busy and host-prep time (rank 0 first)."""
-        return self.pool.request(Stats(), lambda: runner_stats(self.local))
+        return self.pool.request(Stats(), self.local.busy_stats)
 
     def time_all_reduce(self, shape: tuple[int, ...], count: int) -> list[float]:
         """Every rank's median ms for ``count`` graph-captured all-reduces of ``shape`` (the roofline's
         communication term), run on the job's own process group."""
         group = self.pool.group
         return self.pool.request(TimeAllReduce(shape, count), lambda: group.time_all_reduce(shape, count))
-
-
-def runner_stats(runner) -> dict:
-    return {name: getattr(runner, name, 0.0) for name in ("gpu_busy_s", "prep_s", "replay_s")}

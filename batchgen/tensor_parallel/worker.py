@@ -31,7 +31,6 @@ from batchgen.tensor_parallel.messages import (
     UnknownMessage,
     decode,
 )
-from batchgen.tensor_parallel.rank0_runner import runner_stats
 
 log = logging.getLogger("batchgen")
 
@@ -64,7 +63,7 @@ def serve(conn: Connection, runner, group) -> None:
         elif isinstance(message, Capture):
             runner.capture_all(message.features, progress=False, mask_width=message.mask_width)
         elif isinstance(message, Stats):
-            conn.send(runner_stats(runner))
+            conn.send(runner.busy_stats())
         elif isinstance(message, TimeAllReduce):
             conn.send(group.time_all_reduce(message.shape, message.count))
         elif isinstance(message, Stop):

@@ -15,7 +15,7 @@ from batchgen.engine.engine import Engine
 from batchgen.engine.outputs import GenerationRequest
 from batchgen.engine.request import Request, Status
 from batchgen.engine.rows import COUNTERS, RowState
-from batchgen.engine.runner import StepResult
+from batchgen.engine.runner_protocol import Runner, StepResult
 from batchgen.engine.scheduler import Scheduler
 from batchgen.engine.stops import StopChecker
 
@@ -29,7 +29,7 @@ class Letters:
         return "".join(chr(97 + t % 26) for t in ids)
 
 
-class Recorder:
+class Recorder(Runner):
     """Samples a token from the step's inputs (carry-over applied as the device does), records every
     step's arrays, and checks that the persistent batch agrees with its running requests."""
 
