@@ -13,7 +13,6 @@ from typing import Any
 import click
 
 from batchgen import __version__
-from batchgen.app.lean_imports import hide_for_command
 from batchgen.app.signals import StoppedEarly
 from batchgen.bench.command import bench_command
 from batchgen.cli_options import (
@@ -27,6 +26,7 @@ from batchgen.cli_options import (
     sampling_options,
     shard_options,
 )
+from batchgen.lean_imports import hide_for_command
 
 EXIT_FATAL, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 75
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
@@ -129,11 +129,11 @@ def run_command(input_path: str, output: str, verbose: bool, **kw: Any) -> None:
 
 def _tensor_parallel_worker(kw: dict[str, Any]) -> None:
     from batchgen.model.loader import resolve_device
-    from batchgen.parallel.launch import launched_rank
+    from batchgen.tensor_parallel.launch import launched_rank
 
     rdzv = launched_rank(kw["tensor_parallel"])
     if rdzv is not None and rdzv.rank > 0:
-        from batchgen.parallel.worker import serve_launched
+        from batchgen.tensor_parallel.worker import serve_launched
 
         serve_launched(rdzv, resolve_device(kw["device"]).type == "cuda")
         sys.exit(0)

@@ -6,19 +6,20 @@ from __future__ import annotations
 import gc
 import itertools
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import fields
 from typing import Any
 
 import torch
 
 from batchgen.config import EngineConfig, SamplingParams
+from batchgen.distributed.group import ParallelGroup
 from batchgen.engine.block_manager import BlockManager
-from batchgen.engine.build import RankEngine, build_rank
 from batchgen.engine.engine import Engine
 from batchgen.engine.grammar import GrammarCompiler
 from batchgen.engine.outputs import CompletionOutput as SampleOutput
 from batchgen.engine.outputs import GenerationRequest
+from batchgen.engine.rank_engine import RankEngine, build_rank
 from batchgen.engine.scheduler import Scheduler
 from batchgen.engine.stats import EngineStats
 from batchgen.engine.step_sampling import features_of
@@ -37,7 +38,6 @@ from batchgen.model.build import ModelFiles
 from batchgen.model.loader import DEFAULT_MODEL_NAME, local_model_dir, open_checkpoint
 from batchgen.model.tokenize import Messages, encode_prompt
 from batchgen.outputs import RequestOutput
-from batchgen.parallel.group import ParallelGroup
 from batchgen.threads import HostTurns
 
 # One prompt or a sequence of them: text, token ids, or vLLM's dicts {"prompt"} / {"prompt_token_ids"}.
@@ -92,11 +92,12 @@ class LLM:
         self.config, self.tokenizer, self.model_name = config, tokenizer, name
         self.hf_config, self.generation_config = files.hf_config, generation_config
         self._workers = None
+        self._tp_runner = None  # rank 0's runner of a tensor-parallel job
         self._request_counter = itertools.count()  # RequestOutput.request_id, as vLLM numbers them
         group = ParallelGroup.single()
         if config.tensor_parallel > 1:
             from batchgen.model.build import tensor_parallel_problem
-            from batchgen.parallel.launch import start_workers
+            from batchgen.tensor_parallel.launch import start_workers
 
             problem = tensor_parallel_problem(config, files)
             if problem is not None:  # before any process starts
@@ -141,9 +142,9 @@ class LLM:
         scheduler = Scheduler(blocks, cfg.max_num_seqs, cfg.max_batch_tokens)
         runner = rank.runner
         if self._workers is not None:
-            from batchgen.parallel.runner import TensorParallelRunner
+            from batchgen.tensor_parallel.rank0_runner import TensorParallelRunner
 
-            runner = TensorParallelRunner(runner, self._workers)
+            runner = self._tp_runner = TensorParallelRunner(runner, self._workers)
         eos = self._eos_ids()
         stops = StopChecker(self.tokenizer, eos)
         vocab = self.hf_config.get_text_config().vocab_size
@@ -163,7 +164,7 @@ class LLM:
         # the graphs alive): free the engine, and with it every graph, first.
         if getattr(self, "_engine", None) is not None:
             self._closed_stats = self._engine.stats
-        self._engine = self._rank = None
+        self._engine = self._rank = self._tp_runner = None
         gc.collect()
         self._workers.close()
 
@@ -183,6 +184,16 @@ class LLM:
     def num_kv_blocks(self) -> int:
         return self._engine.blocks.num_blocks
 
+    @property
+    def graph_memory(self) -> Mapping[str, int]:
+        """What rank 0's captured decode graphs cost in device memory, by slot count (empty: none)."""
+        return self._engine.runner.graph_memory
+
+    def rank_stats(self) -> list[dict[str, float]]:
+        """Every tensor-parallel rank's device busy and host-launch seconds, rank 0 first (empty in one
+        process: ``stats`` has them)."""
+        return self._tp_runner.rank_stats() if self._tp_runner is not None else []
+
     def snapshot(self) -> dict[str, Any]:
         """What the engine holds right now: step count, queued and running requests (fault reports)."""
         return self._engine.snapshot()
@@ -199,8 +210,8 @@ class LLM:
         decode captures out of its timed runs; steps with new prompts are graphed on demand only)."""
         runner = self._engine.runner
         if capture_graphs is None:
-            capture_graphs = not getattr(runner, "capture_after", 0)
-        if getattr(runner, "buckets", None) and capture_graphs:  # a CUDA runner with graphs
+            capture_graphs = not runner.capture_after
+        if runner.buckets and capture_graphs:  # a CUDA runner with graphs
             started = time.perf_counter()
             width = self.grammars.mask_width if sampling.constrained else None
             runner.capture_all(features_of(sampling), progress=self._progress, mask_width=width)

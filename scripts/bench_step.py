@@ -132,11 +132,11 @@ def time_steps(llm: LLM, batch: int, context: int, steps: int, scatter: bool = F
     end up (handed out least recently freed first), instead of one consecutive run."""
     runner = llm._engine.runner
     block = llm.config.block_size
-    pool = runner.kv_caches[0][0].shape[0]
+    pool = llm.num_kv_blocks
     blocks = np.random.default_rng(0).permutation(pool).astype(np.int32) if scatter else None
     # Warm-up until each slot's key is captured: its first ``capture_after`` uses run eagerly (the engine
     # captures on demand), and timing those would measure Python launches, not the step.
-    warm = 2 * (getattr(runner, "capture_after", 0) + 2)
+    warm = 2 * (runner.capture_after + 2)
     for i in range(warm):
         runner.fetch(runner.launch(decode_inputs(i, batch, context, block, blocks)))
     busy0, t0 = runner.gpu_busy_s, time.perf_counter()

@@ -60,7 +60,7 @@ stage() {
 }
 
 has() { [[ " $STAGES " == *" $1 "* ]]; }
-TESTS="${TESTS:-tests/engine tests/kernels tests/model tests/bench tests/parallel}"
+TESTS="${TESTS:-tests/engine tests/kernels tests/model tests/bench tests/distributed tests/tensor_parallel}"
 MOE_TESTS="moe or mixtral or olmoe"  # in the moe stage
 # shellcheck disable=SC2086
 has tests && stage gpu-tests "${TESTS_LIMIT:-300}" "$RUN/gpu-tests.log" "$PY" -m pytest -q -m gpu -k "not ($MOE_TESTS)" $TESTS \

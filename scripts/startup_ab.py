@@ -6,7 +6,7 @@ median of each start-up phase (the stats file's ``startup``) per variant.
 
 Variants: ``lean`` (the default: the checkpoint's config, tokenizer and generation config read from its
 files, ``batchgen/model/files/``; packages transformers would import only because they are installed stay
-hidden, ``batchgen/app/lean_imports.py``), ``transformers`` (BATCHGEN_READ_WITH_TRANSFORMERS=1: all three
+hidden, ``batchgen/lean_imports.py``), ``transformers`` (BATCHGEN_READ_WITH_TRANSFORMERS=1: all three
 read through transformers, as before) and ``import_all`` (that, and BATCHGEN_IMPORT_ALL=1).
 """
 

@@ -43,7 +43,7 @@ def one_line(exc: BaseException) -> str:
 
 def rank_lost(exc: BaseException) -> bool:
     """A tensor-parallel rank died: RankFailed from rank 0's waits, or gloo's error in a collective."""
-    from batchgen.parallel.launch import RankFailed
+    from batchgen.tensor_parallel.launch import RankFailed
 
     return isinstance(exc, RankFailed) or (
         isinstance(exc, RuntimeError) and "Connection closed by peer" in str(exc)

@@ -108,14 +108,12 @@ def run_batchgen(
     engine_fields(record, step)
     if llm.stats.gpu_idle:  # idle and busy time by step kind (whole life of the LLM: the warm-up too)
         record["gpu_idle"] = llm.stats.gpu_idle
-    graphs = getattr(llm._engine.runner, "graph_memory", {})  # what the decode graphs cost, by slot count
-    record.update({f"graph_mib_{k}": round(v / 2**20, 1) for k, v in graphs.items()})
+    record.update({f"graph_mib_{k}": round(v / 2**20, 1) for k, v in llm.graph_memory.items()})
     return finish(record, tokens)
 
 
 def _rank_busy(llm) -> list[float]:
-    rank_stats = getattr(llm._engine.runner, "rank_stats", None)
-    return [r["gpu_busy_s"] for r in rank_stats()] if rank_stats else []
+    return [r["gpu_busy_s"] for r in llm.rank_stats()]
 
 
 def engine_fields(record: dict, step: dict, wall_s: float | None = None) -> None:

@@ -48,7 +48,8 @@ from batchgen.engine.graph_capture import GraphCaptures
 from batchgen.engine.idle_gaps import IdleGaps
 from batchgen.engine.mixed_graphs import MixedGraphs, token_buckets
 from batchgen.engine.row_tokens import RowTokens, ready_row_tokens
-from batchgen.engine.runner import Sampler, StepResult, apply_carry_over, full_vocab, with_prompt_rows
+from batchgen.engine.runner import Sampler, apply_carry_over, full_vocab, with_prompt_rows
+from batchgen.engine.runner_protocol import Runner, StepResult
 from batchgen.engine.sampler import PromptScores, SamplingTensors, sample, score_prompt
 from batchgen.engine.step_sampling import SamplingFeatures
 from batchgen.model.backends import KernelBackend, PagedContext
@@ -70,7 +71,9 @@ class CudaHandle(NamedTuple):
     prompt: PromptScores | None = None  # its scored prompt positions (an eager step)
 
 
-class CudaRunner(GraphCaptures):
+class CudaRunner(GraphCaptures, Runner):
+    tells_waits = True  # ``ready`` asks the step's event
+
     def __init__(
         self,
         forward: ModelForward,

@@ -30,7 +30,7 @@ from batchgen.engine.intake import Intake
 from batchgen.engine.outputs import CompletionOutput, GenerationRequest
 from batchgen.engine.request import Request, Status
 from batchgen.engine.rows import COLUMN
-from batchgen.engine.runner import StepResult
+from batchgen.engine.runner_protocol import Runner, StepResult
 from batchgen.engine.scheduler import Decodes, ScheduledStep, Scheduler
 from batchgen.engine.stats import EngineStats
 from batchgen.engine.stops import StopChecker
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 class Engine:
     def __init__(
         self,
-        runner,  # EagerRunner or CudaRunner: launch(inputs) -> handle, fetch(handle) -> StepResult
+        runner: Runner,
         blocks: BlockManager,
         scheduler: Scheduler,
         stops: StopChecker,
@@ -68,7 +68,7 @@ class Engine:
         self._inflight: deque = deque()  # (step, runner handle) launched, not yet postprocessed
         self._unsampled: tuple | None = None  # the newest step when it is masked and not yet sampled
         self._masked: set[int] = set()  # ids of in-flight masked steps (their tokens advance grammars)
-        self._costs = getattr(runner, "step_costs", None)  # CUDA: what admitting new rows costs
+        self._costs = runner.step_costs  # CUDA: what admitting new rows costs
 
     def drain(self) -> None:
         """Stop admitting: rows not yet started are dropped (never yielded), started ones finish.
@@ -96,7 +96,7 @@ class Engine:
     @property
     def tells_waits(self) -> bool:
         """Whether the runner tells a running step from a done one (``ready``): helpers' turns need it."""
-        return hasattr(self.runner, "ready")
+        return self.runner.tells_waits
 
     def stream(
         self, requests: Iterable[GenerationRequest], detokenize: bool = True, turns: HostTurns | None = None
@@ -119,10 +119,10 @@ class Engine:
                 self._abandon()
             self._draining = False  # a drain ends with its stream
             self.stats.wall_s += time.perf_counter() - started
-            self.stats.gpu_busy_s = getattr(self.runner, "gpu_busy_s", 0.0)
-            self.stats.prep_s = getattr(self.runner, "prep_s", 0.0)
-            self.stats.replay_s = getattr(self.runner, "replay_s", 0.0)
-            idle = getattr(self.runner, "idle", None)
+            self.stats.gpu_busy_s = self.runner.gpu_busy_s
+            self.stats.prep_s = self.runner.prep_s
+            self.stats.replay_s = self.runner.replay_s
+            idle = self.runner.idle
             self.stats.gpu_idle = idle.summary() if idle is not None else {}
 
     def _abandon(self) -> None:

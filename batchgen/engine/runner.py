@@ -13,13 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import numpy as np
 import torch
 
 from batchgen.engine.batch import StepInputs
 from batchgen.engine.row_tokens import RowTokens, ready_row_tokens
+from batchgen.engine.runner_protocol import Runner, StepResult
 from batchgen.engine.sampler import PromptScores, SampleOutput, SamplingTensors, sample, score_prompt
 from batchgen.engine.step_sampling import SamplingFeatures
 from batchgen.model.backends import KernelBackend, PagedContext
@@ -39,16 +39,6 @@ class StepOutput:
         return None if self.sampled is None else self.sampled.tokens
 
 
-class StepResult(NamedTuple):
-    step_id: int
-    tokens: list[int]
-    logprobs: list[float] | None
-    top_ids: list[list[int]] | None = None  # per sampled row: the MAX_LOGPROBS most likely tokens
-    top_logprobs: list[list[float]] | None = None  # ... and their log-probabilities
-    # the step's scored prompt positions (StepInputs.prompt_rows), as PromptScores' fields on the host
-    prompt: tuple[list[float], list[list[int]], list[list[float]]] | None = None
-
-
 def step_result(step_id: int, out: SampleOutput, prompt: PromptScores | None = None) -> StepResult:
     """A step's sampled output and prompt scores, on the host."""
     lists = [None if t is None else t.tolist() for t in out[1:]]
@@ -58,7 +48,7 @@ def step_result(step_id: int, out: SampleOutput, prompt: PromptScores | None = N
 
 def full_vocab(sampler: Sampler) -> Callable[[torch.Tensor], torch.Tensor]:
     """How rows of a step's logits become whole-vocabulary rows (prompt log-probabilities): a sampler over a
-    vocabulary split across ranks gathers them (``parallel.sampling.ShardedSampler.full_logits``)."""
+    vocabulary split across ranks gathers them (``sharded_sampler.ShardedSampler.full_logits``)."""
     return getattr(sampler, "full_logits", lambda logits: logits)
 
 
@@ -83,11 +73,13 @@ def apply_carry_over(input_ids: torch.Tensor, carry_rows: torch.Tensor, prev_tok
 
 
 # (logits [S, V / K] in the model dtype or float32, params, features) -> SampleOutput:
-# ``sample`` in one process, ``parallel.sampling.ShardedSampler`` over a vocabulary split across ranks.
+# ``sample`` in one process, ``sharded_sampler.ShardedSampler`` over a vocabulary split across ranks.
 Sampler = Callable[[torch.Tensor, SamplingTensors, SamplingFeatures], SampleOutput]
 
 
-class EagerRunner:
+class EagerRunner(Runner):
+    """Each step computed in ``launch`` (every step is ready when fetched); no graphs, no device time."""
+
     def __init__(
         self,
         forward: ModelForward,

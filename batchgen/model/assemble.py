@@ -11,6 +11,9 @@ from typing import NamedTuple
 
 import torch
 
+from batchgen.distributed.group import ParallelGroup
+from batchgen.distributed.layers import LMHead, VocabEmbedding
+from batchgen.distributed.shard import HeadShard, Span, config_problem, even_span, head_shard, vocab_span
 from batchgen.model.fused import Attention, DenseMLP, FusedForward, Layer, ProjectionNorm
 from batchgen.model.moe_layer import moe_mlp
 from batchgen.model.moe_layout import MoELayout
@@ -19,9 +22,6 @@ from batchgen.model.weights.formats import WeightFormat
 from batchgen.model.weights.fp8 import kv_scales
 from batchgen.model.weights.rank_loader import Loader
 from batchgen.model.weights.sources import Part, WeightSource
-from batchgen.parallel.group import ParallelGroup
-from batchgen.parallel.layers import LMHead, VocabEmbedding
-from batchgen.parallel.shard import HeadShard, Span, config_problem, even_span, head_shard, vocab_span
 
 
 class Assembled(NamedTuple):

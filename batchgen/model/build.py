@@ -9,15 +9,14 @@ skeleton of transformers' modules. Else transformers' modelling code on a model 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
 
 from batchgen.config import EngineConfig
-from batchgen.engine import kv_cache
-from batchgen.engine.sampler import sample
-from batchgen.model import attention
+from batchgen.distributed.group import ParallelGroup
+from batchgen.distributed.shard import Span
+from batchgen.model import attention, kv_cache
 from batchgen.model.assemble import assemble
 from batchgen.model.files.checkpoint_config import FileConfig, model_spec
 from batchgen.model.forward import ModelForward, TransformersForward
@@ -25,8 +24,6 @@ from batchgen.model.loader import has_safetensors, resolve_device
 from batchgen.model.spec import ModelStructure, skeleton_structure, unsupported_reason
 from batchgen.model.weights.choose_format import weight_format
 from batchgen.model.weights.sources import ModuleSource, RandomSource, SafetensorsSource, WeightSource
-from batchgen.parallel.group import ParallelGroup
-from batchgen.parallel.sampling import ShardedSampler
 
 log = logging.getLogger(__name__)
 
@@ -39,9 +36,11 @@ _FUSED_ONLY = (
 
 class ModelBundle(NamedTuple):
     forward: ModelForward
-    sampler: Callable  # (logits [S, V / K], SamplingTensors, SamplingFeatures) -> SampleOutput
     kv_shape: kv_cache.KVShape  # this rank's
     module: torch.nn.Module | None  # the transformers model, when one was built or given
+    # The rank's range of a vocabulary split over ranks, and the whole vocabulary's size (None: every
+    # rank's logits cover the whole vocabulary); the engine picks its sampler from it.
+    split_vocab: tuple[Span, int] | None = None
 
 
 class ModelFiles(NamedTuple):
@@ -102,8 +101,8 @@ def choose_forward(options: EngineConfig, files: ModelFiles) -> ForwardChoice:
 def tensor_parallel_problem(options: EngineConfig, files: ModelFiles) -> str | None:
     """Why ``options.tensor_parallel`` ranks cannot split this model with the forward ``build_model``
     will pick (None when they can); read off the config (and a meta skeleton), before any process starts."""
-    from batchgen.parallel import hf_plan
-    from batchgen.parallel.shard import config_problem
+    from batchgen.distributed.shard import config_problem
+    from batchgen.model import hf_plan
 
     choice = choose_forward(options, files)
     size = options.tensor_parallel
@@ -131,27 +130,27 @@ def build_model(
         # pool is sized from the device's free memory.
         torch.cuda.empty_cache()
     spec = built.spec
-    sampler = ShardedSampler(group, built.vocab, spec.vocab) if group.is_parallel else sample
+    split_vocab = (built.vocab, spec.vocab) if group.is_parallel else None
     shape = kv_cache.KVShape(spec.num_layers, built.heads.kv.size, spec.head_dim)
-    return ModelBundle(built.forward, sampler, shape, files.module)
+    return ModelBundle(built.forward, shape, files.module, split_vocab)
 
 
 def _transformers_bundle(options, files: ModelFiles, group, device, dtype) -> ModelBundle:
     if options.quantization is not None or options.kv_cache_dtype != "auto":
         raise ValueError(_FUSED_ONLY)
-    if group.is_parallel:  # transformers' tp_plan (parallel/hf_plan.py): full-vocab logits on every rank
-        from batchgen.parallel import hf_plan
+    if group.is_parallel:  # transformers' tp_plan (model/hf_plan.py): full-vocab logits on every rank
+        from batchgen.model import hf_plan
 
         module = hf_plan.load_sharded(
             files.path, group, dtype, attention.register(), options.trust_remote_code
         )
-        return ModelBundle(TransformersForward(module), sample, hf_plan.kv_shape(module, group.size), module)
+        return ModelBundle(TransformersForward(module), hf_plan.kv_shape(module, group.size), module)
     module = (
         files.module
         if files.module is not None
         else load_transformers_model(files.path, options, device, dtype)
     )
-    return ModelBundle(TransformersForward(module), sample, kv_cache.kv_shape(module.config), module)
+    return ModelBundle(TransformersForward(module), kv_cache.kv_shape(module.config), module)
 
 
 def _source(options, files: ModelFiles, skeleton, group, device, dtype) -> WeightSource:

@@ -22,12 +22,12 @@ from typing import NamedTuple, Protocol
 
 import torch
 
+from batchgen.distributed.group import ParallelGroup
+from batchgen.distributed.layers import LMHead, VocabEmbedding
 from batchgen.kernels.fp8_format import ActQuant, Fp8Act
 from batchgen.kernels.gemm.split_sums import SplitSums
 from batchgen.model.backends import KernelBackend, PagedContext
 from batchgen.model.weights.formats import Linear
-from batchgen.parallel.group import ParallelGroup
-from batchgen.parallel.layers import LMHead, VocabEmbedding
 
 
 class MLP(Protocol):  # [T, H] -> [T, H], perhaps as split-K partials (the next RMSNorm adds them)

@@ -19,14 +19,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from batchgen.distributed.group import ParallelGroup
+from batchgen.distributed.shard import even_span
 from batchgen.model.backends import KernelBackend
 from batchgen.model.moe_layout import MoELayout, Routing
 from batchgen.model.weights.experts import expert_stacks, router_name
 from batchgen.model.weights.formats import Linear
 from batchgen.model.weights.rank_loader import Loader
 from batchgen.model.weights.sources import Part
-from batchgen.parallel.group import ParallelGroup
-from batchgen.parallel.shard import even_span
 
 
 def route(logits: torch.Tensor, routing: Routing) -> tuple[torch.Tensor, torch.Tensor]:

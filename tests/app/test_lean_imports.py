@@ -1,18 +1,18 @@
 """The command line hides packages transformers would import only because they are installed
-(batchgen/app/lean_imports.py). The oracle is transformers' own probe: a hidden package reads as absent."""
+(batchgen/lean_imports.py). The oracle is transformers' own probe: a hidden package reads as absent."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 
-from batchgen.app import lean_imports
+from batchgen import lean_imports
 
 # pyarrow stands in for torchvision: installed here, and not imported by these subprocesses before the
 # hiding (torchvision itself is not installed on the CPU machines).
 _PROBE = """
 import sys
-from batchgen.app.lean_imports import hide_packages
+from batchgen.lean_imports import hide_packages
 hidden = hide_packages(["pyarrow", "no_such_package_here"])
 from transformers.utils.import_utils import _is_package_available
 try:

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from batchgen import LLM, GenerationRequest, SamplingParams
-from batchgen.engine.build import CAPTURE_AFTER
-from batchgen.engine.kv_cache import kv_shape
 from batchgen.engine.mixed_graphs import MixedGraphs
+from batchgen.engine.rank_engine import CAPTURE_AFTER
 from batchgen.engine.step_sampling import SamplingFeatures
+from batchgen.model.kv_cache import kv_shape
 from tests.engine.oracle import generate_greedy, make_prompts, reference_greedy
 from tests.support.models import MOE_ARCHS
 

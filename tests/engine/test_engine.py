@@ -8,10 +8,11 @@ import torch
 from batchgen import LLM, GenerationRequest, SamplingParams
 from batchgen.engine.block_manager import BlockManager
 from batchgen.engine.engine import Engine
-from batchgen.engine.kv_cache import kv_shape
-from batchgen.engine.runner import StepResult, apply_carry_over
+from batchgen.engine.runner import apply_carry_over
+from batchgen.engine.runner_protocol import Runner, StepResult
 from batchgen.engine.scheduler import Scheduler
 from batchgen.engine.stops import StopChecker
+from batchgen.model.kv_cache import kv_shape
 from batchgen.threads import HostTurns
 from tests.engine.oracle import make_prompts
 
@@ -111,9 +112,11 @@ def test_stream_closed_early_leaves_the_engine_clean(tiny_llama, async_mode):
     assert again == expected
 
 
-class WaitingRunner:
+class WaitingRunner(Runner):
     """Every other step is still on the 'device' when fetched; records whether the helper threads had
     their turn during each fetch."""
+
+    tells_waits = True
 
     def __init__(self, turns: HostTurns) -> None:
         self.turns, self.fetches = turns, []

@@ -13,10 +13,10 @@ import torch
 from batchgen import LLM, GenerationRequest, SamplingParams
 from batchgen.engine import cuda_slots
 from batchgen.engine.batch import StepInputs
-from batchgen.engine.kv_cache import kv_shape
 from batchgen.engine.mixed_graphs import MixedGraphs, token_buckets
 from batchgen.engine.runner import EagerRunner
 from batchgen.engine.sampler import SampleOutput
+from batchgen.model.kv_cache import kv_shape
 
 MAX_SEQS, MAX_TOKENS, BLOCK_SIZE = 8, 160, 16
 

@@ -13,11 +13,11 @@ def fp8_forward_logits(path: str, intermediate: int = 3072) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from batchgen.config import EngineConfig
-    from batchgen.engine.kv_cache import KVShape
+    from batchgen.distributed.group import ParallelGroup
     from batchgen.kernels.fp8_format import FP8
     from batchgen.model.backends import TritonBackend
     from batchgen.model.build import ModelFiles, build_model
-    from batchgen.parallel.group import ParallelGroup
+    from batchgen.model.kv_cache import KVShape
     from tests.support.paged import sequence_logits
 
     config = AutoConfig.for_model(

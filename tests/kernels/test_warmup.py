@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from batchgen.config import EngineConfig
-from batchgen.engine.build import _triton_warmup
+from batchgen.engine.rank_engine import _triton_warmup
 from batchgen.kernels import warmup
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import torch
 
 from batchgen.config import EngineConfig
-from batchgen.engine.kv_cache import kv_shape
+from batchgen.distributed.group import ParallelGroup
 from batchgen.model.build import ModelFiles, build_model
-from batchgen.parallel.group import ParallelGroup
+from batchgen.model.kv_cache import kv_shape
 from tests.support.paged import sequence_logits
 
 BLOCK = 4

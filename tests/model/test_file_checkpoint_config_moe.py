@@ -12,12 +12,12 @@ import pytest
 from transformers import AutoConfig
 
 from batchgen.config import EngineConfig
+from batchgen.distributed.shard import config_problem
 from batchgen.model.build import ModelFiles, choose_forward, meta_skeleton
 from batchgen.model.files.checkpoint_config import FileConfig, model_spec, read_config
 from batchgen.model.loader import open_checkpoint
 from batchgen.model.moe_layout import MoELayout, Routing, layout_of
 from batchgen.model.spec import describe
-from batchgen.parallel.shard import config_problem
 from tests.model.config_cases import SHARED_FIELDS, assert_refused, assert_same_spec
 from tests.support.models import MOE_ARCHS, TINY_CONFIGS
 

@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from batchgen.config import EngineConfig
-from batchgen.engine.kv_cache import KVShape
+from batchgen.distributed.group import ParallelGroup
 from batchgen.kernels import fp8_format as ref
 from batchgen.model.build import ModelFiles, build_model
+from batchgen.model.kv_cache import KVShape
 from batchgen.model.weights.fp8 import Fp8BlockLinear, Fp8RowLinear
-from batchgen.parallel.group import ParallelGroup
 from tests.support.fp8 import LAYOUTS, simulated_activations, write_checkpoint
 from tests.support.paged import sequence_logits
 
@@ -151,9 +151,9 @@ def test_other_quantization_methods_are_refused(tmp_path, qc, message):
 
 
 def test_mixed_groups_and_misaligned_shards_are_refused(tmp_path):
+    from batchgen.distributed.shard import Span
     from batchgen.model.weights.fp8_checkpoint import Fp8CheckpointFormat
     from batchgen.model.weights.sources import Part, SafetensorsSource
-    from batchgen.parallel.shard import Span
 
     write_checkpoint(_model("llama"), tmp_path, "fp8-block", IDS, ignore=("model.layers.0.self_attn.k_proj",))
     source = SafetensorsSource(tmp_path, torch.device("cpu"))

@@ -67,9 +67,9 @@ def test_block_scales_follow_tensor_parallel_slices(tmp_path):
     same weights, dequantized, as that slice of the whole projection."""
     from safetensors.torch import save_file
 
+    from batchgen.distributed.shard import Span
     from batchgen.model.weights.fp8_checkpoint import Fp8CheckpointFormat
     from batchgen.model.weights.sources import Part, SafetensorsSource
-    from batchgen.parallel.shard import Span
 
     torch.manual_seed(3)
     tensors = {}

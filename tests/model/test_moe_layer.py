@@ -7,6 +7,8 @@ import pytest
 import torch
 
 from batchgen.config import EngineConfig
+from batchgen.distributed.group import ParallelGroup
+from batchgen.distributed.shard import Span
 from batchgen.kernels.cpu import cpu_linear
 from batchgen.model import attention
 from batchgen.model.backends import TorchBackend
@@ -17,8 +19,6 @@ from batchgen.model.moe_layer import MoEMLP
 from batchgen.model.spec import unsupported_reason
 from batchgen.model.weights.experts import expert_stacks
 from batchgen.model.weights.sources import ModuleSource, SafetensorsSource
-from batchgen.parallel.group import ParallelGroup
-from batchgen.parallel.shard import Span
 from tests.model.forward_cases import build_forward, fused_logits
 from tests.support.models import MOE_ARCHS, TINY_CONFIGS, build_tiny_model
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from batchgen.engine.kv_cache import KVShape
 from batchgen.model.backends import KernelBackend, PagedContext, TorchBackend
+from batchgen.model.kv_cache import KVShape
 
 
 def paged_caches(shape: KVShape, tokens: int, block_size: int, dtype: torch.dtype, device) -> list:

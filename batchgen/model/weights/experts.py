@@ -18,8 +18,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from batchgen.distributed.shard import Span
 from batchgen.model.weights.sources import Part, WeightSource
-from batchgen.parallel.shard import Span
 
 _CHECKPOINT_NAMES = (  # (experts' prefix relative to the layer, gate, up, down)
     ("mlp.experts.{e}.", "gate_proj.weight", "up_proj.weight", "down_proj.weight"),

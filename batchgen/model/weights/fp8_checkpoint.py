@@ -20,11 +20,11 @@ from typing import Any
 
 import torch
 
+from batchgen.distributed.shard import Span
 from batchgen.kernels.fp8_format import FP8
 from batchgen.model.weights.formats import DenseFormat, Linear, stacked_bias
 from batchgen.model.weights.fp8 import Fp8BlockLinear, Fp8RowLinear
 from batchgen.model.weights.sources import Part, WeightSource
-from batchgen.parallel.shard import Span
 
 SUPPORTED = "fp8, compressed-tensors with float8 weights"
 

@@ -9,11 +9,11 @@ from typing import NamedTuple
 
 import torch
 
+from batchgen.distributed.group import ParallelGroup
+from batchgen.distributed.layers import RowParallel
+from batchgen.distributed.shard import Span
 from batchgen.model.weights.formats import Linear, WeightFormat
 from batchgen.model.weights.sources import Part, WeightSource
-from batchgen.parallel.group import ParallelGroup
-from batchgen.parallel.layers import RowParallel
-from batchgen.parallel.shard import Span
 
 
 class Loader(NamedTuple):

@@ -17,7 +17,7 @@ from typing import NamedTuple, Protocol
 
 import torch
 
-from batchgen.parallel.shard import Span
+from batchgen.distributed.shard import Span
 
 
 class Part(NamedTuple):

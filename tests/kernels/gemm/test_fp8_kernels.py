@@ -352,10 +352,10 @@ def test_gpu_fp8_fused_forward_stays_close_to_bf16():
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from batchgen.config import EngineConfig
-    from batchgen.engine.kv_cache import KVShape
+    from batchgen.distributed.group import ParallelGroup
     from batchgen.model.backends import TorchBackend, TritonBackend
     from batchgen.model.build import ModelFiles, build_model
-    from batchgen.parallel.group import ParallelGroup
+    from batchgen.model.kv_cache import KVShape
     from tests.support.paged import sequence_logits
 
     config = AutoConfig.for_model(

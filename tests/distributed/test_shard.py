@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from batchgen.parallel.shard import Span, head_shard, tensor_parallel_problem, vocab_span
+from batchgen.distributed.shard import Span, head_shard, tensor_parallel_problem, vocab_span
 
 
 def test_heads_split_evenly_when_kv_heads_cover_the_ranks():

@@ -1,7 +1,7 @@
 """Starting the ranks of a tensor-parallel job, and watching them.
 
 Rank 0 is the process that asked (``LLM(tensor_parallel=K)``). It starts ranks 1..K-1 itself as
-``python -m batchgen.parallel.worker`` processes, unless a launcher already started all K (torchrun's
+``python -m batchgen.tensor_parallel.worker`` processes, unless a launcher already started all K (torchrun's
 ``RANK``/``WORLD_SIZE`` or an ``srun`` step's ``SLURM_PROCID``/``SLURM_NTASKS``): then every process ran
 the same command and ranks > 0 turn into workers (``batchgen run`` checks ``launched_rank``).
 Workers take their orders over a control connection (``WorkerPool.send``) and run in their own session
@@ -30,7 +30,8 @@ from typing import Any
 
 import torch
 
-from batchgen.parallel.group import ParallelGroup
+from batchgen.distributed.group import ParallelGroup
+from batchgen.tensor_parallel.messages import Init, Message, Stop, encode
 
 log = logging.getLogger("batchgen")
 COLLECTIVE_TIMEOUT = timedelta(minutes=30)  # start-up collectives wait for the slowest rank's load
@@ -98,11 +99,12 @@ class WorkerPool:
         self._lock = threading.Lock()
         threading.Thread(target=self._watch, name="batchgen-tp-watch", daemon=True).start()
 
-    def send(self, message: tuple) -> None:
+    def send(self, message: Message) -> None:
         self.check()
+        raw = encode(message)
         for index, conn in enumerate(self.conns):
             try:
-                conn.send(message)
+                conn.send(raw)
             except OSError as exc:
                 self._fail(self._lost(index + 1, exc))
                 self.check()
@@ -111,7 +113,7 @@ class WorkerPool:
         if self.failure is not None:
             raise RankFailed(self.failure)
 
-    def request(self, message: tuple, local: Callable[[], Any] | None = None) -> list[Any]:
+    def request(self, message: Message, local: Callable[[], Any] | None = None) -> list[Any]:
         """Send to every worker, run ``local`` here meanwhile (its result first), collect one reply each."""
         with self._lock:  # the watch must not take a reply for a closed connection
             self.send(message)
@@ -130,7 +132,7 @@ class WorkerPool:
         self._closing = True
         for conn in self.conns:
             try:
-                conn.send(("stop",))
+                conn.send(encode(Stop()))
                 conn.close()
             except OSError:
                 pass
@@ -215,14 +217,14 @@ def start_workers(config, files) -> WorkerPool:
         _publish(listener.address, authkey)
         conns = _accept(listener, rdzv.size - 1, procs)
     for conn in conns:
-        conn.send(("init", config, files._replace(module=None), rdzv))
+        conn.send(encode(Init(config, files._replace(module=None), rdzv)))
     group = group or init_group(rdzv, cuda)
     return WorkerPool(group, conns, procs)
 
 
 def _spawn(rdzv: Rendezvous, rank: int, address, authkey: bytes) -> subprocess.Popen:
     env = dict(os.environ, **{_AUTHKEY_ENV: authkey.hex()})
-    cmd = [sys.executable, "-m", "batchgen.parallel.worker", "--control", f"{address[0]}:{address[1]}",
+    cmd = [sys.executable, "-m", "batchgen.tensor_parallel.worker", "--control", f"{address[0]}:{address[1]}",
            "--rank", str(rank)]  # fmt: skip
     return subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=_worker_setup)
 

@@ -17,65 +17,80 @@ import sys
 from collections import deque
 from multiprocessing.connection import Connection
 
-from batchgen.app.lean_imports import hide_inherited
-from batchgen.parallel.launch import Rendezvous, connect, init_group
-from batchgen.parallel.runner import runner_stats
+from batchgen.lean_imports import hide_inherited
+from batchgen.tensor_parallel.launch import Rendezvous, connect, init_group
+from batchgen.tensor_parallel.messages import (
+    Capture,
+    Init,
+    Launch,
+    Reset,
+    Sample,
+    Stats,
+    Stop,
+    TimeAllReduce,
+    UnknownMessage,
+    decode,
+)
 
 log = logging.getLogger("batchgen")
 
 
 def serve(conn: Connection, runner, group) -> None:
-    """Run rank 0's orders until it says stop or goes away."""
+    """Run rank 0's orders until it says stop or goes away; an order this loop does not know raises."""
     import torch
 
     inflight: deque = deque()
     while True:
         try:
-            kind, *args = conn.recv()
+            raw = conn.recv()
         except (EOFError, OSError):
             return  # rank 0 is gone
-        if kind == "launch":
-            inflight.append(runner.launch(args[0]))
+        message = decode(raw)
+        if isinstance(message, Launch):
+            inflight.append(runner.launch(message.inputs))
             if len(inflight) > 1:  # rank 0 sampled it before launching this one
                 runner.fetch(inflight.popleft())
             continue
-        if kind == "sample":  # the newest step is masked: rank 0's token masks, then its sampling
-            mask = torch.from_numpy(args[0])
+        if isinstance(message, Sample):  # the newest step is masked: rank 0's token masks, then its sampling
+            mask = torch.from_numpy(message.masks)
             runner.mask_buffer(inflight[-1], mask.shape[1]).copy_(mask)
             runner.sample(inflight[-1])
             continue
         while inflight:
             runner.fetch(inflight.popleft())
-        if kind == "reset":
+        if isinstance(message, Reset):
             runner.reset()
-        elif kind == "capture":
-            features, mask_width = args
-            runner.capture_all(features, progress=False, mask_width=mask_width)
-        elif kind == "stats":
-            conn.send(runner_stats(runner))
-        elif kind == "time_all_reduce":
-            conn.send(group.time_all_reduce(*args))
-        elif kind == "stop":
+        elif isinstance(message, Capture):
+            runner.capture_all(message.features, progress=False, mask_width=message.mask_width)
+        elif isinstance(message, Stats):
+            conn.send(runner.busy_stats())
+        elif isinstance(message, TimeAllReduce):
+            conn.send(group.time_all_reduce(message.shape, message.count))
+        elif isinstance(message, Stop):
             return
+        else:
+            raise UnknownMessage(f"a serving worker takes no {type(message).__name__} order: {message!r}")
 
 
 def run_worker(conn: Connection, rdzv: Rendezvous | None, rank: int) -> None:
     """Receive the job from rank 0, join the group, build this rank, serve."""
     import torch
 
-    from batchgen.engine.build import build_rank
+    from batchgen.engine.rank_engine import build_rank
     from batchgen.model import attention
-    from batchgen.parallel.launch import _uses_cuda
+    from batchgen.tensor_parallel.launch import _uses_cuda
 
-    kind, config, files, rank0 = conn.recv()
-    assert kind == "init", kind
+    job = decode(conn.recv())
+    if not isinstance(job, Init):
+        raise UnknownMessage(f"a starting worker expects the job first, got {job!r}")
+    config, files, rank0 = job.config, job.files, job.rendezvous
     if rdzv is None:  # started by rank 0: same store, this rank, the rank-th visible GPU
         rdzv = dataclasses.replace(rank0, rank=rank, local_rank=rank)
         group = init_group(rdzv, _uses_cuda(config))
     else:
         import torch.distributed as dist
 
-        from batchgen.parallel.group import ParallelGroup
+        from batchgen.distributed.group import ParallelGroup
 
         group = ParallelGroup(rdzv.rank, rdzv.size, dist.group.WORLD, rdzv.local_rank)
     attention.register()
@@ -91,7 +106,7 @@ def ignore_stop_signals() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m batchgen.parallel.worker")
+    parser = argparse.ArgumentParser(prog="python -m batchgen.tensor_parallel.worker")
     parser.add_argument("--control", required=True, help="host:port of rank 0's control listener")
     parser.add_argument("--rank", type=int, required=True)
     args = parser.parse_args(argv)

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import torch
 
+from batchgen.distributed.group import ParallelGroup
+from batchgen.distributed.shard import Span
 from batchgen.engine.sampler import SampleOutput, SamplingTensors, sample
 from batchgen.engine.step_sampling import GREEDY, SamplingFeatures
-from batchgen.parallel.group import ParallelGroup
-from batchgen.parallel.shard import Span
 
 
 class ShardedSampler:

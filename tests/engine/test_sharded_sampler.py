@@ -9,10 +9,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from batchgen.distributed.shard import Span, vocab_span
 from batchgen.engine.sampler import SamplingTensors, sample
+from batchgen.engine.sharded_sampler import ShardedSampler
 from batchgen.engine.step_sampling import SamplingFeatures
-from batchgen.parallel.sampling import ShardedSampler
-from batchgen.parallel.shard import Span, vocab_span
 from tests.engine.sampling_cases import tensors
 
 

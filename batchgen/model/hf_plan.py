@@ -12,10 +12,10 @@ plan shards the key projection colwise, all of them when the plan gathers q/k/v 
 pool is shaped alike (``kv_shape``). The job's process group is the world group batchgen formed
 (``launch.init_group``); transformers finds it initialised and builds its device mesh over it.
 
-Checked on the CPU with gloo (transformers 5.24, torch 2.13: tests/parallel/test_tp_transformers.py);
-not yet run on CUDA. Its steps run eagerly there (``engine/build.py`` turns the decode graphs off on this
-path) until the capture of the plan's DTensor collectives is verified. ``transformers.distributed`` may be
-absent from older transformers releases: the import error then names it.
+Checked on the CPU with gloo (transformers 5.24, torch 2.13: tests/tensor_parallel/test_tp_transformers.py);
+not yet run on CUDA. Its steps run eagerly there (``engine/rank_engine.py`` turns the decode graphs off
+on this path) until the capture of the plan's DTensor collectives is verified. ``transformers.distributed``
+may be absent from older transformers releases: the import error then names it.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from collections.abc import Iterator
 
 import torch
 
-from batchgen.engine import kv_cache
-from batchgen.parallel.group import ParallelGroup
+from batchgen.distributed.group import ParallelGroup
+from batchgen.model import kv_cache
 
 
 def plan_of(skeleton: torch.nn.Module) -> dict[str, str]:

@@ -14,12 +14,15 @@ import torch
 
 from batchgen.allocator import keep_freed_memory
 from batchgen.config import EngineConfig
-from batchgen.engine import kv_cache
+from batchgen.distributed.group import ParallelGroup
+from batchgen.engine.runner import Sampler
+from batchgen.engine.sampler import sample
+from batchgen.engine.sharded_sampler import ShardedSampler
+from batchgen.model import kv_cache
 from batchgen.model.backends import TorchBackend, TritonBackend
 from batchgen.model.build import ModelBundle, ModelFiles, build_model
 from batchgen.model.forward import TransformersForward
 from batchgen.model.loader import resolve_device, resolve_dtype
-from batchgen.parallel.group import ParallelGroup
 from batchgen.threads import ThreadGovernor, set_cpu_threads
 
 ACTIVATION_RESERVE = 2 << 30  # CUDA: room for activations and logits beside the KV pool
@@ -77,8 +80,8 @@ def build_rank(
     caches = kv_cache.allocate(bundle.kv_shape, num_blocks, options.block_size, cache_dtype, device)
     clock.mark("kv_cache_s")
     async_mode = options.async_mode if options.async_mode is not None else device.type == "cuda"
-    # transformers' tp_plan (parallel/hf_plan.py) runs DTensor code whose capture in CUDA graphs is not
-    # verified yet: eager steps there; batchgen's own sharded forward is captured (tests/parallel).
+    # transformers' tp_plan (model/hf_plan.py) runs DTensor code whose capture in CUDA graphs is not
+    # verified yet: eager steps there; batchgen's own sharded forward is captured (tests/tensor_parallel).
     graphs = options.cuda_graphs is not False and not (
         group.is_parallel and isinstance(bundle.forward, TransformersForward)
     )
@@ -130,14 +133,23 @@ def _num_blocks(options: EngineConfig, shape: kv_cache.KVShape, device, dtype, l
     return kv_cache.num_blocks_for(shape, options.block_size, dtype, budget, useful)
 
 
+def _sampler(bundle: ModelBundle, group: ParallelGroup) -> Sampler:
+    """One process's sampler, or the one that combines the ranks' shares of a split vocabulary."""
+    if bundle.split_vocab is None:
+        return sample
+    vocab, vocab_size = bundle.split_vocab
+    return ShardedSampler(group, vocab, vocab_size)
+
+
 def _runner(
     options: EngineConfig, bundle: ModelBundle, caches, device, limit: int, async_mode: bool, progress,
     governor: ThreadGovernor | None, graphs: bool, group: ParallelGroup, vocab: int,
 ):  # fmt: skip
     from batchgen.engine.runner import EagerRunner
 
+    sampler = _sampler(bundle, group)
     if device.type != "cuda":
-        return EagerRunner(bundle.forward, caches, TorchBackend(governor), device, bundle.sampler, vocab)
+        return EagerRunner(bundle.forward, caches, TorchBackend(governor), device, sampler, vocab)
     from batchgen.engine.cuda_runner import CudaRunner
 
     triton = options.attention_backend != "torch"
@@ -146,7 +158,7 @@ def _runner(
         max_num_seqs=options.max_num_seqs, max_batch_tokens=options.max_batch_tokens,
         max_model_len=limit, block_size=options.block_size, num_slots=2 if async_mode else 1,
         cuda_graphs=graphs and triton,  # the torch reference syncs: not capturable
-        sampler=bundle.sampler,
+        sampler=sampler,
         # Tensor parallelism captures every graph up front: each rank's capture runs collectives that
         # must pair up across ranks, and up-front capture is what the two-GPU tests verified.
         capture_after=0 if group.is_parallel else CAPTURE_AFTER,

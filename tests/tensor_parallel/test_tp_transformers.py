@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 
 import batchgen.llm
-import batchgen.parallel.launch
+import batchgen.tensor_parallel.launch
 from batchgen import LLM
 from tests.engine.oracle import make_prompts, reference_greedy
-from tests.parallel.tp_cases import ENGINE, GREEDY, SAMPLED, children, tokens_of
+from tests.tensor_parallel.tp_cases import ENGINE, GREEDY, SAMPLED, children, tokens_of
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -55,7 +55,7 @@ def _refusal(path: str, size: int, monkeypatch: pytest.MonkeyPatch) -> str:
 
         return step
 
-    monkeypatch.setattr(batchgen.parallel.launch, "start_workers", slow("start_workers"))
+    monkeypatch.setattr(batchgen.tensor_parallel.launch, "start_workers", slow("start_workers"))
     monkeypatch.setattr(batchgen.llm, "build_rank", slow("build_rank"))
     before = children()
     with pytest.raises(ValueError) as info:

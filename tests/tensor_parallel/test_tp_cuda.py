@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from batchgen import LLM, GenerationRequest, SamplingParams
-from batchgen.engine.kv_cache import kv_shape
+from batchgen.model.kv_cache import kv_shape
 from tests.engine.oracle import make_prompts, reference_greedy
 
 pytestmark = [
@@ -42,5 +42,5 @@ def test_two_gpus_match_transformers_and_one_gpu(tiny_models, arch):
             assert _outputs(two, prompts, GREEDY) == expected, name
             assert _outputs(two, prompts, SAMPLED) == sampled_one, name
             assert two.stats.preemptions > 0, f"{name}: the small KV pool should force preemption"
-            ranks = two._engine.runner.rank_stats()
+            ranks = two.rank_stats()
             assert all(r["gpu_busy_s"] > 0 for r in ranks), ranks

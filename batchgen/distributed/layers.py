@@ -4,20 +4,31 @@ these are the layers whose ranks must combine their results.
 
 from __future__ import annotations
 
+from typing import Any, Protocol
+
 import torch
 import torch.nn.functional as F
 
+from batchgen.distributed.group import ParallelGroup
+from batchgen.distributed.shard import Span
 from batchgen.kernels.cpu import cpu_linear
-from batchgen.model.weights.formats import Linear
-from batchgen.parallel.group import ParallelGroup
-from batchgen.parallel.shard import Span
+
+
+class Projection(Protocol):
+    """What a sharded layer needs of the projection it wraps (the model's weight formats provide it;
+    named here so this floor imports nothing of the model)."""
+
+    out_features: int
+    act_quant: Any
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
 
 
 class RowParallel:
     """A projection whose input features are split over ranks: partial products, then one all-reduce.
     The bias (if any) lives on rank 0 only, so it is added once."""
 
-    def __init__(self, local: Linear, group: ParallelGroup) -> None:
+    def __init__(self, local: Projection, group: ParallelGroup) -> None:
         self.local, self.group = local, group
         self.out_features = local.out_features
         self.act_quant = local.act_quant  # an FP8 input is quantized over the rank's shard of its features

@@ -12,7 +12,7 @@ import pytest
 
 from batchgen import LLM
 from tests.engine.oracle import make_prompts, reference_greedy
-from tests.parallel.tp_cases import ENGINE, GREEDY, NEW_TOKENS, SAMPLED, children, tokens_of
+from tests.tensor_parallel.tp_cases import ENGINE, GREEDY, NEW_TOKENS, SAMPLED, children, tokens_of
 
 # Every per-row device statistic, and prompt log-probabilities (gathered over the vocabulary's shares).
 EVERYTHING = SAMPLED.with_overrides(

@@ -10,8 +10,9 @@ from multiprocessing import Pipe
 
 import pytest
 
-from batchgen.parallel.group import ParallelGroup
-from batchgen.parallel.launch import RankFailed, WorkerPool
+from batchgen.distributed.group import ParallelGroup
+from batchgen.tensor_parallel.launch import RankFailed, WorkerPool
+from batchgen.tensor_parallel.messages import Stats
 
 
 @pytest.fixture
@@ -40,7 +41,7 @@ def test_a_failed_send_or_receive_names_the_dead_rank(without_watch, pool_with_d
     pool, alive_end = pool_with_dead_rank_2
     alive_end.send("ready")  # rank 1's reply, should the send to rank 2 not fail and its receive must
     with pytest.raises(RankFailed, match=r"^tensor-parallel rank 2 exited with code 3$"):
-        pool.request(("step",))
+        pool.request(Stats())
 
 
 def test_the_watch_names_the_dead_rank(pool_with_dead_rank_2):
