@@ -9,7 +9,7 @@ from batchgen.config import SamplingParams
 from batchgen.engine.block_manager import BlockManager
 from batchgen.engine.engine import Engine
 from batchgen.engine.outputs import GenerationRequest
-from batchgen.engine.runner import StepResult
+from batchgen.engine.runner_protocol import Runner, StepResult
 from batchgen.engine.scheduler import Scheduler
 from batchgen.engine.stops import StopChecker
 
@@ -23,7 +23,7 @@ class Letters:
         return "".join(chr(97 + t % 26) for t in ids)
 
 
-class Recorder:
+class Recorder(Runner):
     """Samples a token from the step's inputs (carry-over applied as the device does), records every
     step's arrays, and checks that the persistent batch agrees with its running requests."""
 
