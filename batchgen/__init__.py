@@ -1,13 +1,13 @@
 """batchgen: offline batch generation for LLMs."""
 
 from batchgen.config import EngineConfig, SamplingParams
-from batchgen.engine.outputs import GenerationRequest
+from batchgen.engine.completions import GenerationRequest
 from batchgen.outputs import CompletionOutput, Logprob, RequestOutput
 
 __version__ = "0.1.0"
 
 # RequestOutput and CompletionOutput are vLLM's shapes (what generate and chat return); the engine's
-# per-sample output that LLM.stream yields is batchgen.engine.outputs.CompletionOutput.
+# per-sample output that LLM.stream yields is batchgen.engine.completions.CompletionOutput.
 __all__ = [
     "LLM", "EngineConfig", "SamplingParams", "GenerationRequest",
     "RequestOutput", "CompletionOutput", "Logprob", "__version__",

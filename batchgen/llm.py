@@ -15,10 +15,10 @@ import torch
 from batchgen.config import EngineConfig, SamplingParams
 from batchgen.distributed.group import ParallelGroup
 from batchgen.engine.block_manager import BlockManager
+from batchgen.engine.completions import CompletionOutput as SampleOutput
+from batchgen.engine.completions import GenerationRequest
 from batchgen.engine.engine import Engine
 from batchgen.engine.grammar import GrammarCompiler
-from batchgen.engine.outputs import CompletionOutput as SampleOutput
-from batchgen.engine.outputs import GenerationRequest
 from batchgen.engine.rank_engine import RankEngine, build_rank
 from batchgen.engine.scheduler import Scheduler
 from batchgen.engine.stats import EngineStats

@@ -8,7 +8,7 @@ from operator import attrgetter
 
 from tqdm.auto import tqdm
 
-from batchgen.engine.outputs import CompletionOutput as SampleOutput
+from batchgen.engine.completions import CompletionOutput as SampleOutput
 from batchgen.llm_inputs import PromptInput
 from batchgen.model.tokenize import TokenTexts
 from batchgen.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestOutput

@@ -1,6 +1,6 @@
 """What ``LLM.generate`` and ``LLM.chat`` return: vLLM's ``RequestOutput`` shape, one per prompt.
 
-The engine's own per-(row, sample) result is ``batchgen.engine.outputs.CompletionOutput`` (what
+The engine's own per-(row, sample) result is ``batchgen.engine.completions.CompletionOutput`` (what
 ``LLM.stream`` yields); these types group a prompt's samples the way vLLM users read them.
 """
 

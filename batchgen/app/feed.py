@@ -10,7 +10,7 @@ from typing import Any
 
 from batchgen.app.prepare import END, Preparer
 from batchgen.app.signals import SignalControl
-from batchgen.engine.outputs import GenerationRequest
+from batchgen.engine.completions import GenerationRequest
 from batchgen.io.faults import Faults
 from batchgen.threads import HostTurns
 

@@ -24,8 +24,8 @@ from typing import Any, NamedTuple
 
 from batchgen.app.errors import RowFailed
 from batchgen.config import SamplingParams
+from batchgen.engine.completions import GenerationRequest
 from batchgen.engine.grammar import GrammarError
-from batchgen.engine.outputs import GenerationRequest
 from batchgen.io.checkpoint import DoneSet
 from batchgen.io.openai_batch import BatchRequests
 from batchgen.io.records import RowKey

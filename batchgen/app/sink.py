@@ -19,7 +19,7 @@ from batchgen.app.coverage import RowSamples, check_complete
 from batchgen.app.errors import RowFailed
 from batchgen.app.prepare import RowFailure
 from batchgen.app.progress import Progress
-from batchgen.engine.outputs import CompletionOutput
+from batchgen.engine.completions import CompletionOutput
 from batchgen.io.checkpoint import DoneSet, RunState, save_state
 from batchgen.io.faults import Faults
 from batchgen.io.records import RowKey, alternatives, make_record

@@ -18,7 +18,7 @@ import torch
 
 from batchgen.bench import metrics
 from batchgen.config import SamplingParams
-from batchgen.engine.outputs import GenerationRequest
+from batchgen.engine.completions import GenerationRequest
 
 
 def base_record(mode: str, engine: str, requests: int, new_tokens: int) -> dict[str, Any]:

@@ -25,9 +25,9 @@ import numpy as np
 
 from batchgen.engine.batch import build_step, prompt_spans
 from batchgen.engine.block_manager import BlockManager
+from batchgen.engine.completions import CompletionOutput, GenerationRequest
 from batchgen.engine.grammar import GrammarCompiler
 from batchgen.engine.intake import Intake
-from batchgen.engine.outputs import CompletionOutput, GenerationRequest
 from batchgen.engine.request import Request, Status
 from batchgen.engine.rows import COLUMN
 from batchgen.engine.runner_protocol import Runner, StepResult

@@ -9,8 +9,8 @@ import itertools
 
 from batchgen.config import SamplingParams
 from batchgen.engine.block_manager import BlockManager
+from batchgen.engine.completions import GenerationRequest
 from batchgen.engine.grammar import GrammarCompiler, GrammarError, Guide
-from batchgen.engine.outputs import GenerationRequest
 from batchgen.engine.request import Request
 from batchgen.engine.sampler import rng_key
 from batchgen.engine.step_sampling import MAX_ADJUSTMENTS

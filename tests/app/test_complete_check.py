@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from batchgen.app import sink as sink_module
 from batchgen.app.coverage import RowSamples, find_gap
 from batchgen.cli import cli
-from batchgen.engine.outputs import CompletionOutput
+from batchgen.engine.completions import CompletionOutput
 from batchgen.io.checkpoint import DoneSet, load_state, sidecar_dir
 from batchgen.io.writers import JsonlWriter, ParquetWriter
 

@@ -14,7 +14,7 @@ import pytest
 from batchgen.app.feed import Feed
 from batchgen.app.prepare import END
 from batchgen.config import SamplingParams
-from batchgen.engine.outputs import GenerationRequest
+from batchgen.engine.completions import GenerationRequest
 from batchgen.io.faults import Faults
 
 

@@ -11,7 +11,7 @@ from transformers import AutoTokenizer
 from batchgen.app import prepare
 from batchgen.app.prepare import END, Preparer, PromptSettings, RowFailure
 from batchgen.config import SamplingParams
-from batchgen.engine.outputs import GenerationRequest
+from batchgen.engine.completions import GenerationRequest
 from batchgen.io.checkpoint import DoneSet
 from batchgen.io.row_parser import RowSpec
 from batchgen.model.tokenize import encode_prompt

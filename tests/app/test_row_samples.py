@@ -14,7 +14,7 @@ from batchgen.app import sink as sink_module
 from batchgen.app.progress import Counters, Progress
 from batchgen.app.sink import RecordOptions, Sink
 from batchgen.cli import main
-from batchgen.engine.outputs import CompletionOutput
+from batchgen.engine.completions import CompletionOutput
 from batchgen.io.checkpoint import DoneSet, RunState, load_state, save_state, sidecar_dir
 from batchgen.io.faults import Faults
 from batchgen.io.records import RowKey

@@ -7,8 +7,8 @@ import numpy as np
 
 from batchgen.config import SamplingParams
 from batchgen.engine.block_manager import BlockManager
+from batchgen.engine.completions import GenerationRequest
 from batchgen.engine.engine import Engine
-from batchgen.engine.outputs import GenerationRequest
 from batchgen.engine.runner_protocol import Runner, StepResult
 from batchgen.engine.scheduler import Scheduler
 from batchgen.engine.stops import StopChecker

@@ -1,4 +1,5 @@
-"""What goes into the engine and what comes out of it: the engine's public value types."""
+"""What goes into the engine and what comes out of it: a row to generate for (``GenerationRequest``) and
+one sample's completion (``CompletionOutput``), the engine's public value types."""
 
 from __future__ import annotations
 
