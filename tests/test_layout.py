@@ -63,3 +63,16 @@ def test_no_module_outgrows_the_limit():
     assert len(sizes) > 150  # the walk found the package and the tests
     too_long = {str(p): n for p, n in sizes.items() if n > MAX_LINES}
     assert not too_long, f"modules over {MAX_LINES} lines (split them by responsibility): {too_long}"
+
+
+def test_tests_share_helpers_through_helper_modules_not_other_tests():
+    """A test module imports no other test module: what tests share lives in a helper module of its folder
+    (``*_cases.py``, ``helpers.py``, ``tests/support/``), so a test file can move or go alone."""
+    root = PACKAGE.parent
+    found = []
+    for path in (root / "tests").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            module = node.module if isinstance(node, ast.ImportFrom) else None
+            if module and module.startswith("tests.") and module.rsplit(".", 1)[-1].startswith("test_"):
+                found.append(f"{path.relative_to(root)}:{node.lineno} imports {module}")
+    assert not found, "tests that import other tests:\n" + "\n".join(found)
