@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from batchgen.config import EngineConfig
 from batchgen.engine.batch import StepInputs
 from batchgen.engine.step_sampling import SamplingFeatures
 
@@ -27,8 +28,8 @@ class Init:
     """The job, sent once to each worker: its options, its model files, rank 0's rendezvous."""
 
     TAG: ClassVar[str] = "init"
-    config: Any  # EngineConfig
-    files: Any  # ModelFiles, without the in-memory module
+    config: EngineConfig
+    files: Any  # model.build.ModelFiles, without the in-memory module (not imported: launch stays light)
     rendezvous: Any  # launch.Rendezvous
 
 
