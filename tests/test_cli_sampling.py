@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 
+import orjson
 import pytest
 from click.testing import CliRunner
 
@@ -21,9 +22,9 @@ ROWS = [{"id": "a", "prompt": "Hello there"}, {"id": "b", "prompt": "Count to fi
 
 @pytest.fixture
 def run(tiny_llama):
-    def _run(*args):
+    def _run(*args, stdin: bytes | None = None):
         argv = ["run", *map(str, args), "--model", tiny_llama, "--max-num-seqs", "4"]
-        result = CliRunner().invoke(cli, argv, catch_exceptions=False)
+        result = CliRunner().invoke(cli, argv, input=stdin, catch_exceptions=False)
         return result.exit_code, result.stderr
 
     return _run
@@ -85,10 +86,23 @@ def test_a_misspelt_or_missing_sampling_key_is_refused_before_the_model_loads(ru
     assert code == 2 and key in err and "Parquet schema" in err
 
 
-def test_a_misspelt_key_past_the_first_rows_fails_only_its_row(run, tmp_path):
-    rows = [{"prompt": f"row {i}"} for i in range(150)] + [{"prompt": "late", "temprature": 0.3}]
+def test_a_misspelt_key_deep_in_a_file_is_refused_before_the_model_loads(run, tmp_path):
+    """Every row of a JSONL file is read before the model loads, not only its head: row 150's key fails
+    the run at once (exit 2, its row named), with nothing written."""
+    rows = [{"prompt": f"row {i}"} for i in range(150)] + [{"id": "late", "prompt": "x", "temprature": 0.3}]
     inp, out = write_jsonl(tmp_path / "in.jsonl", rows), tmp_path / "out.jsonl"
     code, err = run(inp, out, "--max-new-tokens", "2")
+    assert code == 2, err
+    line = err.strip().splitlines()[-1]
+    assert "'temprature'" in line and "temperature" in line and "row 150 (id 'late')" in line
+    assert not out.exists() and not (tmp_path / "out.jsonl.batchgen").exists()
+
+
+def test_a_misspelt_key_past_the_head_of_stdin_fails_only_its_row(run, tmp_path):
+    """A stream is read once: past the head checked before the model loads, such a row is an error record."""
+    rows = [{"prompt": f"row {i}"} for i in range(150)] + [{"prompt": "late", "temprature": 0.3}]
+    out = tmp_path / "out.jsonl"
+    code, err = run("-", out, "--max-new-tokens", "2", stdin=b"".join(orjson.dumps(r) + b"\n" for r in rows))
     assert code == 0, err
     late = by_index(read_records(out))[-1]
     assert (

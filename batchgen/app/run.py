@@ -29,6 +29,7 @@ from batchgen.app.options import RunOptions
 from batchgen.app.outcome import check_outcome
 from batchgen.app.prepare import Preparer, PromptSettings
 from batchgen.app.progress import Counters, Progress, quiet_transformers_bars, summary_text
+from batchgen.app.row_keys import check_every_row_key, row_label
 from batchgen.app.shards import SHARD_PLACEHOLDER, merged_output, plan_shard, shard_output
 from batchgen.app.signals import Interrupt, SignalControl
 from batchgen.app.sink import RecordOptions, Sink
@@ -73,6 +74,7 @@ def _run(opts: RunOptions) -> int:
         opts = for_shard(opts, reader)
     elif SHARD_PLACEHOLDER in opts.output:
         raise OutputError(f"{opts.output!r} holds {SHARD_PLACEHOLDER} but the run has no --shard I/N")
+    check_every_row_key(reader, opts)  # the rows this run owns: a misspelt parameter fails now, not hours in
     model_name = opts.engine.model or DEFAULT_MODEL_NAME
     fingerprint = opts.fingerprint(model_name, input_identity(reader))
     check_model_found(opts.engine.model)  # before OUTPUT.batchgen/ exists: a missing model leaves nothing
@@ -142,8 +144,7 @@ def check_input(reader: Reader, opts: RunOptions) -> None:
         why = first.error if isinstance(first, BadLine) else f"a JSON {type(first).__name__}"
         raise SchemaError(f"none of the first {len(rows)} rows is a JSON object (row 0: {why})")
     for i, r in objects:
-        row_id = r.get(opts.spec.id_column or "id")
-        opts.spec.check_keys(r, f"row {i}" + ("" if row_id is None else f" (id {row_id!r})"))
+        opts.spec.check_keys(r, row_label(i, r, opts.spec.id_column))
     seen = list(dict.fromkeys(k for _, r in objects for k in r))
     opts.spec.check_kept(seen, f"the first {len(rows)} rows")
     parsed = [opts.spec.parse(i, r) for i, r in objects]
