@@ -24,6 +24,7 @@ from batchgen.engine.scheduler import Scheduler
 from batchgen.engine.stats import EngineStats
 from batchgen.engine.step_sampling import features_of
 from batchgen.engine.stops import StopChecker
+from batchgen.gc_policy import frozen_heap
 from batchgen.llm_inputs import (
     ChatOptions,
     PromptInput,
@@ -235,11 +236,13 @@ class LLM:
     def stream(
         self, requests: Iterable[GenerationRequest], detokenize: bool = True, turns: HostTurns | None = None
     ) -> Iterator[SampleOutput]:
-        """Each (row, sample) as soon as it finishes. Rows are pulled lazily from ``requests``."""
+        """Each (row, sample) as soon as it finishes. Rows are pulled lazily from ``requests``. While it
+        runs, the objects that existed before it are out of the collector's walks (``gc_policy``)."""
         # As a decorator on a generator, inference mode is on only while the engine runs a step,
         # not in the caller's loop body between outputs.
         stream = torch.inference_mode()(self._engine.stream)
-        yield from stream(requests, detokenize=detokenize, turns=turns)
+        with frozen_heap(collect_first=False):
+            yield from stream(requests, detokenize=detokenize, turns=turns)
 
     def generate(
         self,

@@ -4,6 +4,8 @@ same requests streamed), the tokenizer's encoding and chat template, and the mod
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -181,3 +183,17 @@ def test_use_tqdm_draws_a_bar_over_prompts_or_nothing(llm, capsys):
     llm.generate(PROMPTS, GREEDY)
     drawn = capsys.readouterr()
     assert drawn.out == "" and "Processed prompts" in drawn.err and "3/3" in drawn.err
+
+
+def test_the_heap_is_frozen_while_a_stream_runs_and_thawed_after(llm):
+    """``LLM.stream`` (and so ``generate``) keeps the collector off the objects made before it: the
+    collections a long generation makes walk only its own objects (gc_policy.py)."""
+    assert gc.get_freeze_count() == 0
+    requests = [GenerationRequest(i, [1, 2, 3], SamplingParams(max_tokens=3)) for i in range(2)]
+    frozen = [gc.get_freeze_count() for _ in llm.stream(requests)]
+    assert len(frozen) == 2 and all(frozen)
+    assert gc.get_freeze_count() == 0
+    stream = llm.stream(requests)
+    next(stream)
+    stream.close()  # a caller that stops early thaws the heap too
+    assert gc.get_freeze_count() == 0

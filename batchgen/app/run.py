@@ -22,7 +22,6 @@ from typing import Any
 from batchgen.app.batch_input import resolve_input_format
 from batchgen.app.errors import FatalError, as_fatal, one_line, rank_lost, storage_failure
 from batchgen.app.feed import Feed
-from batchgen.app.gc_policy import GcPauses, frozen_heap
 from batchgen.app.input_check import comparable, finished_covers, generation_rows, input_identity
 from batchgen.app.merge import check_target
 from batchgen.app.options import RunOptions
@@ -36,6 +35,7 @@ from batchgen.app.sink import RecordOptions, Sink
 from batchgen.app.sizing import engine_options, total_rows
 from batchgen.app.startup import process_started, startup_summary, startup_text
 from batchgen.app.stdin_input import refuse_resume, resume_advice
+from batchgen.gc_policy import GcPauses, frozen_heap
 from batchgen.io.checkpoint import DoneSet, OutputLock, RunState, diff_fingerprints, load_state, save_state
 from batchgen.io.faults import Faults
 from batchgen.io.openai_batch import BatchRequests

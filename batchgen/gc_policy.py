@@ -57,14 +57,21 @@ def _totals(pauses: list[float], count_key: str) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def frozen_heap(pauses: GcPauses | None = None) -> Iterator[GcPauses]:
+def frozen_heap(pauses: GcPauses | None = None, collect_first: bool = True) -> Iterator[GcPauses]:
     """Collect once, then freeze what is left and collect the young generation less often for the
     duration of the block, timing the block's collections in ``pauses``; restore both after.
-    ``BATCHGEN_GC_FREEZE=0`` only times them."""
+    ``BATCHGEN_GC_FREEZE=0`` only times them. Inside a heap frozen already (a ``batchgen run`` around
+    ``LLM.stream``) the block leaves the collector alone: unfreezing on its way out would thaw the
+    enclosing block's heap. ``collect_first`` False skips the full collection on the way in (freezing
+    itself costs nothing), for blocks entered often: each ``LLM.generate`` call."""
+    if gc.get_freeze_count():  # frozen already (an enclosing block, or the caller's own policy): theirs
+        yield pauses if pauses is not None else GcPauses()
+        return
     freeze = os.environ.get("BATCHGEN_GC_FREEZE", "1") != "0"  # 0: the collector as Python sets it
     thresholds = gc.get_threshold()
     if freeze:
-        gc.collect()
+        if collect_first:  # else garbage made before the block waits for its end to be collected
+            gc.collect()
         gc.freeze()
         if thresholds[0]:  # 0: automatic collection is off; leave it so
             gc.set_threshold(max(YOUNG_OBJECTS, thresholds[0]), *thresholds[1:])

@@ -1,4 +1,4 @@
-"""While a run generates, the heap built before it is frozen (app/gc_policy.py): collections walk only
+"""While a run generates, the heap built before it is frozen (gc_policy.py): collections walk only
 the run's own objects, and the run's garbage is still collected."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import weakref
 
 from click.testing import CliRunner
 
-from batchgen.app import gc_policy
+from batchgen import gc_policy
 from batchgen.app import run as run_module
 from batchgen.cli import cli
 from tests.helpers import ROWS, write_jsonl
@@ -117,3 +117,14 @@ def test_batchgen_run_generates_with_the_heap_frozen(tiny_llama, tmp_path, monke
     pauses = json.loads(stats.read_text())["gc"]  # the collector's pauses while generating
     full = pauses["by_generation"].get("2", {"count": 0})
     assert full["count"] >= 2 and pauses["collections"] >= 2, pauses
+
+
+def test_a_block_inside_a_frozen_heap_leaves_it_frozen():
+    """``batchgen run`` freezes around ``LLM.stream``, which freezes too: the inner block's end must not
+    thaw the outer one's heap, nor change the collector's thresholds."""
+    with gc_policy.frozen_heap():
+        outer = (gc.get_freeze_count(), gc.get_threshold())
+        with gc_policy.frozen_heap(collect_first=False):
+            assert gc.get_freeze_count() == outer[0]
+        assert (gc.get_freeze_count(), gc.get_threshold()) == outer
+    assert gc.get_freeze_count() == 0
