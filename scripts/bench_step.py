@@ -7,7 +7,6 @@ bytes one step must move (weights + the KV it reads) over the bandwidth of a lar
 mixture-of-experts model the weights are those of the experts the step actually routes its tokens to
 (recorded from the fused forward's router, real rows only) plus every other weight.
 
-    PYTHONPATH=. python3 scripts/bench_step.py --preset B1 --out out/step.json
     PYTHONPATH=. python3 scripts/bench_step.py --preset B6        # Qwen3-30B-A3B shape, 256 x 768
     PYTHONPATH=. python3 scripts/bench_step.py --preset B1 --quantization fp8 --kv-cache-dtype fp8
     PYTHONPATH=. python3 scripts/bench_step.py --preset B2 --prefill 16x512 --prefill 16x497+240x768
@@ -267,13 +266,29 @@ def print_gaps(trace: str, top: int = 15) -> None:
         print(f"  gap {gap:9.1f} us  after {before}  before {after}", flush=True)
 
 
+def parse_prefill(shape: str) -> tuple[int, int, int, int]:
+    """``SEQSxLEN[+ROWSxCONTEXT]`` -> (seqs, length, rows, context)."""
+    prompts, _, decodes = shape.lower().partition("+")
+    seqs, length = (int(x) for x in prompts.split("x"))
+    rows, context = (int(x) for x in decodes.split("x")) if decodes else (0, 0)
+    return seqs, length, rows, context
+
+
+def engine_size(batch: int, context: int, shapes: list[str]) -> tuple[int, int, int]:
+    """(rows, longest sequence, KV tokens) for ``batch`` x ``context`` decodes and every prefill shape."""
+    rows, longest, tokens = batch, context + 64, batch * (context + 64)
+    for seqs, length, decodes, decode_context in map(parse_prefill, shapes):
+        rows = max(rows, seqs + decodes)
+        longest = max(longest, length + 64, decode_context + 64)
+        tokens = max(tokens, seqs * (length + 64) + decodes * (decode_context + 64))
+    return rows, longest, tokens
+
+
 def prefill_line(llm: LLM, model, shape: str, label: str, profile: int) -> dict:
     """Time eager steps of ``shape``: SEQSxLEN prompts prefilled whole, optionally ``+ROWSxCONTEXT``
     decoding rows in the same step (a B2 step where a wave's new prompts join its decodes); print their
     GPU ms and the projections' TFLOP/s. ``profile``: then the kernels of that many steps."""
-    prompts, _, decodes = shape.lower().partition("+")
-    seqs, length = (int(x) for x in prompts.split("x"))
-    rows, context = (int(x) for x in decodes.split("x")) if decodes else (0, 0)
+    seqs, length, rows, context = parse_prefill(shape)
     block = llm.config.block_size
 
     def make(i: int) -> StepInputs:
@@ -336,17 +351,15 @@ def main() -> int:
         moe_layers = expert_bytes(model)[2]
         routed: list[int] = []  # distinct experts per MoE layer, from the fused forward's step
         for impl in args.impl or ["batchgen", "transformers"]:
-            fp8 = (
-                dict(quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype)
-                if impl == "batchgen"
-                else {}
-            )
+            fp8 = {"quantization": args.quantization, "kv_cache_dtype": args.kv_cache_dtype}
+            fp8 = fp8 if impl == "batchgen" else {}
             sizes = metrics.model_bytes(model, **fp8)
-            kv_bytes = int(batch * (context + 64) * sizes["kv_per_token"] * 1.05) + (64 << 20)
+            rows, longest, kv_tokens = engine_size(batch, context, args.prefill or [])
+            kv_bytes = int(kv_tokens * sizes["kv_per_token"] * 1.05) + (64 << 20)
             kv_bytes = max(kv_bytes, int(args.kv_pool_gib * (1 << 30)))
             with RouteRecorder() as recorder:
                 llm = LLM.from_model(
-                    model, tokenizer, max_num_seqs=batch, max_model_len=context + 64, kv_cache_bytes=kv_bytes,
+                    model, tokenizer, max_num_seqs=rows, max_model_len=longest, kv_cache_bytes=kv_bytes,
                     model_impl=impl, extra={"progress": False}, **fp8,
                 )  # fmt: skip
                 r = time_steps(llm, batch, context, args.steps, args.scatter_blocks)
@@ -367,9 +380,8 @@ def main() -> int:
             if args.profile:
                 print_kernels(partial(time_steps, llm, batch, context, args.profile), args.trace)
             for shape in args.prefill or []:
-                r[f"prefill {shape}"] = prefill_line(
-                    llm, model, shape, f"{name} {impl:12s}{tag}", args.profile
-                )
+                label = f"{name} {impl:12s}{tag}"
+                r[f"prefill {shape}"] = prefill_line(llm, model, shape, label, args.profile)
             results.append(r)
             del llm
             gc.collect()
