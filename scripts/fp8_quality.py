@@ -3,7 +3,11 @@
 For each variant, beside the unquantized model (same prompts, same device and dtype):
 - the share of a varied prompt set whose first ``--tokens`` greedy tokens equal the unquantized model's;
 - the mean difference of log-probabilities of a fixed text's tokens (teacher-forced, in one prefill through
-  the paged cache, so an FP8 cache is written and read), and the mean absolute difference.
+  the paged cache, so an FP8 cache is written and read), the mean absolute difference, and the share of
+  its positions whose most likely next token is unchanged;
+- teacher-forced on each prompt followed by the unquantized model's greedy tokens: the share of those
+  tokens still the most likely, and the mean absolute log-prob difference (a smoother measure than the
+  first: each position is judged on the same context).
 
 The package's configurations are ``fp8`` (``--quantization fp8``), ``fp8+kv`` (with ``--kv-cache-dtype
 fp8``) and ``kv`` (the cache alone). The others change one thing of ``fp8`` through a hook of this script
@@ -16,8 +20,14 @@ fp8``) and ``kv`` (the cache alone). The others change one thing of ``fp8`` thro
   (its weights e4m3); ``g128-<projection>``: that input per token per 128 columns;
 - ``keep-first`` / ``keep-last`` / ``keep-ends``: the first / last / both decoder layers unquantized;
 - ``keep-qkv`` / ``keep-o`` / ``keep-gate_up`` / ``keep-down``: that projection unquantized in every layer;
+  ``keep-attn`` / ``keep-mlp``: both of the attention's / the MLP's;
 - ``block128``: weights in 128 x 128 blocks with activations per token per 128 columns (the layout of
-  block-quantized checkpoints, through the package's ``Fp8BlockLinear``).
+  block-quantized checkpoints, through the package's ``Fp8BlockLinear``); ``row-g128``: weights per row per
+  128 columns, activations alike;
+- ``fp32-2threads``: no quantization, two CPU threads instead of ``--threads``: whether the thread count
+  alone changes any token;
+- ``w-bf16``: no FP8 at all, the projections' weights rounded to bf16 (fp32 arithmetic): what any rounding
+  of the weights costs on this measure, a floor for the others.
 
 The activation hooks quantize and dequantize in fp32 (the value the e4m3 product sees), which is the
 CPU path's function up to the order of its fp32 sums. The e4m3 cast itself rounds to nearest even.
@@ -46,6 +56,7 @@ from batchgen.model.fused import DenseMLP, Layer  # noqa: E402
 from batchgen.model.kv_cache import cache_dtype  # noqa: E402
 from batchgen.model.loader import default_model_dir  # noqa: E402
 from batchgen.model.paged_sequence import sequence_logits  # noqa: E402
+from batchgen.model.weights.formats import DenseLinear  # noqa: E402
 from batchgen.model.weights.fp8 import Fp8BlockLinear  # noqa: E402
 
 PROMPTS = [
@@ -163,11 +174,12 @@ def keep_layers(base: LLM, which):
     return replace
 
 
-def keep_projection(base: LLM, name: str):
-    """One projection of every layer taken from the unquantized model (its producer then writes fp32)."""
+def keep_projections(base: LLM, names: tuple[str, ...]):
+    """Projections ``names`` of every layer taken from the unquantized model (their producers then write
+    fp32)."""
     plain = base._rank.bundle.forward.layers
 
-    def replace(i: int, layer: Layer) -> Layer:
+    def one(name: str, i: int, layer: Layer) -> Layer:
         attn, mlp, dense = layer.attn, layer.mlp, plain[i]
         if name == "qkv":
             return layer._replace(attn=attn._replace(qkv=dense.attn.qkv))
@@ -177,26 +189,28 @@ def keep_projection(base: LLM, name: str):
             return layer._replace(mlp=DenseMLP(dense.mlp.gate_up, mlp.down), mlp_quant=None)
         return layer._replace(mlp=DenseMLP(mlp.gate_up, dense.mlp.down))
 
+    def replace(i: int, layer: Layer) -> Layer:
+        for name in names:
+            layer = one(name, i, layer)
+        return layer
+
     return replace
 
 
-def block_weights(size: int = 128):
-    """Every projection from the checkpoint's weights in ``size`` x ``size`` blocks, inputs per token per
-    ``size`` columns: the arithmetic of a block-quantized checkpoint. (The unquantized model's CPU
-    projections hold oneDNN's packed copies, so the weights are read from the file.)"""
+def from_file(make):
+    """Every projection built by ``make(fp32 weight [N, K])`` from the checkpoint's weights. (The unquantized
+    model's CPU projections hold oneDNN's packed copies, so the weights are read from the file.)"""
     from safetensors.torch import load_file
 
     weights = load_file(str(default_model_dir() / "model.safetensors"))
 
-    def block(prefix: str, names: tuple[str, ...]) -> Fp8BlockLinear:
-        full = torch.cat([weights[f"{prefix}{n}.weight"].float() for n in names])
-        weight, scale = fp8_format.quantize_blocks(full, size, size)
-        return Fp8BlockLinear(weight, scale, size, size, None, torch.float32)
+    def linear(prefix: str, names: tuple[str, ...]):
+        return make(torch.cat([weights[f"{prefix}{n}.weight"].float() for n in names]))
 
     def replace(i: int, layer: Layer) -> Layer:
         attn, mlp = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
-        qkv, o_proj = block(attn, ("q_proj", "k_proj", "v_proj")), block(attn, ("o_proj",))
-        gate_up, down = block(mlp, ("gate_proj", "up_proj")), block(mlp, ("down_proj",))
+        qkv, o_proj = linear(attn, ("q_proj", "k_proj", "v_proj")), linear(attn, ("o_proj",))
+        gate_up, down = linear(mlp, ("gate_proj", "up_proj")), linear(mlp, ("down_proj",))
         return layer._replace(
             attn=layer.attn._replace(qkv=qkv, o_proj=o_proj), mlp=DenseMLP(gate_up, down),
             mlp_quant=gate_up.act_quant,
@@ -205,11 +219,23 @@ def block_weights(size: int = 128):
     return replace
 
 
+def blocks(rows: int, cols: int):
+    """e4m3 weights with one scale per ``rows`` x ``cols`` block, inputs per token per ``cols`` columns (the
+    arithmetic of a block-quantized checkpoint, through the package's ``Fp8BlockLinear``)."""
+
+    def make(weight: torch.Tensor) -> Fp8BlockLinear:
+        data, scale = fp8_format.quantize_blocks(weight, rows, cols)
+        return Fp8BlockLinear(data, scale, rows, cols, None, torch.float32)
+
+    return make
+
+
 def variants(base: LLM) -> dict:
     """name -> (the package's options it starts from, a context manager factory over that LLM)."""
     none = lambda llm: contextlib.nullcontext()  # noqa: E731
     table = {name: (opts, none) for name, opts in PACKAGE.items()}
     fp8, fp8_kv = PACKAGE["fp8"], PACKAGE["fp8+kv"]
+    table["fp32-2threads"] = ({"threads": 2}, none)
     table["w-only"] = (fp8, lambda llm: activations(_unquantized))
     table["act-tensor"] = (fp8, lambda llm: activations(_per_tensor))
     table["act-g128"] = (fp8, lambda llm: activations(_per_group(128)))
@@ -229,8 +255,15 @@ def variants(base: LLM) -> dict:
     for name, which in ends.items():
         table[f"keep-{name}"] = (fp8, lambda llm, which=which: layers(llm, keep_layers(base, which)))
     for proj in ("qkv", "o", "gate_up", "down"):
-        table[f"keep-{proj}"] = (fp8, lambda llm, proj=proj: layers(llm, keep_projection(base, proj)))
-    table["block128"] = (fp8, lambda llm: layers(llm, block_weights()))
+        table[f"keep-{proj}"] = (fp8, lambda llm, proj=proj: layers(llm, keep_projections(base, (proj,))))
+    table["keep-attn"] = (fp8, lambda llm: layers(llm, keep_projections(base, ("qkv", "o"))))
+    table["keep-mlp"] = (fp8, lambda llm: layers(llm, keep_projections(base, ("gate_up", "down"))))
+    table["block128"] = (fp8, lambda llm: layers(llm, from_file(blocks(128, 128))))
+    table["row-g128"] = (fp8, lambda llm: layers(llm, from_file(blocks(1, 128))))
+    table["w-bf16"] = (
+        fp8,
+        lambda llm: layers(llm, from_file(lambda w: DenseLinear(w.bfloat16().float(), None))),
+    )
     return table
 
 
@@ -242,16 +275,23 @@ def greedy(llm: LLM, prompts: list[str], tokens: int) -> list[list[int]]:
     return [o.token_ids for o in llm.generate_samples(prompts, params)]
 
 
-def text_scores(llm: LLM, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(log p(ids[t] | ids[:t]), the most likely token after ids[:t]) for t >= 1, teacher-forced in one
-    prefill chunk (attention reads the cache)."""
+def scores(llm: LLM, ids: torch.Tensor, start: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log p(ids[t] | ids[:t]), the most likely token after ids[:t]) for t >= ``start``, teacher-forced in
+    one prefill chunk (attention reads the cache)."""
     rank = llm._rank
     dtype = cache_dtype(llm.config.kv_cache_dtype, rank.dtype)
     backend = rank.runner.backend
     with torch.inference_mode():
         logits = sequence_logits(rank.bundle.forward, ids, [len(ids)], rank.bundle.kv_shape, dtype, backend)
-    logp = torch.log_softmax(logits.float(), dim=-1)[:-1]
-    return logp.gather(1, ids[1:, None]).squeeze(1), logp.argmax(-1)
+    logp = torch.log_softmax(logits.float(), dim=-1)[start - 1 : -1]
+    return logp.gather(1, ids[start:, None]).squeeze(1), logp.argmax(-1)
+
+
+def forced(llm: LLM, runs: list[tuple[torch.Tensor, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``scores`` of each prompt followed by the unquantized model's greedy tokens, concatenated: every
+    position judged on the same context, so one early flip does not decide the rest."""
+    parts = [scores(llm, ids, start) for ids, start in runs]
+    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -263,13 +303,18 @@ def main() -> int:
     ap.add_argument("--device", default=None)
     ap.add_argument("--dtype", default=None, help="[bf16 on CUDA, fp32 on CPU]")
     ap.add_argument("--tokens", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=1, help="CPU threads, the same for every variant [1]")
     ap.add_argument("--extra", type=int, default=0, help="add this many of B4's short questions (<= 130)")
     ap.add_argument("--variants", nargs="+", default=list(PACKAGE), help="[the package's: fp8 fp8+kv kv]")
     ap.add_argument("--out")
     args = ap.parse_args()
-    # No prefix cache: variants share a loaded model, and one must not reuse another's cached prompts.
+    # No prefix cache: a variant must not reuse another's cached prompts. A fixed thread count, the same for
+    # every variant, rather than the automatic one that follows the machine's load; one thread by default,
+    # as two oversubscribe a machine whose other core is busy (``fp32-2threads`` checks the count changes
+    # no token).
+    cpu = args.device in (None, "cpu")
     base_opts = dict(device=args.device, dtype=args.dtype, cuda_graphs=False, prefix_caching=False,
-                     extra={"progress": False})  # fmt: skip
+                     threads=args.threads if cpu else None, extra={"progress": False})  # fmt: skip
     base = LLM(**base_opts)
     table = variants(base)
     unknown = [v for v in args.variants if v not in table]
@@ -280,18 +325,23 @@ def main() -> int:
         ap.error(f"{hooked} hook the CPU path's arithmetic: run them with --device cpu")
     prompts = PROMPTS + (mixed_prompts(args.extra, long_notes=()) if args.extra else [])
     ids = torch.tensor(base.tokenizer.encode(TEXT), device=base.device)
-    want, (want_lp, want_top) = greedy(base, prompts, args.tokens), text_scores(base, ids)
+    want, (want_lp, want_top) = greedy(base, prompts, args.tokens), scores(base, ids)
+    runs = [(torch.tensor(base.encode(p) + w[: args.tokens], device=base.device), len(base.encode(p)))
+            for p, w in zip(prompts, want, strict=True)]  # fmt: skip
+    want_run_lp, want_run_top = forced(base, runs)
     results = {"prompts": len(prompts), "tokens": args.tokens, "text_tokens": len(ids) - 1,
                "device": str(base.device), "dtype": str(base.dtype), "variants": {}}  # fmt: skip
-    loaded: dict[str, LLM] = {}  # one engine per set of options, shared by the variants built on it
     for name in args.variants:
         opts, hook = table[name]
-        key = json.dumps(opts, sort_keys=True)
-        if key not in loaded:
-            loaded[key] = LLM(**base_opts, **opts)
-        llm, started = loaded[key], time.perf_counter()
+        # A fresh engine per variant: one that has run another variant (its cache pool, its backend's
+        # plans) was seen to change the next variant's greedy tokens.
+        llm = LLM(**(base_opts | opts))
+        if cpu:  # the process's count: the last engine loaded set it
+            torch.set_num_threads(opts.get("threads", args.threads))
+        started = time.perf_counter()
         with hook(llm):
-            got, (lp, top) = greedy(llm, prompts, args.tokens), text_scores(llm, ids)
+            got, (lp, top) = greedy(llm, prompts, args.tokens), scores(llm, ids)
+            run_lp, run_top = forced(llm, runs)
         prefix = [common_prefix(a[: args.tokens], b[: args.tokens]) for a, b in zip(want, got, strict=True)]
         same = sum(p == args.tokens for p in prefix)
         same48 = sum(p == args.tokens for p in prefix[: len(PROMPTS)])  # the set earlier figures used
@@ -300,6 +350,8 @@ def main() -> int:
             "same": same, "share": same / len(prompts), "same_of_first_48": same48,
             "mean_prefix": sum(prefix) / len(prefix), "text_top1": float((top == want_top).float().mean()),
             "mean_logprob_diff": float(diff.mean()), "mean_abs_logprob_diff": float(diff.abs().mean()),
+            "forced_top1": float((run_top == want_run_top).float().mean()),
+            "forced_abs_logprob_diff": float((run_lp - want_run_lp).abs().mean()),
         }  # fmt: skip
         results["variants"][name] = row
         took = time.perf_counter() - started
@@ -307,9 +359,11 @@ def main() -> int:
             f"{name:14s} {same}/{len(prompts)} ({100 * row['share']:.1f} %) first {args.tokens} equal "
             f"({same48}/{len(PROMPTS)} of the first), prefix {row['mean_prefix']:.2f}; text: top-1 "
             f"{100 * row['text_top1']:.1f} %, log-prob diff {diff.mean():+.4f}, "
-            f"|diff| {diff.abs().mean():.4f} ({took:.0f} s)",
+            f"|diff| {diff.abs().mean():.4f}; forced on the greedy tokens: top-1 "
+            f"{100 * row['forced_top1']:.2f} %, |diff| {row['forced_abs_logprob_diff']:.4f} ({took:.0f} s)",
             flush=True,
         )
+        llm.close()
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=2))
     return 0
