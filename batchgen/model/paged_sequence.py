@@ -1,6 +1,7 @@
 """Run a fused forward over one token sequence through a paged KV cache, outside the engine: all
 positions' logits, the sequence fed in chunks (a chunked prefill, then decodes). Tests compare forwards
-with it."""
+with it, and ``scripts/fp8_quality.py`` scores a fixed text teacher-forced with it (so an FP8 cache is
+written and read as the engine does)."""
 
 from __future__ import annotations
 
