@@ -144,30 +144,33 @@ def test_the_circle_finder_sees_a_circle():
     assert circles({"a": {"b"}, "b": set()}) == []
 
 
-def top_level_names(path: Path) -> set[str]:
-    """What ``from module import name`` can take from ``path``: its top-level definitions and imports."""
-    names = set()
-    for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.If | ast.Try):  # TYPE_CHECKING blocks, optional imports
-            nodes = [
-                n
-                for part in (node.body, getattr(node, "orelse", []), getattr(node, "handlers", []))
-                for n in part
-            ]
-            nodes += [n for h in getattr(node, "handlers", []) for n in h.body]
+def top_level_statements(body: list[ast.stmt]):
+    """The statements that bind module-level names, inside ``if`` (``TYPE_CHECKING``) and ``try``
+    (optional imports) blocks too."""
+    for node in body:
+        if isinstance(node, ast.If | ast.Try):
+            handlers = [s for h in getattr(node, "handlers", []) for s in h.body]
+            finals = getattr(node, "finalbody", [])
+            yield from top_level_statements(node.body + node.orelse + handlers + finals)
         else:
-            nodes = [node]
-        for item in nodes:
-            if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-                names.add(item.name)
-            elif isinstance(item, ast.Import | ast.ImportFrom):
-                names.update((a.asname or a.name).split(".")[0] for a in item.names)
-            elif isinstance(item, ast.Assign | ast.AnnAssign):
-                targets = item.targets if isinstance(item, ast.Assign) else [item.target]
-                for target in targets:
-                    names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
-                if "__all__" in names and isinstance(item.value, ast.List):  # a lazy __getattr__'s names
-                    names.update(e.value for e in item.value.elts if isinstance(e, ast.Constant))
+            yield node
+
+
+def top_level_names(path: Path) -> set[str]:
+    """What ``from module import name`` can take from ``path``: its top-level definitions and imports,
+    and the names its ``__all__`` lists (a lazy ``__getattr__`` serves those)."""
+    names = set()
+    for item in top_level_statements(ast.parse(path.read_text()).body):
+        if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(item.name)
+        elif isinstance(item, ast.Import | ast.ImportFrom):
+            names.update((a.asname or a.name).split(".")[0] for a in item.names)
+        elif isinstance(item, ast.Assign | ast.AnnAssign):
+            targets = item.targets if isinstance(item, ast.Assign) else [item.target]
+            bound = {n.id for target in targets for n in ast.walk(target) if isinstance(n, ast.Name)}
+            names |= bound
+            if "__all__" in bound and isinstance(item.value, ast.List):
+                names.update(e.value for e in item.value.elts if isinstance(e, ast.Constant))
     return names
 
 
