@@ -217,7 +217,10 @@ def engine_options(command: Callable) -> Callable:
     """The engine's limits and switches: batch sizes, memory, graphs, parallelism, FP8."""
     return _stack(
         click.option(
-            "--max-num-seqs", type=click.IntRange(min=1), default=EngineConfig.max_num_seqs, show_default=True
+            "--max-num-seqs",
+            type=click.IntRange(min=1),
+            help="Rows decoded together [default: on a GPU, as many as the KV cache holds at 1024 tokens "
+            f"each, up to {EngineConfig.max_num_seqs_cap}; 256 on the CPU].",
         ),
         click.option(
             "--max-batch-tokens",

@@ -263,7 +263,10 @@ class EngineConfig:
     model: str | None = None  # hub id or local dir; None = the embedded default model
     dtype: str | None = None  # "float32" | "bfloat16" | "float16"; None = bf16 on CUDA, fp32 on CPU
     device: str | None = None  # "cuda" | "cpu" | "cuda:1"; None = cuda if present
-    max_num_seqs: int = 256
+    # Rows decoded together. None = auto (engine/batch_width.py): as many as the KV cache holds at
+    # ROW_TOKENS each on a GPU, the CPU's fixed width elsewhere, never more than max_num_seqs_cap.
+    max_num_seqs: int | None = None
+    max_num_seqs_cap: int = 1024
     max_batch_tokens: int = 8192
     max_model_len: int | None = None  # None = the model's max_position_embeddings
     gpu_memory_utilization: float = 0.9
@@ -284,8 +287,10 @@ class EngineConfig:
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
-        if self.max_num_seqs < 1:
+        if self.max_num_seqs is not None and self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_seqs_cap < 1:
+            raise ValueError(f"max_num_seqs_cap must be >= 1, got {self.max_num_seqs_cap}")
         if self.max_batch_tokens < 1:
             raise ValueError(f"max_batch_tokens must be >= 1, got {self.max_batch_tokens}")
         if self.block_size < 1 or self.block_size & (self.block_size - 1):

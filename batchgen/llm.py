@@ -7,7 +7,7 @@ import gc
 import itertools
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import fields
+from dataclasses import fields, replace
 from typing import Any
 
 import torch
@@ -112,6 +112,7 @@ class LLM:
             self.close()
             raise
         rank = self._rank
+        self.config = replace(config, max_num_seqs=rank.max_num_seqs)  # the width chosen, when left auto
         self.startup = dict(rank.startup)  # seconds per phase (prepare() adds its graphs)
         self.model, self.device, self.dtype = rank.bundle.module, rank.device, rank.dtype
         self.max_model_len, self.async_mode = rank.max_model_len, rank.async_mode

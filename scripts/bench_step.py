@@ -50,7 +50,8 @@ PRESETS = {  # name -> (arch, batch, context, GPUs): B1 at 4K context, B3, B5, B
     "B2": ("llama3-8b", 256, 768, 1),  # one wave of B2 (max_num_seqs 256) halfway through its decode
     "B3": ("qwen3-0.6b", 256, 640, 1),
     "B5": ("llama3-70b", 64, 1024, 2),
-    "B6": ("qwen3-30b-a3b", 256, 768, 1),  # one wave of B6 (max_num_seqs 256) halfway through its decode
+    "B6": ("qwen3-30b-a3b", 256, 768, 1),  # B6 at --max-num-seqs 256 halfway through its decode
+    "B6w": ("qwen3-30b-a3b", 512, 768, 1),  # B6 in one wave of 512 rows (the width a roomy KV pool picks)
     "B7": ("smollm2-135m", 256, 181, 1),  # the embedded model's shape halfway through B7 (53 + 256)
     "B7w": ("smollm2-135m", 1024, 181, 1),  # B7 at --max-num-seqs 1024
 }

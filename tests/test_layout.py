@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "batchgen"
 # The engine's CPU side: requests, scheduling, KV block bookkeeping, the persistent batch and the
 # numpy step arrays. They run once per step on the engine thread beside the GPU and must stay free of
 # torch (and so of torch.cuda): the runner is the one place that turns them into tensors.
-HOST_SIDE = ["request", "scheduler", "block_manager", "rows", "batch", "stops", "completions"]
+HOST_SIDE = ["request", "scheduler", "block_manager", "rows", "batch", "stops", "completions", "batch_width"]
 MAX_LINES = 400
 
 

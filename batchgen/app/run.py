@@ -310,7 +310,7 @@ class _Job:
         tokenizer = tokenizer_for_thread(llm.tokenizer)
         sink = Sink(writer, opts.output, done, state, progress, tokenizer, record_opts, opts.flush_every,
                     self.stop, self.faults, self.signals.log_notices, turns)  # fmt: skip
-        queue_size = max(64, 2 * opts.engine.max_num_seqs)
+        queue_size = max(64, 2 * llm.config.max_num_seqs)
         settings = self._prompt_settings(llm)
         llm.prepare(settings.base)  # tensor parallelism: the CUDA graphs of the run's sampling variant
         self.ready = time.time()

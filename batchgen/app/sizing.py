@@ -39,11 +39,15 @@ def requests_left(opts: RunOptions, reader: Reader, rows_done: int, cap: int) ->
 
 
 def engine_options(opts: RunOptions, reader: Reader, rows_done: int) -> EngineConfig:
-    """The engine's options. A run with fewer requests left than --max-num-seqs batches at most those:
-    larger decode buckets could never run, and their CUDA graphs cost start-up time."""
-    cap = opts.engine.max_num_seqs
+    """The engine's options. A run with fewer requests left than the width it could batch (--max-num-seqs,
+    else the automatic width's cap) batches at most those: larger decode buckets could never run, and
+    their CUDA graphs cost start-up time."""
+    engine = opts.engine
+    cap = engine.max_num_seqs or engine.max_num_seqs_cap
     left = requests_left(opts, reader, rows_done, cap)
     if left is None or left >= cap:
-        return opts.engine
+        return engine
     log.info("%d requests to generate: batching at most %d at a time", left, max(1, left))
-    return replace(opts.engine, max_num_seqs=max(1, left))
+    if engine.max_num_seqs is None:  # still chosen from the KV cache, now up to the requests left
+        return replace(engine, max_num_seqs_cap=max(1, left))
+    return replace(engine, max_num_seqs=max(1, left))

@@ -38,6 +38,8 @@ import click
 @click.option(
     "--repeat", type=click.IntRange(min=1), default=1, show_default=True, help="B4: side-by-side rounds."
 )
+@click.option("--max-num-seqs", type=click.IntRange(min=1),
+              help="batchgen's runs: rows decoded together [the engine's choice].")  # fmt: skip
 @click.option(
     "--sampling", type=json.loads, help="batchgen's requests: more SamplingParams, '{\"min_p\": 0.1}'."
 )
@@ -66,6 +68,7 @@ def bench_command(workloads, modes, out_dir, quick, compare_hf, device, **kw) ->
         kw["kv_cache_dtype"],
         opts,
         kw["sampling"],
+        kw["max_num_seqs"],
     )
     sys.exit(1 if any(failed(r) for r in records) else 0)
 

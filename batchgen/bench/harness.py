@@ -31,14 +31,15 @@ from batchgen.bench.workloads import (
     text_prompts,
 )
 from batchgen.bench.workloads import quick as quick_workload
-from batchgen.config import EngineConfig
 from batchgen.model.loader import load_model, resolve_device
 from batchgen.model.tokenize import encode_prompt
 
 ENGINE_MODES = ("async", "sync")
 DEFAULT_MODES = list(ENGINE_MODES)
 _SAVE_LIMIT = 2_000_000_000  # params: without LLM.from_model, only models this small go through a temp dir
-_MAX_NUM_SEQS = EngineConfig.max_num_seqs  # the concurrency the roofline assumes
+# One wave of requests: the warm-up and burn-in runs, and the baselines' concurrency in their roofline
+# (batchgen's runs use the width their engine chose).
+_WAVE = 256
 _BURN_IN_TOKENS = 1024
 
 
@@ -164,7 +165,7 @@ def _prompts(w: Workload, model, tokenizer, device: torch.device) -> tuple[list,
         prompts = [encode_prompt(tokenizer, t) for t in texts]
     # Warm-up prompts differ from the timed ones, so prefix caching cannot make the timed prefill free.
     if device.type == "cuda":
-        n = min(len(prompts), _MAX_NUM_SEQS)
+        n = min(len(prompts), _WAVE)
         warmup = random_prompts(n, max(1, round(sum(map(len, prompts)) / len(prompts))), vocab, w.seed + 1)
     else:
         warmup = random_prompts(1, 8, min(vocab, len(tokenizer)), w.seed + 1)
@@ -237,7 +238,7 @@ def _safe_run(p: Prepared, mode: str, bandwidth: float, sizes: dict) -> dict[str
             record["requests"],
             p.mean_prompt_len,
             record["max_new_tokens"],
-            min(record["requests"], _MAX_NUM_SEQS),
+            min(record["requests"], record.get("max_num_seqs") or _WAVE),
             bandwidth,
         )
         record["roofline"] = ideal / record["wall_s"]
@@ -319,7 +320,7 @@ def _burn_in(p, mode: str, bandwidth: float, sizes) -> None:
     wave)."""
     log(f"{p.workload.name}: burn-in ({mode}, untimed)")
     short = replace(p.workload, max_new_tokens=min(p.workload.max_new_tokens, _BURN_IN_TOKENS))
-    _safe_run(replace(p, workload=short, prompts=p.prompts[:_MAX_NUM_SEQS]), mode, bandwidth, sizes)
+    _safe_run(replace(p, workload=short, prompts=p.prompts[:_WAVE]), mode, bandwidth, sizes)
 
 
 def _command() -> str:
@@ -363,12 +364,14 @@ def run_bench(
     kv_cache_dtype: str = "auto",
     opts: CommandOptions | None = None,
     sampling: dict | None = None,
+    max_num_seqs: int | None = None,
 ) -> list[dict]:
     """Run each workload in each mode (plus the transformers baselines), print and write the tables.
     ``quantization`` / ``kv_cache_dtype``: FP8 for batchgen's runs (the baselines run the model as built);
-    ``sampling``: more SamplingParams fields for batchgen's requests (the baselines sample greedily)."""
+    ``sampling``: more SamplingParams fields for batchgen's requests (the baselines sample greedily);
+    ``max_num_seqs``: batchgen's batch width [the engine's choice]."""
     specs = [
-        get_workload(name, device, tensor_parallel, quantization, kv_cache_dtype, sampling)
+        get_workload(name, device, tensor_parallel, quantization, kv_cache_dtype, sampling, max_num_seqs)
         for name in workloads
     ]
     records: list[dict] = []

@@ -109,6 +109,7 @@ def run_batchgen(
     if llm.stats.gpu_idle:  # idle and busy time by step kind (whole life of the LLM: the warm-up too)
         record["gpu_idle"] = llm.stats.gpu_idle
     record.update({f"graph_mib_{k}": round(v / 2**20, 1) for k, v in llm.graph_memory.items()})
+    record["max_num_seqs"] = llm.config.max_num_seqs  # the width the engine chose: the roofline's waves
     return finish(record, tokens)
 
 

@@ -124,10 +124,12 @@ class Workload:
     hf_num_requests: int | None = None
     quantization: str | None = None  # batchgen's runs: "fp8" quantizes the projections at load
     kv_cache_dtype: str = "auto"  # batchgen's runs: "fp8" for an e4m3 KV cache (the baselines stay 16-bit)
+    max_num_seqs: int | None = None  # batchgen's runs: the batch width; None: the engine's choice
 
     @property
     def engine_options(self) -> dict:
-        return dict(quantization=self.quantization, kv_cache_dtype=self.kv_cache_dtype)
+        width = {} if self.max_num_seqs is None else {"max_num_seqs": self.max_num_seqs}
+        return dict(quantization=self.quantization, kv_cache_dtype=self.kv_cache_dtype, **width)
 
     @property
     def precision(self) -> str:
@@ -187,7 +189,7 @@ WORKLOADS: dict[str, Workload] = {
         "B7w", EMBEDDED, 8192, 0, 256, command=True, baselines=(), run_flags=("--max-num-seqs", "1024")
     ),
     "B5": Workload("B5", "llama3-70b", 64, 512, 1024, tensor_parallel=2),
-    # The fused MoE path; its baseline is one wave (256 = max_num_seqs) of the same requests.
+    # The fused MoE path; its baseline is one wave (256 requests) of the same requests.
     "B6": Workload("B6", "qwen3-30b-a3b", 512, 512, 512, baselines=("hf_forward",), hf_num_requests=256),
     # B3 with a JSON Schema on every row: what structured output costs against B3 (docs/results.md, B3j)
     "B3j": Workload("B3j", "qwen3-0.6b", 256, 128, 1024, baselines=(), json_schema=RECORDS_SCHEMA),
@@ -256,12 +258,13 @@ def quick(w: Workload) -> Workload:
 def get_workload(
     name: str, device: str | None = None, tensor_parallel: int | None = None,
     quantization: str | None = None, kv_cache_dtype: str = "auto", sampling: dict | None = None,
+    max_num_seqs: int | None = None,
 ) -> Workload:  # fmt: skip
     try:
         w = WORKLOADS[name]
     except KeyError:
         raise ValueError(f"unknown workload {name!r}; choose from {', '.join(WORKLOADS)}") from None
-    w = replace(w, quantization=quantization, kv_cache_dtype=kv_cache_dtype)
+    w = replace(w, quantization=quantization, kv_cache_dtype=kv_cache_dtype, max_num_seqs=max_num_seqs)
     w = replace(w, sampling=tuple(sorted((sampling or {}).items())))
     w = replace(w, device=device) if device else w
     return replace(w, tensor_parallel=tensor_parallel) if tensor_parallel else w

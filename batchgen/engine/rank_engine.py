@@ -8,6 +8,7 @@ before graph capture) pair up across processes.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import NamedTuple
 
 import torch
@@ -15,6 +16,7 @@ import torch
 from batchgen.allocator import keep_freed_memory
 from batchgen.config import EngineConfig
 from batchgen.distributed.group import ParallelGroup
+from batchgen.engine.batch_width import pool_width, width_for
 from batchgen.engine.runner import Sampler
 from batchgen.engine.sampler import sample
 from batchgen.engine.sharded_sampler import ShardedSampler
@@ -42,6 +44,7 @@ class RankEngine(NamedTuple):
     dtype: torch.dtype
     max_model_len: int
     async_mode: bool
+    max_num_seqs: int  # the width chosen (batch_width.py) when the options leave it to the engine
     startup: dict[str, float]  # seconds: loading the model, allocating the KV pool, the runner (graphs)
 
 
@@ -79,6 +82,9 @@ def build_rank(
     num_blocks = group.min_int(_num_blocks(options, bundle.kv_shape, device, cache_dtype, limit), device)
     caches = kv_cache.allocate(bundle.kv_shape, num_blocks, options.block_size, cache_dtype, device)
     clock.mark("kv_cache_s")
+    kv_tokens = num_blocks * options.block_size  # the same on every rank: the pool size is agreed
+    width = width_for(options.max_num_seqs, kv_tokens, options.max_num_seqs_cap, device.type == "cuda")
+    options = replace(options, max_num_seqs=width)
     async_mode = options.async_mode if options.async_mode is not None else device.type == "cuda"
     # transformers' tp_plan (model/hf_plan.py) runs DTensor code whose capture in CUDA graphs is not
     # verified yet: eager steps there; batchgen's own sharded forward is captured (tests/tensor_parallel).
@@ -92,7 +98,7 @@ def build_rank(
         options, bundle, caches, device, limit, async_mode, progress, governor, graphs, group, vocab
     )
     clock.mark("graphs_s" if device.type == "cuda" else "runner_s")
-    return RankEngine(bundle, runner, num_blocks, device, dtype, limit, async_mode, clock.phases)
+    return RankEngine(bundle, runner, num_blocks, device, dtype, limit, async_mode, width, clock.phases)
 
 
 def _triton_warmup(options: EngineConfig, device: torch.device, dtype: torch.dtype = torch.bfloat16):
@@ -129,7 +135,8 @@ def _num_blocks(options: EngineConfig, shape: kv_cache.KVShape, device, dtype, l
         budget = kv_cache.cuda_budget(device, options.gpu_memory_utilization, ACTIVATION_RESERVE)
     else:
         budget = kv_cache.default_cpu_budget()
-    useful = options.max_num_seqs * limit + options.max_batch_tokens
+    rows = pool_width(options.max_num_seqs, options.max_num_seqs_cap, device.type == "cuda")
+    useful = rows * limit + options.max_batch_tokens
     return kv_cache.num_blocks_for(shape, options.block_size, dtype, budget, useful)
 
 
