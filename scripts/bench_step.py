@@ -7,8 +7,7 @@ bytes one step must move (weights + the KV it reads) over the bandwidth of a lar
 mixture-of-experts model the weights are those of the experts the step actually routes its tokens to
 (recorded from the fused forward's router, real rows only) plus every other weight.
 
-    PYTHONPATH=. python3 scripts/bench_step.py --preset B6        # Qwen3-30B-A3B shape, 256 x 768
-    PYTHONPATH=. python3 scripts/bench_step.py --preset B1 --quantization fp8 --kv-cache-dtype fp8
+    PYTHONPATH=. python3 scripts/bench_step.py --preset B6 --preset B6w  # Qwen3-30B-A3B, 256|512 x 768
     PYTHONPATH=. python3 scripts/bench_step.py --preset B2 --prefill 16x512 --prefill 16x497+240x768
     PYTHONPATH=. python3 scripts/bench_step.py --preset B2 --kv-pool-gib 100 --scatter-blocks  # a run's pool
     PYTHONPATH=. python3 scripts/bench_step.py --preset B2 --context 769  # 7 tiles of 128 where 768 is 6

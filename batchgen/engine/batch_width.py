@@ -35,6 +35,12 @@ def width_for(requested: int | None, kv_tokens: int, cap: int, on_gpu: bool) -> 
     return requested if requested is not None else auto_width(kv_tokens, cap, on_gpu)
 
 
+def rows_in_budget(budget: int, kv_row_bytes: int, logit_row_bytes: int, cap: int) -> int:
+    """Rows a device's free ``budget`` holds when each takes ``ROW_TOKENS`` of KV (``kv_row_bytes``) and
+    room for its logits: at least one, at most ``cap``."""
+    return max(1, min(cap, budget // (kv_row_bytes + logit_row_bytes)))
+
+
 def pool_width(requested: int | None, cap: int, on_gpu: bool) -> int:
     """The rows the KV pool is sized for before the width is known (the pool's need is rows x the model
     length): the width asked for, else the most ``auto_width`` can pick."""

@@ -16,7 +16,7 @@ import torch
 from batchgen.allocator import keep_freed_memory
 from batchgen.config import EngineConfig
 from batchgen.distributed.group import ParallelGroup
-from batchgen.engine.batch_width import pool_width, width_for
+from batchgen.engine.batch_width import ROW_TOKENS, pool_width, rows_in_budget, width_for
 from batchgen.engine.runner import Sampler
 from batchgen.engine.sampler import sample
 from batchgen.engine.sharded_sampler import ShardedSampler
@@ -27,7 +27,9 @@ from batchgen.model.forward import TransformersForward
 from batchgen.model.loader import resolve_device, resolve_dtype
 from batchgen.threads import ThreadGovernor, set_cpu_threads
 
-ACTIVATION_RESERVE = 2 << 30  # CUDA: room for activations and logits beside the KV pool
+ACTIVATION_RESERVE = 2 << 30  # CUDA: room for a step's activations beside the KV pool
+# and per decoded row, room for its logits: fp32 logits and the sampler's two temporaries of their size
+LOGIT_BYTES = 12
 # A graph is captured on its key's 5th use (graph_capture.py): keys a run meets a few times only (a short
 # job) stay eager. Rent or buy: on B7 (a small model) many more eager uses first made the whole command
 # slower, when a capture still paid its own warm-up runs and a device sync; after eager uses it now only
@@ -79,11 +81,14 @@ def build_rank(
     bundle = build_model(options, files, group, device, dtype, limit)
     clock.mark("model_s")
     cache_dtype = kv_cache.cache_dtype(options.kv_cache_dtype, dtype)
-    num_blocks = group.min_int(_num_blocks(options, bundle.kv_shape, device, cache_dtype, limit), device)
+    vocab = files.hf_config.get_text_config().vocab_size  # the logits' width
+    blocks, rows = _num_blocks(options, bundle.kv_shape, device, cache_dtype, limit, vocab)
+    num_blocks = group.min_int(blocks, device)
     caches = kv_cache.allocate(bundle.kv_shape, num_blocks, options.block_size, cache_dtype, device)
     clock.mark("kv_cache_s")
     kv_tokens = num_blocks * options.block_size  # the same on every rank: the pool size is agreed
     width = width_for(options.max_num_seqs, kv_tokens, options.max_num_seqs_cap, device.type == "cuda")
+    width = min(width, group.min_int(rows, device))  # no more rows than the logits' room was left for
     options = replace(options, max_num_seqs=width)
     async_mode = options.async_mode if options.async_mode is not None else device.type == "cuda"
     # transformers' tp_plan (model/hf_plan.py) runs DTensor code whose capture in CUDA graphs is not
@@ -93,7 +98,6 @@ def build_rank(
     )
     if warmup is not None:
         warmup.join()  # before any launch (tensor parallelism captures its graphs in ``_runner``)
-    vocab = files.hf_config.get_text_config().vocab_size  # the logits' width
     runner = _runner(
         options, bundle, caches, device, limit, async_mode, progress, governor, graphs, group, vocab
     )
@@ -128,16 +132,23 @@ class _Clock:
         self._last = now
 
 
-def _num_blocks(options: EngineConfig, shape: kv_cache.KVShape, device, dtype, limit: int) -> int:
+def _num_blocks(
+    options: EngineConfig, shape: kv_cache.KVShape, device, dtype, limit: int, vocab: int
+) -> tuple[int, int]:  # fmt: skip
+    """The pool's blocks, and the most rows the memory beside it was left for (their logits)."""
+    rows = pool_width(options.max_num_seqs, options.max_num_seqs_cap, device.type == "cuda")
     if options.kv_cache_bytes is not None:
         budget = options.kv_cache_bytes
     elif device.type == "cuda":
         budget = kv_cache.cuda_budget(device, options.gpu_memory_utilization, ACTIVATION_RESERVE)
+        logit_row = vocab * LOGIT_BYTES
+        if options.max_num_seqs is None:  # each row takes a row's KV and its logits' room
+            rows = rows_in_budget(budget, ROW_TOKENS * shape.bytes_per_block(1, dtype), logit_row, rows)
+        budget -= rows * logit_row
     else:
         budget = kv_cache.default_cpu_budget()
-    rows = pool_width(options.max_num_seqs, options.max_num_seqs_cap, device.type == "cuda")
     useful = rows * limit + options.max_batch_tokens
-    return kv_cache.num_blocks_for(shape, options.block_size, dtype, budget, useful)
+    return kv_cache.num_blocks_for(shape, options.block_size, dtype, budget, useful), rows
 
 
 def _sampler(bundle: ModelBundle, group: ParallelGroup) -> Sampler:

@@ -10,7 +10,14 @@ from batchgen import LLM
 from batchgen.app.options import RunOptions
 from batchgen.app.sizing import engine_options
 from batchgen.config import EngineConfig
-from batchgen.engine.batch_width import CPU_WIDTH, ROW_TOKENS, auto_width, pool_width, width_for
+from batchgen.engine.batch_width import (
+    CPU_WIDTH,
+    ROW_TOKENS,
+    auto_width,
+    pool_width,
+    rows_in_budget,
+    width_for,
+)  # fmt: skip
 from batchgen.io.readers import open_input
 
 
@@ -35,6 +42,12 @@ def test_the_cpu_width_is_fixed_and_capped():
 def test_an_explicit_width_stands_whatever_the_pool():
     assert width_for(3000, ROW_TOKENS, 1024, on_gpu=True) == 3000
     assert width_for(None, 10 * ROW_TOKENS, 1024, on_gpu=True) == 10
+
+
+def test_each_row_of_a_budget_takes_its_kv_and_its_logits_room():
+    assert rows_in_budget(10 * (300 + 100) + 399, 300, 100, 1024) == 10
+    assert rows_in_budget(10**12, 300, 100, 64) == 64
+    assert rows_in_budget(5, 300, 100, 64) == 1
 
 
 def test_the_pool_is_sized_for_the_widest_batch_the_choice_can_make():
