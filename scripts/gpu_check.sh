@@ -153,12 +153,14 @@ has sampling && stage sampling-params 300 "$RUN/sampling-params.log" "$PY" -m ba
     --mode async --no-compare-hf --sampling "$SAMPLING_ARGS" --out "$RUN/sampling-params"
 # STAGES="width": the batch width against the automatic one (engine/batch_width.py), side by side:
 # WIDTH_RUNS "WORKLOAD:WIDTH ..." (auto: no --max-num-seqs), one bench process each, async only.
+has width && stage width-tests 120 "$RUN/width-tests.log" "$PY" -m pytest -q -m gpu tests/engine/test_batch_width.py \
+    -p no:cacheprovider
 for run in ${WIDTH_RUNS:-B2:256 B2:1024 B2:auto B6:256 B6:auto}; do
     w="${run%%:*}" width="${run##*:}"
     flag=()
     [ "$width" = auto ] || flag=(--max-num-seqs "$width")
     has width && stage "width-$w-$width" 300 "$RUN/width-$w-$width.log" "$PY" -m batchgen.bench --workload "$w" \
-        --mode async --no-compare-hf "${flag[@]}" $WIDTH_ARGS --out "$RUN/width-$w-$width"
+        --mode async --no-compare-hf "${flag[@]}" ${WIDTH_ARGS:-} --out "$RUN/width-$w-$width"
 done
 # STAGES=b2-why: B2's FP8 decode kernels in bench_step against the whole run, under nsys (a long stage).
 has b2-why && stage b2-why 560 "$RUN/b2-why.log" bash scripts/b2_why.sh "$RUN"
