@@ -113,21 +113,35 @@ def test_an_fp8_moe_checkpoint_keeps_its_experts_in_e4m3(block, tmp_path):
     assert _rel(got, _logits(_build(twin))) < 1e-5
 
 
-def test_a_rank_takes_the_blocks_of_its_rows(tmp_path):
-    """Rank 1 of 2 holds intermediate rows 32-64: block rows 2-3 of gate and of up (16-row blocks), block
-    column 1 of down (32 wide). Rank 1 of 4 would start at row 16, inside a 32-column block: refused."""
+@pytest.mark.parametrize(("rank", "size"), [(1, 2), (1, 4), (3, 4)])
+def test_a_rank_takes_the_blocks_covering_its_rows(rank, size, tmp_path):
+    """A rank's intermediate rows (64 / size of them) with 16 x 32 blocks: ranks of 2 start on a block;
+    rank 1 of 4 starts at row 16, inside down's 32-column block (offset 16): its experts dequantize to the
+    whole stacks' slice."""
     fp8, _ = _fp8_pair(tmp_path, (16, 32))
     whole = _build(fp8).forward.layers[0].mlp
-    rank = _build(fp8, ParallelGroup(1, 2)).forward.layers[0].mlp
+    mlp = _build(fp8, ParallelGroup(rank, size)).forward.layers[0].mlp
+    width = INTER // size
+    start, stop = rank * width, (rank + 1) * width
     gate_up, down = dequantize(whole.gate_up, torch.float32), dequantize(whole.down, torch.float32)
-    want = torch.cat([gate_up[:, 32:64], gate_up[:, 96:128]], 1)
-    assert torch.equal(dequantize(rank.gate_up, torch.float32), want)
-    assert torch.equal(dequantize(rank.down, torch.float32), down[:, :, 32:64])
-    assert rank.gate_up.scale.shape == (8, 4, 2) and rank.down.scale.shape == (8, 4, 1)
-    with pytest.raises(ValueError) as err:
-        _build(fp8, ParallelGroup(1, 4))
+    want = torch.cat([gate_up[:, start:stop], gate_up[:, INTER + start : INTER + stop]], 1)
+    assert torch.equal(dequantize(mlp.gate_up, torch.float32), want)
+    assert torch.equal(dequantize(mlp.down, torch.float32), down[:, :, start:stop])
+    assert mlp.gate_up.offset == (0, 0) and mlp.down.offset == (0, start % 32)
+    assert mlp.down.scale.shape == (8, 4, -(-stop // 32) - start // 32)
+
+
+def test_a_share_starting_off_the_kernels_tiles_is_refused(tmp_path):
+    from batchgen.distributed.shard import Span
+    from batchgen.model.weights.fp8_experts import checkpoint_experts
+    from batchgen.model.weights.sources import SafetensorsSource
+
+    fp8, _ = _fp8_pair(tmp_path, (16, 32))
+    source = SafetensorsSource(fp8, torch.device("cpu"))
+    with pytest.raises(ValueError) as err:  # rank 1 of 8: 8 columns into a 32-wide block
+        checkpoint_experts(source, "model.layers.0.", 8, INTER, Span(8, 16), (16, 32))
     message = str(err.value)
-    assert "splits model.layers.0.'s 64 expert intermediate rows at 16" in message and "\n" not in message
+    assert "splits model.layers.0.'s 64 expert intermediate rows at 8" in message and "\n" not in message
 
 
 def test_quantization_fp8_quantizes_moe_experts_per_channel(tiny_models):

@@ -8,7 +8,9 @@ Scales (``Fp8Experts.scale``):
 - per block (``block`` = (rows, cols), 128 x 128 in the fp8 method's releases):
   [E, parts * cdiv(N / parts, rows), cdiv(K, cols)]. ``parts`` row groups of the stack are scaled
   separately, each from its own first row: gate | up (``parts`` 2) hold gate's block rows, then up's, so
-  neither needs to end on a block row (an intermediate size that is no multiple of 128).
+  neither needs to end on a block row (an intermediate size that is no multiple of 128). A rank's share
+  of the intermediate rows may start inside a block: ``offset`` says where, and the scales kept are the
+  blocks that cover the share.
 
 The torch side (``dequantize``, ``quantize_channels``) is the CPU path and the oracle of the Triton
 kernels (``routed_experts.py``).
@@ -30,6 +32,9 @@ class Fp8Experts(NamedTuple):
     scale: torch.Tensor  # [E, N] fp32 per channel; [E, parts * cdiv(N / parts, rows), cdiv(K, cols)] blocks
     block: tuple[int, int] | None = None  # (rows, cols) of a block scale; None: per output channel
     parts: int = 1  # row groups scaled separately (2: gate | up)
+    # (rows, columns) of each part's first block that lie before its first row / column: a rank's share
+    # of the intermediate rows may start inside a block (gate | up rows, down columns)
+    offset: tuple[int, int] = (0, 0)
 
     @property
     def shape(self) -> torch.Size:
@@ -71,6 +76,15 @@ def _dequantize_one(experts: Fp8Experts, e: int) -> torch.Tensor:  # -> [N, K] f
     rows = weight.shape[0] // experts.parts
     scale_rows = scale.shape[0] // experts.parts
     return torch.cat([
-        ref.dequantize_blocks(w, s, *experts.block)
+        w.float() * expand_blocks(s, experts.block, experts.offset, w.shape)
         for w, s in zip(weight.split(rows), scale.split(scale_rows), strict=True)
     ])  # fmt: skip
+
+
+def expand_blocks(
+    scale: torch.Tensor, block: tuple[int, int], offset: tuple[int, int], shape: torch.Size
+) -> torch.Tensor:
+    """[block rows, block columns] -> [rows, columns] of ``shape``: each weight's scale, the first block
+    starting ``offset`` (rows, columns) before the weight."""
+    full = scale.float().repeat_interleave(block[0], dim=0).repeat_interleave(block[1], dim=1)
+    return full[offset[0] : offset[0] + shape[0], offset[1] : offset[1] + shape[1]]

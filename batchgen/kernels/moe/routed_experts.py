@@ -19,7 +19,8 @@ last real tile exit at once. Nothing is read back to the host, so the layer is c
 FP8 weights (``Fp8Experts``, ``expert_format.py``; weight-only, the activations stay 16-bit): each e4m3
 tile is converted to the activations' dtype before its product. Per-channel scales multiply the fp32
 sums after the K loop (before SiLU, before the store); block scales multiply each K tile's partial
-product (a tile never straddles a block column: BLOCK_K divides the block's columns). A constexpr
+product (a tile never straddles a block column: BLOCK_K divides the block's columns and the columns
+of the first block before a rank's share, ``Fp8Experts.offset``). A constexpr
 ``SCALES`` picks the path: 0, the 16/32-bit weights, compiles the kernels exactly as without FP8.
 
 Rounding follows transformers' grouped_mm experts: the projections rounded to the model dtype, SiLU
@@ -39,10 +40,11 @@ from batchgen.kernels.moe.grouping import group_by_expert, tile_rows
 
 
 @triton.jit
-def _scale_ptrs(s_ptr, e, n, stride_se, stride_sn, first_row, SCALE_N: tl.constexpr):
+def _scale_ptrs(s_ptr, e, n, stride_se, stride_sn, first_row, row0, SCALE_N: tl.constexpr):
     """[BLOCK_N] pointers to the scales of output columns ``n`` of expert ``e`` (K block 0): per channel
-    (SCALE_N 1) or per block row, from the scale row ``first_row`` of the columns' part (gate or up)."""
-    return s_ptr + e.to(tl.int64) * stride_se + (first_row + n // SCALE_N).to(tl.int64) * stride_sn
+    (SCALE_N 1) or per block row, from the scale row ``first_row`` of the columns' part (gate or up),
+    whose first block starts ``row0`` rows before the part."""
+    return s_ptr + e.to(tl.int64) * stride_se + (first_row + (row0 + n) // SCALE_N).to(tl.int64) * stride_sn
 
 
 @triton.jit
@@ -62,7 +64,8 @@ def _gate_up_kernel(
     stride_o,
     stride_se,
     stride_sn,
-    up_scale_row,  # the first scale row of the up part: I per channel, cdiv(I, SCALE_N) per block
+    up_scale_row,  # the first scale row of the up part: I per channel, cdiv(row0 + I, SCALE_N) per block
+    row0,  # block mode: rows of each part's first block before its first row (a rank's share)
     TOP_K: tl.constexpr,
     E_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -85,8 +88,8 @@ def _gate_up_kernel(
     g_ptrs = w_ptr + e.to(tl.int64) * stride_we + n[None, :].to(tl.int64) * stride_wn + k[:, None]  # [K, N]
     u_ptrs = g_ptrs + INTER * stride_wn
     n_mask = n[None, :] < INTER
-    sg_ptrs = _scale_ptrs(s_ptr, e, n, stride_se, stride_sn, 0, SCALE_N)  # [N]
-    su_ptrs = _scale_ptrs(s_ptr, e, n, stride_se, stride_sn, up_scale_row, SCALE_N)
+    sg_ptrs = _scale_ptrs(s_ptr, e, n, stride_se, stride_sn, 0, row0, SCALE_N)  # [N]
+    su_ptrs = _scale_ptrs(s_ptr, e, n, stride_se, stride_sn, up_scale_row, row0, SCALE_N)
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, H, BLOCK_K):
@@ -140,6 +143,7 @@ def _down_kernel(
     stride_y,
     stride_se,
     stride_sn,
+    col0,  # block mode: columns of the first block before the first column (a rank's share of I)
     E_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -159,7 +163,7 @@ def _down_kernel(
     a_ptrs = a_ptr + rows[:, None].to(tl.int64) * stride_a + k[None, :]
     w_ptrs = w_ptr + e.to(tl.int64) * stride_we + n[None, :].to(tl.int64) * stride_wn + k[:, None]  # [K, N]
     n_mask = n[None, :] < H
-    s_ptrs = _scale_ptrs(s_ptr, e, n, stride_se, stride_sn, 0, SCALE_N)  # [N]
+    s_ptrs = _scale_ptrs(s_ptr, e, n, stride_se, stride_sn, 0, 0, SCALE_N)  # [N]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, INTER, BLOCK_K):
         k_in = k < INTER - k0
@@ -171,7 +175,7 @@ def _down_kernel(
             a = a.to(tl.float32)
             w = w.to(tl.float32)
         if SCALES == 2:
-            s = tl.load(s_ptrs + k0 // SCALE_K, mask=n < H, other=0.0)
+            s = tl.load(s_ptrs + (col0 + k0) // SCALE_K, mask=n < H, other=0.0)
             acc += tl.dot(a, w, input_precision=DOT_PREC) * s[None, :]
         else:
             acc = tl.dot(a, w, acc, input_precision=DOT_PREC)
@@ -210,12 +214,13 @@ def _combine_kernel(
     tl.store(out_ptr + t * stride_o + cols, acc.to(dt), mask=mask)
 
 
-def _config(pairs: int, experts: int, itemsize: int, scale_k: int | None = None) -> dict:
+def _config(pairs: int, experts: int, itemsize: int, k_blocks: tuple[int, int] | None = None) -> dict:
     """Tile shapes by the mean rows per expert: decode-sized groups are weight-bandwidth bound (small
     BLOCK_M, long K tiles), prefill-sized ones compute bound (tensor-core-sized tiles). The shapes are
     sized for 2-byte data; fp32 halves BLOCK_K so the staged tiles still fit shared memory (a Hopper SM
     has 227 KiB: fp32 at BLOCK_M=128 with these stages asks 240 KiB). Block-scaled e4m3 weights
-    (``scale_k``: columns per block) need each K tile inside one block column."""
+    (``k_blocks``: columns per block, the columns of the first block before the first) need each K tile
+    inside one block column."""
     per_expert = -(-pairs // experts)
     if per_expert <= 16:
         cfg = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4)
@@ -227,34 +232,47 @@ def _config(pairs: int, experts: int, itemsize: int, scale_k: int | None = None)
         cfg = dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=64, num_warps=8, num_stages=3)
     if itemsize > 2:
         cfg["BLOCK_K"] //= 2
-    if scale_k is not None:
-        cfg["BLOCK_K"] = min(cfg["BLOCK_K"], scale_k)
-        k = cfg["BLOCK_K"]
-        assert scale_k % k == 0 and k >= 16 and k & (k - 1) == 0, f"{scale_k}-column weight blocks"
+    if k_blocks is not None:
+        cols, col0 = k_blocks
+        k = min(cfg["BLOCK_K"], cols, col0 & -col0 if col0 else cols)  # col0 & -col0: its lowest set bit
+        assert cols % k == 0 and col0 % k == 0 and k >= 16 and k & (k - 1) == 0, f"{cols}-column blocks"
+        cfg["BLOCK_K"] = k
     return cfg
 
 
 Weights = torch.Tensor | Fp8Experts  # [E, N, K]
 
 
-def _scale_args(w: Weights, part_rows: int) -> tuple[torch.Tensor, tuple[int, int, int], dict]:
-    """(the scales, (stride_se, stride_sn, the second part's first scale row), the kernel's constexprs)
-    of a weight stack; ``part_rows``: the rows of gate (gate | up) or of the whole stack. 16/32-bit
-    weights pass themselves in place of scales the kernel never reads."""
+def _scale_args(w: Weights, part_rows: int) -> tuple[torch.Tensor, tuple[int, ...], dict]:
+    """(the scales, (stride_se, stride_sn, the second part's first scale row, row0, col0), the kernel's
+    constexprs) of a weight stack; ``part_rows``: the rows of gate (gate | up) or of the whole stack.
+    16/32-bit weights pass themselves in place of scales the kernel never reads."""
     if not isinstance(w, Fp8Experts):
-        return w, (0, 0, 0), {}
+        return w, (0, 0, 0, 0, 0), {}
     s = w.scale
     assert s.dtype == torch.float32 and s.stride(-1) == 1 and w.weight.stride(-1) == 1
     if w.block is None:
-        return s, (s.stride(0), 1, part_rows), dict(SCALES=1)
-    rows, cols = w.block
-    assert w.parts == 2 or part_rows % rows == 0 or part_rows == w.weight.shape[1], "unaligned parts"
-    first = triton.cdiv(part_rows, rows)
-    return s, (s.stride(0), s.stride(1), first), dict(SCALES=2, SCALE_N=rows, SCALE_K=cols)
+        return s, (s.stride(0), 1, part_rows, 0, 0), dict(SCALES=1)
+    (rows, cols), (row0, col0) = w.block, w.offset
+    assert w.parts == 2 or (row0 + part_rows) % rows == 0 or part_rows == w.weight.shape[1], "unaligned parts"
+    first = triton.cdiv(row0 + part_rows, rows)
+    return s, (s.stride(0), s.stride(1), first, row0, col0), dict(SCALES=2, SCALE_N=rows, SCALE_K=cols)
 
 
 def _weight(w: Weights) -> torch.Tensor:
     return w.weight if isinstance(w, Fp8Experts) else w
+
+
+def _k_blocks(*stacks: Weights) -> tuple[int, int] | None:
+    """(columns per block, the first block's columns before the first) that the K tiles must respect."""
+    blocked = [w for w in stacks if isinstance(w, Fp8Experts) and w.block is not None]
+    if not blocked:
+        return None
+    cols = min(w.block[1] for w in blocked)
+    col0 = 0
+    for w in blocked:
+        col0 |= w.offset[1]  # a tile that divides every offset divides their bitwise or's lowest bit
+    return cols, col0
 
 
 def moe_experts(
@@ -273,22 +291,21 @@ def moe_experts(
     if not pairs:
         return out
     counts, order = group_by_expert(ids, experts)
-    s_gu, (se_gu, sn_gu, up_row), fp8_gu = _scale_args(gate_up, inter)
-    s_down, (se_down, sn_down, _), fp8_down = _scale_args(down, hidden)
-    scale_k = [f["SCALE_K"] for f in (fp8_gu, fp8_down) if "SCALE_K" in f]
-    cfg = _config(pairs, experts, h.element_size(), min(scale_k, default=None))
+    s_gu, (se_gu, sn_gu, up_row, row0, _), fp8_gu = _scale_args(gate_up, inter)
+    s_down, (se_down, sn_down, _, _, col0), fp8_down = _scale_args(down, hidden)
+    cfg = _config(pairs, experts, h.element_size(), _k_blocks(gate_up, down))
     max_tiles = triton.cdiv(pairs, cfg["BLOCK_M"]) + min(experts, pairs)  # the worst case, from ints
     prec = "ieee" if h.dtype == torch.float32 or needs_f32_dot(h) else "tf32"
     common = dict(E_PAD=triton.next_power_of_2(experts), DOT_PREC=prec, DOT_F32=needs_f32_dot(h), **cfg)
     act = torch.empty((pairs, inter), dtype=h.dtype, device=h.device)  # sorted order
     _gate_up_kernel[(max_tiles, triton.cdiv(inter, cfg["BLOCK_N"]))](
         h, w_gu, s_gu, counts, order, act, experts, hidden, inter, h.stride(0), w_gu.stride(0),
-        w_gu.stride(1), act.stride(0), se_gu, sn_gu, up_row, TOP_K=top_k, **fp8_gu, **common,
+        w_gu.stride(1), act.stride(0), se_gu, sn_gu, up_row, row0, TOP_K=top_k, **fp8_gu, **common,
     )  # fmt: skip
     y = torch.empty((pairs, hidden), dtype=h.dtype, device=h.device)  # pair order
     _down_kernel[(max_tiles, triton.cdiv(hidden, cfg["BLOCK_N"]))](
         act, w_down, s_down, counts, order, y, experts, hidden, inter, act.stride(0), w_down.stride(0),
-        w_down.stride(1), y.stride(0), se_down, sn_down, **fp8_down, **common,
+        w_down.stride(1), y.stride(0), se_down, sn_down, col0, **fp8_down, **common,
     )  # fmt: skip
     block = min(1024, triton.next_power_of_2(hidden))
     _combine_kernel[(tokens, triton.cdiv(hidden, block))](

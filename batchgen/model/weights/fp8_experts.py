@@ -6,8 +6,10 @@
 - An FP8 checkpoint whose experts are stored in e4m3 (the fp8 method's releases, e.g. Qwen3-30B-A3B-FP8:
   per-expert ``weight`` + ``weight_scale_inv`` per 128 x 128 block): the weights and scales as published,
   block scales per part (gate's, then up's), per-channel or per-tensor ``weight_scale`` as row scales.
-  Under tensor parallelism a rank's intermediate rows (gate and up rows, down columns) must start on a
-  block row and a block column; a split inside a block is refused in one line.
+  Under tensor parallelism a rank's intermediate rows (gate and up rows, down columns) may start inside
+  a block: it keeps the blocks covering its share and where the share starts in the first
+  (``Fp8Experts.offset``); the kernels need that start on a multiple of 16 columns, else a one-line
+  refusal.
 - Anything else (a dense checkpoint, experts an FP8 checkpoint left unquantized): the 16/32-bit stacks.
 """
 
@@ -57,15 +59,21 @@ def checkpoint_experts(
     gate_up_parts, down_parts = checkpoint_parts(source, layer_prefix, num_experts, rows)
     first = gate_up_parts[0][0]
     blockwise = source.has(_scale_name(first, "weight_scale_inv")) or _is_block_scale(source, first, block)
-    if blockwise and rows is not None and (rows.start % block[0] or rows.start % block[1]):
-        raise ValueError(
-            f"tensor parallelism splits {layer_prefix}'s {inter} expert intermediate rows at {rows.start}, "
-            f"inside the checkpoint's {block[0]} x {block[1]} FP8 scale blocks: choose a --tensor-parallel "
-            f"size that splits at multiples of {max(block)}"
-        )
     kind = block if blockwise else None
-    gate_up = Fp8Experts(stack(source.get, gate_up_parts, FP8), _scales(source, gate_up_parts, kind), kind, 2)
-    down = Fp8Experts(stack(source.get, down_parts, FP8), _scales(source, down_parts, kind), kind)
+    start = 0 if rows is None or kind is None else rows.start  # a share may start inside a block
+    if start % block[1] % 16:
+        raise ValueError(
+            f"tensor parallelism splits {layer_prefix}'s {inter} expert intermediate rows at {start}, "
+            f"{start % block[1]} columns into the checkpoint's {block[1]}-wide FP8 scale blocks: the expert "
+            "kernels need splits at multiples of 16 columns; choose another --tensor-parallel size"
+        )
+    gate_up = Fp8Experts(
+        stack(source.get, gate_up_parts, FP8), _scales(source, gate_up_parts, kind), kind, 2,
+        (start % block[0], 0),
+    )  # fmt: skip
+    down = Fp8Experts(
+        stack(source.get, down_parts, FP8), _scales(source, down_parts, kind), kind, 1, (0, start % block[1])
+    )
     return gate_up, down
 
 

@@ -46,16 +46,37 @@ def _case(tokens, hidden, inter, experts, top_k, dtype, block, seed=0, skew=Fals
     return h, weights.to(DEVICE, dtype), ids.to(DEVICE), gate_up, down
 
 
-def _loop(h, weights, ids, gate_up: Fp8Experts, down: Fp8Experts) -> torch.Tensor:  # [T, H] fp32
-    """Each token, each of its experts, one after the other in fp32 on the dequantized weights."""
-    gu, dn = dequantize(gate_up, torch.float32), dequantize(down, torch.float32)
+def _loop(h, weights, ids, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:  # [T, H] fp32
+    """Each token, each of its experts, one after the other in fp32 on fp32 weights."""
     out = torch.zeros(h.shape, dtype=torch.float32, device=h.device)
     for t in range(h.shape[0]):
         for j in range(ids.shape[1]):
             e = int(ids[t, j])
-            gate, up = (gu[e] @ h[t].float()).chunk(2)  # [2I] -> [I], [I]
-            out[t] += weights[t, j].float() * (dn[e] @ (F.silu(gate) * up))
+            gate, up = (gate_up[e] @ h[t].float()).chunk(2)  # [2I] -> [I], [I]
+            out[t] += weights[t, j].float() * (down[e] @ (F.silu(gate) * up))
     return out
+
+
+def _dequantized_loop(h, weights, ids, gate_up: Fp8Experts, down: Fp8Experts) -> torch.Tensor:
+    return _loop(h, weights, ids, dequantize(gate_up, torch.float32), dequantize(down, torch.float32))
+
+
+def _share(gate_up: Fp8Experts, down: Fp8Experts, start: int, stop: int) -> tuple[Fp8Experts, Fp8Experts]:
+    """A rank's share (intermediate rows ``start``-``stop``) of block-quantized stacks, as the loader cuts
+    it: the scale blocks that cover it, and where it starts in the first."""
+    (rows, cols), inter = gate_up.block, down.shape[2]
+    gate_blocks, first, last = -(-inter // rows), start // rows, -(-stop // rows)
+    weight = torch.cat([gate_up.weight[:, start:stop], gate_up.weight[:, inter + start : inter + stop]], 1)
+    scale = torch.cat(
+        [gate_up.scale[:, first:last], gate_up.scale[:, gate_blocks + first : gate_blocks + last]], 1
+    )
+    down_scale = down.scale[:, :, start // cols : -(-stop // cols)].contiguous()
+    return (
+        Fp8Experts(weight, scale, (rows, cols), 2, (start % rows, 0)),
+        Fp8Experts(
+            down.weight[:, :, start:stop].contiguous(), down_scale, (rows, cols), 1, (0, start % cols)
+        ),
+    )
 
 
 def _check(got: torch.Tensor, want: torch.Tensor) -> None:
@@ -74,9 +95,24 @@ def _check(got: torch.Tensor, want: torch.Tensor) -> None:
 # expert 0 mostly: several 16-row tiles for it, none for others
 def test_fp8_moe_experts_match_a_loop(block, dtype, tokens, hidden, inter, experts, top_k, skew):
     case = _case(tokens, hidden, inter, experts, top_k, dtype, block, skew=skew)
-    want = _loop(*case)
+    want = _dequantized_loop(*case)
     _check(moe_experts(*case), want)
     _check(TorchBackend.moe_experts(*case), want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("block", "inter", "start", "stop"), [((24, 32), 96, 16, 64), ((128, 128), 192, 64, 128)]
+)  # 16 rows into a 24-row block (gate's 48 rows: 3 block rows) and 16 columns into a 32-wide one;
+# Qwen3-30B-A3B-FP8's rank 1 of 4 (I 768: rows 192-384) starts 64 rows into a block, as here
+def test_a_rank_share_starting_inside_blocks(dtype, block, inter, start, stop):
+    h, weights, ids, gate_up, down = _case(5, 64, inter, 4, 2, dtype, block, seed=4)
+    gu, dn = dequantize(gate_up, torch.float32), dequantize(down, torch.float32)
+    want = _loop(h, weights, ids, torch.cat([gu[:, start:stop], gu[:, inter + start : inter + stop]], 1),
+                 dn[:, :, start:stop])  # fmt: skip
+    share = _share(gate_up, down, start, stop)
+    _check(moe_experts(h, weights, ids, *share), want)
+    _check(TorchBackend.moe_experts(h, weights, ids, *share), want)
 
 
 def test_the_cpu_path_dequantizes_to_the_model_dtype():
@@ -92,7 +128,7 @@ def test_the_cpu_path_dequantizes_to_the_model_dtype():
 
 def test_block_scales_need_k_tiles_inside_a_block():
     case = _case(2, 64, 32, 4, 2, torch.float32, (16, 24))  # 24 columns: no power-of-two K tile fits
-    with pytest.raises(AssertionError, match="24-column weight blocks"):
+    with pytest.raises(AssertionError, match="24-column blocks"):
         moe_experts(*case)
 
 
@@ -105,7 +141,7 @@ def test_fp8_moe_experts_on_cuda(block, tokens):
     Triton path against the CPU path's arithmetic (dequantized bf16 weights) and a CUDA-graph replay."""
     h, weights, ids, gate_up, down = _case(tokens, 2048, 768, 128, 8, torch.bfloat16, block, seed=2)
     want = TorchBackend.moe_experts(h, weights, ids, gate_up, down).float()
-    exact = _loop(h[:4], weights[:4], ids[:4], gate_up, down)
+    exact = _dequantized_loop(h[:4], weights[:4], ids[:4], gate_up, down)
     got = moe_experts(h, weights, ids, gate_up, down).float()
     assert (got - want).norm() / want.norm() < 1e-2
     assert (got[:4] - exact).norm() / exact.norm() < 1e-2
