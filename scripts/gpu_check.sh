@@ -118,7 +118,8 @@ fi
 # STAGES="moe" = moe-tests moe-step moe-bench (each also alone: one device call holds 10 minutes).
 moe() { has moe || has "moe-$1"; }
 moe tests && stage moe-tests 180 "$RUN/moe-tests.log" "$PY" -m pytest -q -m gpu -k "$MOE_TESTS" \
-    tests/kernels/moe/test_moe_kernels.py tests/model/test_moe_layer.py tests/engine/test_cuda_runner.py -p no:cacheprovider
+    tests/kernels/moe/test_moe_kernels.py tests/kernels/moe/test_fp8_moe_kernels.py tests/model/test_moe_layer.py \
+    tests/model/test_fp8_moe.py tests/engine/test_cuda_runner.py -p no:cacheprovider
 moe step && stage moe-step 200 "$RUN/moe-step.log" "$PY" scripts/bench_step.py --preset B6 --out "$RUN/moe-step.json"
 moe bench && stage moe-bench 420 "$RUN/moe-bench.log" "$PY" -m batchgen.bench --workload B6 --mode async \
     --out "$RUN/moe"

@@ -23,6 +23,7 @@ from batchgen.kernels import fp8_format, reference
 from batchgen.kernels.cpu import cpu_attention, cpu_rotary
 from batchgen.kernels.fp8_format import ActQuant, Fp8Act
 from batchgen.kernels.gemm.split_sums import SplitSums, summed
+from batchgen.kernels.moe.expert_format import Fp8Experts, dequantize
 
 if TYPE_CHECKING:
     from batchgen.threads import ThreadGovernor
@@ -65,6 +66,7 @@ class KernelBackend(Protocol):
 
     def silu_mul(self, x, quant: ActQuant | None = None) -> torch.Tensor | Fp8Act: ...
 
+    # gate_up [E, 2I, H], down [E, H, I]: 16/32-bit stacks or ``Fp8Experts``
     def moe_experts(self, h, weights, ids, gate_up, down) -> torch.Tensor: ...  # [T, H]
 
 
@@ -81,7 +83,17 @@ class TorchBackend:
         self._rotary: cpu_rotary.RotaryPlan | None = None
 
     write_kv = staticmethod(reference.write_kv)
-    moe_experts = staticmethod(reference.moe_experts)
+
+    @staticmethod
+    def moe_experts(h, weights, ids, gate_up, down) -> torch.Tensor:
+        """FP8 experts (``Fp8Experts``) dequantized to the model dtype, only those the step routes to,
+        then the 16-bit grouped math of the reference."""
+        if isinstance(gate_up, Fp8Experts) or isinstance(down, Fp8Experts):
+            used = torch.unique(ids)
+            gate_up, down = (
+                dequantize(w, h.dtype, used) if isinstance(w, Fp8Experts) else w for w in (gate_up, down)
+            )
+        return reference.moe_experts(h, weights, ids, gate_up, down)
 
     def rms_norm(self, x, weight, eps: float, residual=None, quant: ActQuant | None = None):
         out, total = reference.rms_norm(summed(x), weight, eps, residual)

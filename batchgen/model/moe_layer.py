@@ -2,13 +2,13 @@
 
 A MoE layer is a router (a replicated [E, H] projection), each architecture's routing exactly as
 transformers computes it, the routed experts (``ops.moe_experts``: a torch grouped-GEMM reference on the
-CPU, Triton kernels on CUDA, ``kernels/moe/``), and for Qwen2-MoE a shared expert scaled by a sigmoid
-gate. Under tensor parallelism each rank holds the intermediate rows ``I / K`` of every expert (gate and
-up rows, down columns) and of the shared expert, so its output is a partial sum: one all-reduce of the
-layer's output combines them. Dense layers between MoE ones (``mlp_only_layers``,
-``decoder_sparse_step``) stay ``DenseMLP``: each decoder layer's ``MoELayout`` (None for a dense MLP,
-``moe_layout.py``) comes from its module on a meta skeleton (``layout_of``) or from the config file
-(``files/moe_config.py``).
+CPU, Triton kernels on CUDA, ``kernels/moe/``; in the model dtype or e4m3, weight-only), and for
+Qwen2-MoE a shared expert scaled by a sigmoid gate. Under tensor parallelism each rank holds the
+intermediate rows ``I / K`` of every expert (gate and up rows, down columns) and of the shared expert, so
+its output is a partial sum: one all-reduce of the layer's output combines them. Dense layers between
+MoE ones (``mlp_only_layers``, ``decoder_sparse_step``) stay ``DenseMLP``: each decoder layer's
+``MoELayout`` (None for a dense MLP, ``moe_layout.py``) comes from its module on a meta skeleton
+(``layout_of``) or from the config file (``files/moe_config.py``).
 
 Routing stays in torch ops on both backends: bf16 router logits often tie (8 mantissa bits, 128
 experts), and only ``torch.topk`` itself breaks ties the way transformers' ``torch.topk`` does.
@@ -23,8 +23,9 @@ from batchgen.distributed.group import ParallelGroup
 from batchgen.distributed.shard import even_span
 from batchgen.model.backends import KernelBackend
 from batchgen.model.moe_layout import MoELayout, Routing
-from batchgen.model.weights.experts import expert_stacks, router_name
+from batchgen.model.weights.experts import router_name
 from batchgen.model.weights.formats import Linear
+from batchgen.model.weights.fp8_experts import Experts, routed_experts
 from batchgen.model.weights.rank_loader import Loader
 from batchgen.model.weights.sources import Part
 
@@ -56,11 +57,11 @@ class MoEMLP:
     """Router -> routed experts (+ shared expert) -> one all-reduce. ``mlp(h [T, H], ops) -> [T, H]``."""
 
     def __init__(
-        self, router: torch.Tensor, routing: Routing, gate_up: torch.Tensor, down: torch.Tensor,
+        self, router: torch.Tensor, routing: Routing, gate_up: Experts, down: Experts,
         shared: SharedExpert | None, group: ParallelGroup,
     ) -> None:  # fmt: skip
         self.router, self.routing = router, routing  # router: [E, H]
-        self.gate_up, self.down = gate_up, down  # [E, 2 * I_r, H], [E, H, I_r]: this rank's rows
+        self.gate_up, self.down = gate_up, down  # [E, 2 * I_r, H], [E, H, I_r]: this rank's rows (or e4m3)
         self.shared, self.group = shared, group
 
     def route(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -77,14 +78,13 @@ class MoEMLP:
 def moe_mlp(load: Loader, layout: MoELayout, layer_prefix: str) -> MoEMLP:
     """The MoE MLP of one decoder layer (``layout``: its routing and sizes).
 
-    The routed experts are 16-bit grouped GEMMs whatever the weight format: an FP8 checkpoint's experts
-    are dequantized as they are read (twice their checkpoint bytes), and ``--quantization fp8`` leaves
-    them as stored; the shared expert and attention take the format's projections."""
+    The routed experts follow the weight format (``weights/fp8_experts.py``): 16/32-bit stacks; under
+    ``--quantization fp8`` e4m3 quantized per output channel at load; from an FP8 checkpoint its e4m3
+    weights and block scales as published. The FP8 grouped GEMMs are weight-only: the activations stay in
+    the model dtype. The shared expert and attention take the format's projections."""
     routing, inter, group = layout.routing, layout.intermediate, load.group
     rows = load.span(even_span(inter, group.rank, group.size))
-    gate_up, down = expert_stacks(
-        load.source, layer_prefix, routing.num_experts, inter, rows, load.dtype, load.tensor
-    )
+    gate_up, down = routed_experts(load, layer_prefix, routing.num_experts, inter, rows)
     router = load.dense(router_name(load.source, layer_prefix))
     shared = layout.shared_intermediate
     shared = None if shared is None else _shared_expert(load, shared, layer_prefix + "mlp.")

@@ -1,12 +1,11 @@
-"""Triton kernels of the mixture-of-experts layer: token grouping, grouped GEMMs, the weighted combine.
+"""Triton kernels of the mixture-of-experts layer: grouped GEMMs and the weighted combine.
 
 ``moe_experts(h, weights, ids, gate_up, down)`` computes, for every token t and each of its K routed
 experts e_j with weight w_j, ``sum_j w_j * down[e_j] @ silu_mul(gate_up[e_j] @ h[t])``, in five launches:
 
-1. ``_count_kernel``: tokens per expert (atomic adds into a zeroed [E] counter).
-2. ``_place_kernel``: counting sort of the T * K (token, slot) pairs by expert: pair p goes to position
-   ``start[e] + rank``, its rank within the expert from an atomic cursor (the order inside a group is
-   free: every output row of a GEMM tile is computed alone, whatever its position in the tile).
+1-2. ``group_by_expert`` (``grouping.py``): tokens per expert, then a counting sort of the T * K
+   (token, slot) pairs by expert (the order inside a group is free: every output row of a GEMM tile is
+   computed alone, whatever its position in the tile).
 3. ``_gate_up_kernel``: grouped GEMM over the sorted pairs, the tokens' rows gathered from ``h``,
    gate and up columns in two accumulators, SiLU-and-multiply in the epilogue: [P, I] in sorted order.
 4. ``_down_kernel``: grouped GEMM [P, I] x down[e]^T, rows written back to pair order: [P, H].
@@ -16,6 +15,13 @@ Tiles: each expert's group is cut into BLOCK_M-row tiles; a GEMM program finds i
 the per-expert counts alone (a prefix sum over E values), so no padded index arrays are built. The grid
 is the worst case, ``cdiv(P, BLOCK_M) + min(E, P)`` row tiles, known from Python ints: programs past the
 last real tile exit at once. Nothing is read back to the host, so the layer is capturable in a CUDA graph.
+
+FP8 weights (``Fp8Experts``, ``expert_format.py``; weight-only, the activations stay 16-bit): each e4m3
+tile is converted to the activations' dtype before its product. Per-channel scales multiply the fp32
+sums after the K loop (before SiLU, before the store); block scales multiply each K tile's partial
+product (a tile never straddles a block column: BLOCK_K divides the block's columns and the columns
+of the first block before a rank's share, ``Fp8Experts.offset``). A constexpr
+``SCALES`` picks the path: 0, the 16/32-bit weights, compiles the kernels exactly as without FP8.
 
 Rounding follows transformers' grouped_mm experts: the projections rounded to the model dtype, SiLU
 rounded then the product, the down projection rounded, times the routing weight (rounded to the model
@@ -29,51 +35,23 @@ import triton
 import triton.language as tl
 
 from batchgen.kernels.launch.device import needs_f32_dot
+from batchgen.kernels.moe.expert_format import Fp8Experts
+from batchgen.kernels.moe.grouping import group_by_expert, tile_rows
 
 
 @triton.jit
-def _count_kernel(ids_ptr, counts_ptr, P, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < P
-    e = tl.load(ids_ptr + offs, mask=mask, other=0)
-    tl.atomic_add(counts_ptr + e, 1, mask=mask)
-
-
-@triton.jit
-def _place_kernel(ids_ptr, counts_ptr, cursor_ptr, order_ptr, P, E, BLOCK: tl.constexpr, E_PAD: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < P
-    experts = tl.arange(0, E_PAD)
-    counts = tl.load(counts_ptr + experts, mask=experts < E, other=0)
-    starts = tl.cumsum(counts, 0) - counts  # [E_PAD] exclusive prefix: each expert's first sorted position
-    e = tl.load(ids_ptr + offs, mask=mask, other=0)
-    start = tl.sum(tl.where(experts[None, :] == e[:, None], starts[None, :], 0), axis=1)  # starts[e]
-    rank = tl.atomic_add(cursor_ptr + e, 1, mask=mask)
-    tl.store(order_ptr + start + rank, offs.to(tl.int32), mask=mask)
-
-
-@triton.jit
-def _tile_rows(counts_ptr, E, BLOCK_M: tl.constexpr, E_PAD: tl.constexpr):
-    """This program's expert, its rows [BLOCK_M] in sorted order and their mask; expert -1 when the
-    program's row tile lies past the last real one."""
-    tile = tl.program_id(0)
-    experts = tl.arange(0, E_PAD)
-    counts = tl.load(counts_ptr + experts, mask=experts < E, other=0)
-    tiles = (counts + BLOCK_M - 1) // BLOCK_M
-    tile_end = tl.cumsum(tiles, 0)
-    e = tl.sum((tile_end <= tile).to(tl.int32), axis=0)  # the first expert whose tiles reach past `tile`
-    mine = experts == e
-    first_tile = tl.sum(tl.where(mine, tile_end - tiles, 0), axis=0)
-    count = tl.sum(tl.where(mine, counts, 0), axis=0)
-    start = tl.sum(tl.where(mine, tl.cumsum(counts, 0) - counts, 0), axis=0)
-    local = (tile - first_tile) * BLOCK_M + tl.arange(0, BLOCK_M)
-    return tl.where(e < E, e, -1), start + local, local < count
+def _scale_ptrs(s_ptr, e, n, stride_se, stride_sn, first_row, row0, SCALE_N: tl.constexpr):
+    """[BLOCK_N] pointers to the scales of output columns ``n`` of expert ``e`` (K block 0): per channel
+    (SCALE_N 1) or per block row, from the scale row ``first_row`` of the columns' part (gate or up),
+    whose first block starts ``row0`` rows before the part."""
+    return s_ptr + e.to(tl.int64) * stride_se + (first_row + (row0 + n) // SCALE_N).to(tl.int64) * stride_sn
 
 
 @triton.jit
 def _gate_up_kernel(
     x_ptr,  # [T, H] hidden states
-    w_ptr,  # [E, 2I, H] gate rows then up rows of every expert
+    w_ptr,  # [E, 2I, H] gate rows then up rows of every expert (model dtype, or e4m3 when SCALES)
+    s_ptr,  # SCALES 1: [E, 2I] fp32; SCALES 2: [E, 2 * cdiv(I, SCALE_N), cdiv(H, SCALE_K)]; else unused
     counts_ptr,  # [E] int32
     order_ptr,  # [P] int32: pair index (token * K + slot) at each sorted position
     out_ptr,  # [P, I] in sorted order
@@ -84,6 +62,10 @@ def _gate_up_kernel(
     stride_we,
     stride_wn,
     stride_o,
+    stride_se,
+    stride_sn,
+    up_scale_row,  # the first scale row of the up part: I per channel, cdiv(row0 + I, SCALE_N) per block
+    row0,  # block mode: rows of each part's first block before its first row (a rank's share)
     TOP_K: tl.constexpr,
     E_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -91,8 +73,11 @@ def _gate_up_kernel(
     BLOCK_K: tl.constexpr,
     DOT_PREC: tl.constexpr,
     DOT_F32: tl.constexpr,
+    SCALES: tl.constexpr = 0,  # 0: 16/32-bit weights; 1: e4m3 per channel; 2: e4m3 per block
+    SCALE_N: tl.constexpr = 1,  # weight rows per block scale (1 per channel)
+    SCALE_K: tl.constexpr = 1,  # weight columns per block scale: a multiple of BLOCK_K
 ):
-    e, rows, row_mask = _tile_rows(counts_ptr, E, BLOCK_M, E_PAD)
+    e, rows, row_mask = tile_rows(counts_ptr, E, BLOCK_M, E_PAD)
     if e < 0:
         return
     pairs = tl.load(order_ptr + rows, mask=row_mask, other=0)
@@ -103,6 +88,8 @@ def _gate_up_kernel(
     g_ptrs = w_ptr + e.to(tl.int64) * stride_we + n[None, :].to(tl.int64) * stride_wn + k[:, None]  # [K, N]
     u_ptrs = g_ptrs + INTER * stride_wn
     n_mask = n[None, :] < INTER
+    sg_ptrs = _scale_ptrs(s_ptr, e, n, stride_se, stride_sn, 0, row0, SCALE_N)  # [N]
+    su_ptrs = _scale_ptrs(s_ptr, e, n, stride_se, stride_sn, up_scale_row, row0, SCALE_N)
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, H, BLOCK_K):
@@ -110,15 +97,27 @@ def _gate_up_kernel(
         a = tl.load(a_ptrs, mask=row_mask[:, None] & k_in[None, :], other=0.0)
         g = tl.load(g_ptrs, mask=k_in[:, None] & n_mask, other=0.0)
         u = tl.load(u_ptrs, mask=k_in[:, None] & n_mask, other=0.0)
+        if SCALES != 0:  # e4m3 -> the activations' dtype, exactly
+            g = g.to(x_ptr.dtype.element_ty)
+            u = u.to(x_ptr.dtype.element_ty)
         if DOT_F32:  # interpreter only, see needs_f32_dot
             a = a.to(tl.float32)
             g = g.to(tl.float32)
             u = u.to(tl.float32)
-        acc_g = tl.dot(a, g, acc_g, input_precision=DOT_PREC)
-        acc_u = tl.dot(a, u, acc_u, input_precision=DOT_PREC)
+        if SCALES == 2:  # the K tile lies in one block column: its partial products take their scales
+            sg = tl.load(sg_ptrs + k0 // SCALE_K, mask=n < INTER, other=0.0)
+            su = tl.load(su_ptrs + k0 // SCALE_K, mask=n < INTER, other=0.0)
+            acc_g += tl.dot(a, g, input_precision=DOT_PREC) * sg[None, :]
+            acc_u += tl.dot(a, u, input_precision=DOT_PREC) * su[None, :]
+        else:
+            acc_g = tl.dot(a, g, acc_g, input_precision=DOT_PREC)
+            acc_u = tl.dot(a, u, acc_u, input_precision=DOT_PREC)
         a_ptrs += BLOCK_K
         g_ptrs += BLOCK_K
         u_ptrs += BLOCK_K
+    if SCALES == 1:  # per channel: the fp32 sums times their columns' scales
+        acc_g *= tl.load(sg_ptrs, mask=n < INTER, other=0.0)[None, :]
+        acc_u *= tl.load(su_ptrs, mask=n < INTER, other=0.0)[None, :]
     dt = out_ptr.dtype.element_ty
     gate = acc_g.to(dt).to(tl.float32)
     up = acc_u.to(dt).to(tl.float32)
@@ -130,7 +129,8 @@ def _gate_up_kernel(
 @triton.jit
 def _down_kernel(
     a_ptr,  # [P, I] in sorted order
-    w_ptr,  # [E, H, I]
+    w_ptr,  # [E, H, I] (model dtype, or e4m3 when SCALES)
+    s_ptr,  # SCALES 1: [E, H] fp32; SCALES 2: [E, cdiv(H, SCALE_N), cdiv(I, SCALE_K)]; else unused
     counts_ptr,
     order_ptr,
     y_ptr,  # [P, H] in pair order
@@ -141,14 +141,20 @@ def _down_kernel(
     stride_we,
     stride_wn,
     stride_y,
+    stride_se,
+    stride_sn,
+    col0,  # block mode: columns of the first block before the first column (a rank's share of I)
     E_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     DOT_PREC: tl.constexpr,
     DOT_F32: tl.constexpr,
+    SCALES: tl.constexpr = 0,
+    SCALE_N: tl.constexpr = 1,
+    SCALE_K: tl.constexpr = 1,
 ):
-    e, rows, row_mask = _tile_rows(counts_ptr, E, BLOCK_M, E_PAD)
+    e, rows, row_mask = tile_rows(counts_ptr, E, BLOCK_M, E_PAD)
     if e < 0:
         return
     pairs = tl.load(order_ptr + rows, mask=row_mask, other=0)
@@ -157,17 +163,26 @@ def _down_kernel(
     a_ptrs = a_ptr + rows[:, None].to(tl.int64) * stride_a + k[None, :]
     w_ptrs = w_ptr + e.to(tl.int64) * stride_we + n[None, :].to(tl.int64) * stride_wn + k[:, None]  # [K, N]
     n_mask = n[None, :] < H
+    s_ptrs = _scale_ptrs(s_ptr, e, n, stride_se, stride_sn, 0, 0, SCALE_N)  # [N]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, INTER, BLOCK_K):
         k_in = k < INTER - k0
         a = tl.load(a_ptrs, mask=row_mask[:, None] & k_in[None, :], other=0.0)
         w = tl.load(w_ptrs, mask=k_in[:, None] & n_mask, other=0.0)
+        if SCALES != 0:
+            w = w.to(a_ptr.dtype.element_ty)
         if DOT_F32:
             a = a.to(tl.float32)
             w = w.to(tl.float32)
-        acc = tl.dot(a, w, acc, input_precision=DOT_PREC)
+        if SCALES == 2:
+            s = tl.load(s_ptrs + (col0 + k0) // SCALE_K, mask=n < H, other=0.0)
+            acc += tl.dot(a, w, input_precision=DOT_PREC) * s[None, :]
+        else:
+            acc = tl.dot(a, w, acc, input_precision=DOT_PREC)
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
+    if SCALES == 1:
+        acc *= tl.load(s_ptrs, mask=n < H, other=0.0)[None, :]
     y_ptrs = y_ptr + pairs[:, None].to(tl.int64) * stride_y + n[None, :]
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=row_mask[:, None] & n_mask)
 
@@ -199,11 +214,13 @@ def _combine_kernel(
     tl.store(out_ptr + t * stride_o + cols, acc.to(dt), mask=mask)
 
 
-def _config(pairs: int, experts: int, itemsize: int) -> dict:
+def _config(pairs: int, experts: int, itemsize: int, k_blocks: tuple[int, int] | None = None) -> dict:
     """Tile shapes by the mean rows per expert: decode-sized groups are weight-bandwidth bound (small
     BLOCK_M, long K tiles), prefill-sized ones compute bound (tensor-core-sized tiles). The shapes are
     sized for 2-byte data; fp32 halves BLOCK_K so the staged tiles still fit shared memory (a Hopper SM
-    has 227 KiB: fp32 at BLOCK_M=128 with these stages asks 240 KiB)."""
+    has 227 KiB: fp32 at BLOCK_M=128 with these stages asks 240 KiB). Block-scaled e4m3 weights
+    (``k_blocks``: columns per block, the columns of the first block before the first) need each K tile
+    inside one block column."""
     per_expert = -(-pairs // experts)
     if per_expert <= 16:
         cfg = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4)
@@ -215,53 +232,80 @@ def _config(pairs: int, experts: int, itemsize: int) -> dict:
         cfg = dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=64, num_warps=8, num_stages=3)
     if itemsize > 2:
         cfg["BLOCK_K"] //= 2
+    if k_blocks is not None:
+        cols, col0 = k_blocks
+        k = min(cfg["BLOCK_K"], cols, col0 & -col0 if col0 else cols)  # col0 & -col0: its lowest set bit
+        assert cols % k == 0 and col0 % k == 0 and k >= 16 and k & (k - 1) == 0, f"{cols}-column blocks"
+        cfg["BLOCK_K"] = k
     return cfg
 
 
-def group_by_expert(ids: torch.Tensor, experts: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(counts [E] int32, order [P] int32): the T * K pairs (``ids`` [T, K]) sorted by expert."""
-    flat = ids.reshape(-1)
-    pairs = flat.numel()
-    counters = torch.zeros(2 * experts, dtype=torch.int32, device=ids.device)  # counts | cursors
-    order = torch.empty(pairs, dtype=torch.int32, device=ids.device)
-    if pairs:
-        _count_kernel[(triton.cdiv(pairs, 256),)](flat, counters, pairs, BLOCK=256, num_warps=4)
-        block = 64  # x E_PAD one-hot lanes to look up each pair's group start
-        _place_kernel[(triton.cdiv(pairs, block),)](
-            flat, counters, counters[experts:], order, pairs, experts,
-            BLOCK=block, E_PAD=triton.next_power_of_2(experts), num_warps=4,
-        )  # fmt: skip
-    return counters[:experts], order
+Weights = torch.Tensor | Fp8Experts  # [E, N, K]
+
+
+def _scale_args(w: Weights, part_rows: int) -> tuple[torch.Tensor, tuple[int, ...], dict]:
+    """(the scales, (stride_se, stride_sn, the second part's first scale row, row0, col0), the kernel's
+    constexprs) of a weight stack; ``part_rows``: the rows of gate (gate | up) or of the whole stack.
+    16/32-bit weights pass themselves in place of scales the kernel never reads."""
+    if not isinstance(w, Fp8Experts):
+        return w, (0, 0, 0, 0, 0), {}
+    s = w.scale
+    assert s.dtype == torch.float32 and s.stride(-1) == 1 and w.weight.stride(-1) == 1
+    if w.block is None:
+        return s, (s.stride(0), 1, part_rows, 0, 0), dict(SCALES=1)
+    (rows, cols), (row0, col0) = w.block, w.offset
+    assert w.parts == 2 or (row0 + part_rows) % rows == 0 or part_rows == w.weight.shape[1], "unaligned parts"
+    first = triton.cdiv(row0 + part_rows, rows)
+    return s, (s.stride(0), s.stride(1), first, row0, col0), dict(SCALES=2, SCALE_N=rows, SCALE_K=cols)
+
+
+def _weight(w: Weights) -> torch.Tensor:
+    return w.weight if isinstance(w, Fp8Experts) else w
+
+
+def _k_blocks(*stacks: Weights) -> tuple[int, int] | None:
+    """(columns per block, the first block's columns before the first) that the K tiles must respect."""
+    blocked = [w for w in stacks if isinstance(w, Fp8Experts) and w.block is not None]
+    if not blocked:
+        return None
+    cols = min(w.block[1] for w in blocked)
+    col0 = 0
+    for w in blocked:
+        col0 |= w.offset[1]  # a tile that divides every offset divides their bitwise or's lowest bit
+    return cols, col0
 
 
 def moe_experts(
     h: torch.Tensor,  # [T, H]
     weights: torch.Tensor,  # [T, K] routing weights (model dtype, or fp32)
     ids: torch.Tensor,  # [T, K] expert ids
-    gate_up: torch.Tensor,  # [E, 2I, H]
-    down: torch.Tensor,  # [E, H, I]
+    gate_up: Weights,  # [E, 2I, H]
+    down: Weights,  # [E, H, I]
 ) -> torch.Tensor:  # [T, H]
-    assert h.stride(-1) == 1 and gate_up.stride(-1) == 1 and down.stride(-1) == 1
+    w_gu, w_down = _weight(gate_up), _weight(down)
+    assert h.stride(-1) == 1 and w_gu.stride(-1) == 1 and w_down.stride(-1) == 1
     tokens, hidden = h.shape
-    top_k, experts, inter = ids.shape[1], gate_up.shape[0], down.shape[2]
+    top_k, experts, inter = ids.shape[1], w_gu.shape[0], w_down.shape[2]
     pairs = tokens * top_k
     out = torch.empty_like(h)
     if not pairs:
         return out
     counts, order = group_by_expert(ids, experts)
-    cfg = _config(pairs, experts, h.element_size())
+    s_gu, (se_gu, sn_gu, up_row, row0, _), fp8_gu = _scale_args(gate_up, inter)
+    s_down, (se_down, sn_down, _, _, col0), fp8_down = _scale_args(down, hidden)
+    cfg = _config(pairs, experts, h.element_size(), _k_blocks(gate_up, down))
     max_tiles = triton.cdiv(pairs, cfg["BLOCK_M"]) + min(experts, pairs)  # the worst case, from ints
     prec = "ieee" if h.dtype == torch.float32 or needs_f32_dot(h) else "tf32"
     common = dict(E_PAD=triton.next_power_of_2(experts), DOT_PREC=prec, DOT_F32=needs_f32_dot(h), **cfg)
     act = torch.empty((pairs, inter), dtype=h.dtype, device=h.device)  # sorted order
     _gate_up_kernel[(max_tiles, triton.cdiv(inter, cfg["BLOCK_N"]))](
-        h, gate_up, counts, order, act, experts, hidden, inter,
-        h.stride(0), gate_up.stride(0), gate_up.stride(1), act.stride(0), TOP_K=top_k, **common,
+        h, w_gu, s_gu, counts, order, act, experts, hidden, inter, h.stride(0), w_gu.stride(0),
+        w_gu.stride(1), act.stride(0), se_gu, sn_gu, up_row, row0, TOP_K=top_k, **fp8_gu, **common,
     )  # fmt: skip
     y = torch.empty((pairs, hidden), dtype=h.dtype, device=h.device)  # pair order
     _down_kernel[(max_tiles, triton.cdiv(hidden, cfg["BLOCK_N"]))](
-        act, down, counts, order, y, experts, hidden, inter,
-        act.stride(0), down.stride(0), down.stride(1), y.stride(0), **common,
+        act, w_down, s_down, counts, order, y, experts, hidden, inter, act.stride(0), w_down.stride(0),
+        w_down.stride(1), y.stride(0), se_down, sn_down, col0, **fp8_down, **common,
     )  # fmt: skip
     block = min(1024, triton.next_power_of_2(hidden))
     _combine_kernel[(tokens, triton.cdiv(hidden, block))](

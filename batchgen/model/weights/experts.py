@@ -68,13 +68,33 @@ def _read(
         gate_up = [[Part(fused, rows, None, e), Part(fused, up_rows, None, e)] for e in range(num_experts)]
         down = [[Part(fused_down, None, rows, e)] for e in range(num_experts)]
     else:
-        experts, gate, up, down_leaf = _checkpoint_names(source, layer_prefix)
-        gate_up, down = [], []
-        for e in range(num_experts):
-            base = layer_prefix + experts.format(e=e)
-            gate_up.append([Part(base + gate, rows), Part(base + up, rows)])
-            down.append([Part(base + down_leaf, None, rows)])
-    return _stack(read, gate_up, dtype), _stack(read, down, dtype)
+        gate_up, down = checkpoint_parts(source, layer_prefix, num_experts, rows)
+    return stack(read, gate_up, dtype), stack(read, down, dtype)
+
+
+ExpertParts = list[list[Part]]  # per expert, the parts its matrix stacks by rows
+
+
+def checkpoint_parts(
+    source: WeightSource, layer_prefix: str, num_experts: int, rows: Span | None
+) -> tuple[ExpertParts, ExpertParts]:
+    """(gate_up: [gate rows, up rows] of each expert, down: [down columns] of each) of a checkpoint that
+    stores one matrix per expert."""
+    experts, gate, up, down_leaf = _checkpoint_names(source, layer_prefix)
+    gate_up, down = [], []
+    for e in range(num_experts):
+        base = layer_prefix + experts.format(e=e)
+        gate_up.append([Part(base + gate, rows), Part(base + up, rows)])
+        down.append([Part(base + down_leaf, None, rows)])
+    return gate_up, down
+
+
+def stored_per_expert(source: WeightSource, layer_prefix: str) -> str | None:
+    """Expert 0's gate weight name where the checkpoint stores one matrix per expert, else None."""
+    if source.has(layer_prefix + "mlp.experts.gate_up_proj"):
+        return None
+    experts, gate, _, _ = _checkpoint_names(source, layer_prefix)
+    return layer_prefix + experts.format(e=0) + gate
 
 
 def _checkpoint_names(source: WeightSource, layer_prefix: str) -> tuple[str, str, str, str]:
@@ -84,7 +104,7 @@ def _checkpoint_names(source: WeightSource, layer_prefix: str) -> tuple[str, str
     raise KeyError(f"no expert weights under {layer_prefix!r} (neither fused nor per expert)")
 
 
-def _stack(read: Reader, experts: Sequence[Sequence[Part]], dtype: torch.dtype) -> torch.Tensor:
+def stack(read: Reader, experts: Sequence[Sequence[Part]], dtype: torch.dtype) -> torch.Tensor:
     """[E, rows, cols]: expert e's parts stacked by rows, each read once and copied into place (memory
     holds the stack and one part at a time)."""
     out = None

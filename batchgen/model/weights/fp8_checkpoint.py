@@ -111,7 +111,7 @@ def dequantized(
     source: WeightSource, part: Part, dtype: torch.dtype, block: tuple[int, int] = (128, 128)
 ) -> torch.Tensor:
     """A part of an FP8-stored tensor that batchgen keeps in the model dtype (an LM head some checkpoints
-    quantize; MoE experts, whose grouped GEMMs are 16-bit), its scales applied: ``weight_scale_inv`` or
+    quantize; fused MoE expert tensors), its scales applied: ``weight_scale_inv`` or
     block ``weight_scale`` (``block`` rows x cols), else per-channel or per-tensor ``weight_scale``."""
     weight = source.get(part).float()
     name = _scale_name(part, "weight_scale_inv")

@@ -33,7 +33,7 @@ class Loader(NamedTuple):
 
     def tensor(self, part: Part) -> torch.Tensor:
         """A part kept in the model dtype: dequantized where an FP8 checkpoint stores it quantized (an LM
-        head, MoE experts)."""
+        head; fused MoE expert tensors, ``weights/fp8_experts.py`` keeps per-expert ones in e4m3)."""
         if self.source.dtype(part.name) == torch.float8_e4m3fn:
             from batchgen.model.weights.fp8_checkpoint import dequantized
 

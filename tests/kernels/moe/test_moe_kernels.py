@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from batchgen.kernels import reference
-from batchgen.kernels.moe.routed_experts import group_by_expert, moe_experts
+from batchgen.kernels.moe.grouping import group_by_expert
+from batchgen.kernels.moe.routed_experts import moe_experts
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
