@@ -4,7 +4,8 @@
 # CLI with a small model: host time per step), and on a
 # machine with 2+ GPUs tensor parallelism (B5, B1s at TP=2) and --data-parallel.
 # The mixture-of-experts stage (minutes long) runs only when asked: STAGES="moe" (its GPU tests, the
-# B6 decode step against its roofline, B6 async beside transformers' forward); STAGES="fp8" the FP8 ones
+# B6 decode step against its roofline, one B6 MoE layer's parts against theirs with a tile sweep, B6 async
+# beside transformers' forward); STAGES="fp8" the FP8 ones
 # (fp8-tests, fp8-quality, fp8-bench; fp8-b1 runs B1 alone); STAGES="startup startup-newest startup-8b" the start-up A/Bs;
 # STAGES=b7-idle where B7's GPU waits (B7_IDLE_OLD=DIR: against another checkout, interleaved;
 # B7_IDLE_ARGS="--staggered": B7s).
@@ -115,12 +116,15 @@ if has startup-newest && "$PY" -m pip install -q --no-index --no-deps --target /
     PYTHONPATH="/tmp/site-newest:$PYTHONPATH" stage startup-newest 300 "$RUN/startup-newest.log" \
         "$PY" scripts/startup_ab.py --rounds "${STARTUP_ROUNDS:-2}"
 fi
-# STAGES="moe" = moe-tests moe-step moe-bench (each also alone: one device call holds 10 minutes).
+# STAGES="moe" = moe-tests moe-step moe-split moe-bench (each also alone: one device call holds 10 minutes).
 moe() { has moe || has "moe-$1"; }
 moe tests && stage moe-tests 180 "$RUN/moe-tests.log" "$PY" -m pytest -q -m gpu -k "$MOE_TESTS" \
     tests/kernels/moe/test_moe_kernels.py tests/kernels/moe/test_fp8_moe_kernels.py tests/model/test_moe_layer.py \
     tests/model/test_fp8_moe.py tests/engine/test_cuda_runner.py -p no:cacheprovider
 moe step && stage moe-step 200 "$RUN/moe-step.log" "$PY" scripts/bench_step.py --preset B6 --out "$RUN/moe-step.json"
+# moe-split: one B6 MoE layer at 256, 512 and 8192 tokens, each part (router, permutation, gate|up, down,
+# combine) against its roofline, a sweep of the expert GEMMs' tiles, B6's MoE time as prefill and decode.
+moe split && stage moe-split 150 "$RUN/moe-split.log" "$PY" scripts/moe_split.py --out "$RUN/moe-split.json"
 moe bench && stage moe-bench 420 "$RUN/moe-bench.log" "$PY" -m batchgen.bench --workload B6 --mode async \
     --out "$RUN/moe"
 # STAGES="fp8" = fp8-tests fp8-quality fp8-bench (FP8 weights + KV: kernels, matmul choices, quality on the

@@ -1,0 +1,652 @@
+"""Where a mixture-of-experts layer's time goes: each part against its roofline, a tile sweep of the
+grouped GEMMs, and the whole run's MoE time split into prefill and decode.
+
+One MoE layer (B6's Qwen3-30B-A3B shape by default: 128 experts, top-8, hidden 2048, expert
+intermediate 768, 48 layers) with random bf16 weights, routed from random hidden states through the
+model's own ``route``. For each token count (decode steps of 256 and 512 rows, a prefill chunk of 8192
+tokens) every part is captured in a CUDA graph and replayed: the router GEMM + softmax/top-k, the
+permutation (``group_by_expert``), the gate|up GEMM, the down GEMM, the combine, and the whole layer
+(router + ``moe_experts``). Each part's roofline is the larger of its bytes over the measured copy
+bandwidth (the weights of the experts at least one token hits, read once, plus activations) and its
+FLOPs over the measured dense matmul rate: bytes bind at decode, FLOPs at prefill.
+
+The sweep times the two grouped GEMMs under a grid of tiles per token count (an expert whose group
+exceeds BLOCK_M is cut into several row tiles, each re-reading that expert's weights), against
+``routed_experts._config``'s choice, and the whole layer with the best shared tile (``_config``
+monkeypatched, then restored). The estimate multiplies the per-layer times out to a run: prompts in
+chunks of ``--chunk`` tokens, decode steps times waves (``ceil(requests / width)``) times layers.
+
+    PYTHONPATH=. python3 scripts/moe_split.py --out split.json          # B6 shape, on the GPU
+    PYTHONPATH=. python3 scripts/moe_split.py --tokens 256 512 8192 --no-sweep
+    TRITON_INTERPRET=1 PYTHONPATH=. python3 scripts/moe_split.py --device cpu --tiny   # a smoke test
+
+The gate|up, down and combine launches below mirror ``moe_experts``'s: a change of the kernels'
+arguments must be made here too (the parts check, ``parts_max_diff``, compares the chain with
+``moe_experts``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+PARTS = ("router", "permutation", "gate_up", "down", "combine", "layer")
+NOT_COUNTED = (
+    "attention (prefill FLOPs, decode KV reads), the QKV/O projections, norms, embedding, LM head and "
+    "sampling, host work between steps, and steps mixing one wave's decodes with the next's prompts"
+)
+SMEM_DEFAULT = 232448  # a Hopper SM's opt-in shared memory per block
+
+
+class Shape(NamedTuple):
+    experts: int
+    hidden: int
+    inter: int
+    top_k: int
+    layers: int
+
+
+B6 = Shape(experts=128, hidden=2048, inter=768, top_k=8, layers=48)
+TINY = Shape(experts=8, hidden=64, inter=32, top_k=2, layers=2)
+
+
+class Layer(NamedTuple):
+    router: torch.Tensor  # [E, H]
+    gate_up: torch.Tensor  # [E, 2I, H]
+    down: torch.Tensor  # [E, H, I]
+    routing: Any  # batchgen.model.moe_layout.Routing
+
+
+class Step(NamedTuple):
+    h: torch.Tensor  # [T, H]
+    weights: torch.Tensor  # [T, K]
+    ids: torch.Tensor  # [T, K]
+    counts: torch.Tensor  # [E] int32
+    order: torch.Tensor  # [P] int32
+    act: torch.Tensor  # [P, I]
+    y: torch.Tensor  # [P, H]
+    out: torch.Tensor  # [T, H]
+    distinct: int  # experts at least one token is routed to
+
+
+def kernels():
+    """The MoE kernels' module, imported once TRITON_INTERPRET is settled (``main``)."""
+    from batchgen.kernels.moe import routed_experts
+
+    return routed_experts
+
+
+# --- the layer and its inputs -------------------------------------------------------------------------
+
+
+def make_layer(shape: Shape, device: torch.device, dtype: torch.dtype, gen: torch.Generator) -> Layer:
+    from batchgen.model.moe_layout import Routing
+
+    def rand(*size: int) -> torch.Tensor:
+        return torch.randn(*size, generator=gen, device=device, dtype=dtype).mul_(size[-1] ** -0.5)
+
+    e, h, i = shape.experts, shape.hidden, shape.inter
+    routing = Routing(num_experts=e, top_k=shape.top_k, renormalize=True, fp32_weights=False)
+    return Layer(rand(e, h), rand(e, 2 * i, h), rand(e, h, i), routing)
+
+
+def route_layer(layer: Layer, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    from batchgen.model.moe_layer import route
+
+    return route(F.linear(h, layer.router), layer.routing)
+
+
+def make_step(layer: Layer, tokens: int, gen: torch.Generator) -> Step:
+    e, inter, hidden = layer.gate_up.shape[0], layer.down.shape[2], layer.down.shape[1]
+    h = torch.randn(tokens, hidden, generator=gen, device=layer.router.device, dtype=layer.router.dtype)
+    weights, ids = route_layer(layer, h)
+    counts, order = kernels().group_by_expert(ids, e)
+    pairs = ids.numel()
+    act = h.new_empty(pairs, inter)
+    y = h.new_empty(pairs, hidden)
+    distinct = int(ids.unique().numel())
+    return Step(h, weights, ids, counts, order, act, y, torch.empty_like(h), distinct)
+
+
+# --- launches, as moe_experts makes them --------------------------------------------------------------
+
+
+def _common(h: torch.Tensor, experts: int) -> dict:
+    import triton
+
+    from batchgen.kernels.launch.device import needs_f32_dot
+
+    f32 = needs_f32_dot(h)
+    prec = "ieee" if h.dtype == torch.float32 or f32 else "tf32"
+    return dict(E_PAD=triton.next_power_of_2(experts), DOT_PREC=prec, DOT_F32=f32)
+
+
+def _grid(pairs: int, experts: int, n: int, cfg: dict) -> tuple[int, int]:
+    import triton
+
+    return triton.cdiv(pairs, cfg["BLOCK_M"]) + min(experts, pairs), triton.cdiv(n, cfg["BLOCK_N"])
+
+
+def launch_gate_up(layer: Layer, s: Step, cfg: dict) -> None:
+    w, e, inter, hidden = layer.gate_up, layer.gate_up.shape[0], layer.down.shape[2], s.h.shape[1]
+    kernels()._gate_up_kernel[_grid(s.ids.numel(), e, inter, cfg)](
+        s.h, w, s.counts, s.order, s.act, e, hidden, inter,
+        s.h.stride(0), w.stride(0), w.stride(1), s.act.stride(0),
+        TOP_K=s.ids.shape[1], **_common(s.h, e), **cfg,
+    )  # fmt: skip
+
+
+def launch_down(layer: Layer, s: Step, cfg: dict) -> None:
+    w, e, inter, hidden = layer.down, layer.down.shape[0], layer.down.shape[2], s.h.shape[1]
+    kernels()._down_kernel[_grid(s.ids.numel(), e, hidden, cfg)](
+        s.act, w, s.counts, s.order, s.y, e, hidden, inter,
+        s.act.stride(0), w.stride(0), w.stride(1), s.y.stride(0), **_common(s.h, e), **cfg,
+    )  # fmt: skip
+
+
+def launch_combine(s: Step) -> None:
+    import triton
+
+    tokens, hidden = s.h.shape
+    block = min(1024, triton.next_power_of_2(hidden))
+    kernels()._combine_kernel[(tokens, triton.cdiv(hidden, block))](
+        s.y, s.weights, s.out, hidden, s.y.stride(0), s.out.stride(0), TOP_K=s.ids.shape[1],
+        ROUND_PRODUCT=s.weights.dtype != torch.float32, BLOCK=block, num_warps=4,
+    )  # fmt: skip
+
+
+def launch(kernel: str, layer: Layer, s: Step, cfg: dict) -> None:
+    (launch_gate_up if kernel == "gate_up" else launch_down)(layer, s, cfg)
+
+
+def whole_layer(layer: Layer, h: torch.Tensor) -> torch.Tensor:
+    weights, ids = route_layer(layer, h)
+    return kernels().moe_experts(h, weights, ids, layer.gate_up, layer.down)
+
+
+def current_config(layer: Layer, s: Step) -> dict:
+    return kernels()._config(s.ids.numel(), layer.gate_up.shape[0], s.h.element_size())
+
+
+# --- timing -------------------------------------------------------------------------------------------
+
+
+def time_ms(fn: Callable[[], object], device: torch.device, iters: int, reps: int) -> float:
+    """Milliseconds a call of ``fn`` takes: on CUDA ``reps`` calls captured in one graph, replayed until
+    ``iters`` calls ran, between events; elsewhere wall time over ``iters`` calls. One call first (it
+    compiles the kernels, and a failing configuration raises here, outside any capture)."""
+    fn()
+    if device.type != "cuda":
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        return (time.perf_counter() - t0) / iters * 1e3
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            fn()
+    graph.replay()
+    replays = max(1, iters // reps)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    del graph
+    return start.elapsed_time(end) / (replays * reps)
+
+
+def measure_peak_flops(device: torch.device, dtype: torch.dtype) -> float:
+    """FLOP/s of a large square matmul (the dense rate a prefill GEMM can reach)."""
+    n = 8192 if device.type == "cuda" else 256
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    ms = time_ms(lambda: torch.matmul(a, b), device, iters=20 if device.type == "cuda" else 3, reps=5)
+    return 2 * n**3 / (ms * 1e-3)
+
+
+# --- the parts and their rooflines --------------------------------------------------------------------
+
+
+def part_costs(shape: Shape, s: Step) -> dict[str, tuple[int, int]]:
+    """(bytes, FLOPs) each part must move and compute: the hit experts' weights read once, the router's
+    weight, activations in and out once."""
+    e, h, i, k = shape.experts, shape.hidden, shape.inter, shape.top_k
+    t, it = s.h.shape[0], s.h.element_size()
+    p, w_it, id_it = t * k, s.weights.element_size(), s.ids.element_size()
+    gate_up_w, down_w = s.distinct * 2 * i * h * it, s.distinct * h * i * it
+    return {
+        "router": (e * h * it + t * h * it + p * (w_it + id_it), 2 * t * h * e),
+        "permutation": (p * id_it + p * 4, 0),
+        "gate_up": (gate_up_w + t * h * it + p * i * it, 2 * p * h * 2 * i),
+        "down": (down_w + p * i * it + p * h * it, 2 * p * i * h),
+        "combine": (p * h * it + p * w_it + t * h * it, 2 * p * h),
+        "layer": (e * h * it + gate_up_w + down_w + 2 * t * h * it, 2 * t * h * e + 6 * p * i * h),
+    }
+
+
+def roofline(nbytes: int, flops: int, bandwidth: float, peak: float) -> dict:
+    by_bytes, by_flops = nbytes / bandwidth * 1e3, flops / peak * 1e3
+    return {
+        "bytes": nbytes,
+        "flops": flops,
+        "roofline_ms": max(by_bytes, by_flops),
+        "bound": "bytes" if by_bytes >= by_flops else "flops",
+    }
+
+
+def part_fns(layer: Layer, s: Step, cfg: dict) -> dict[str, Callable[[], object]]:
+    e = layer.gate_up.shape[0]
+    return {
+        "router": functools.partial(route_layer, layer, s.h),
+        "permutation": functools.partial(kernels().group_by_expert, s.ids, e),
+        "gate_up": functools.partial(launch_gate_up, layer, s, cfg),
+        "down": functools.partial(launch_down, layer, s, cfg),
+        "combine": functools.partial(launch_combine, s),
+        "layer": functools.partial(whole_layer, layer, s.h),
+    }
+
+
+def parts_max_diff(layer: Layer, s: Step, cfg: dict) -> float:
+    """The chain of launches here against ``moe_experts`` on the same routing (0 when they agree)."""
+    launch_gate_up(layer, s, cfg)
+    launch_down(layer, s, cfg)
+    launch_combine(s)
+    want = kernels().moe_experts(s.h, s.weights, s.ids, layer.gate_up, layer.down)
+    return float((s.out.float() - want.float()).abs().max())
+
+
+def time_parts(layer: Layer, shape: Shape, s: Step, env: dict) -> dict:
+    cfg = current_config(layer, s)
+    costs = part_costs(shape, s)
+    parts = {}
+    for name, fn in part_fns(layer, s, cfg).items():
+        ms = time_ms(fn, env["device"], env["iters"], env["reps"])
+        line = roofline(*costs[name], env["bandwidth"], env["peak"])
+        parts[name] = {"ms": ms, **line, "vs_roofline": ms / line["roofline_ms"]}
+    return {
+        "tokens": s.h.shape[0],
+        "pairs": s.ids.numel(),
+        "distinct_experts": s.distinct,
+        "config": cfg,
+        "parts": parts,
+        "sum_of_parts_ms": sum(parts[n]["ms"] for n in PARTS[:-1]),
+        "parts_max_diff": parts_max_diff(layer, s, cfg),
+    }
+
+
+# --- the tile sweep -----------------------------------------------------------------------------------
+
+
+def cfg_name(cfg: dict) -> str:
+    return f"M{cfg['BLOCK_M']} N{cfg['BLOCK_N']} K{cfg['BLOCK_K']} w{cfg['num_warps']} s{cfg['num_stages']}"
+
+
+def candidates(experts: int, itemsize: int) -> list[dict]:
+    """``_config``'s own choices first (each mean group size's), then the grid."""
+    current = [kernels()._config(experts * m, experts, itemsize) for m in (1, 17, 33, 129)]
+    grid = [  # every BLOCK_M of one (N, K, warps, stages) together: a sweep cut short still covers each
+        dict(BLOCK_M=m, BLOCK_N=n, BLOCK_K=k, num_warps=w, num_stages=st)
+        for n in (64, 128)
+        for k in (128, 64)
+        for w in (4, 8)
+        for st in (4, 3)
+        for m in (16, 32, 64, 128)
+    ]
+    out: list[dict] = []
+    for cfg in current + grid:
+        if cfg not in out:
+            out.append(cfg)
+    return out
+
+
+def fits(kernel: str, cfg: dict, itemsize: int, smem: int) -> bool:
+    """Whether the staged tiles (A, and one or two weight tiles) fit shared memory, counted generously."""
+    m, n, k = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
+    weight_tiles = 2 if kernel == "gate_up" else 1
+    return cfg["num_stages"] * (m * k + weight_tiles * k * n) * itemsize <= smem
+
+
+def applies(cfg: dict, s: Step, experts: int) -> bool:
+    """BLOCK_M near the mean group: from an eighth of it up to four times it (16 at least)."""
+    mean = s.ids.numel() / experts
+    return cfg["BLOCK_M"] <= max(16, 4 * mean) and cfg["BLOCK_M"] * 8 >= mean
+
+
+def sweep(layer: Layer, steps: dict[int, Step], configs: list[dict], env: dict) -> tuple[dict, dict]:
+    """({tokens: {kernel: [{config, ms}]}}, notes): configs in order until the time budget is spent."""
+    e, it = layer.gate_up.shape[0], layer.router.element_size()
+    timed: dict[int, dict[str, list]] = {t: {"gate_up": [], "down": []} for t in steps}
+    notes: dict[str, Any] = {"failed": [], "skipped_for_time": 0}
+    t0 = time.perf_counter()
+    for i, cfg in enumerate(configs):
+        if time.perf_counter() - t0 > env["budget"]:
+            notes["skipped_for_time"] = len(configs) - i
+            break
+        for t, s in steps.items():
+            if not applies(cfg, s, e):
+                continue
+            for kernel in ("gate_up", "down"):
+                if not fits(kernel, cfg, it, env["smem"]):
+                    continue
+                fn = functools.partial(launch, kernel, layer, s, cfg)
+                try:
+                    ms = time_ms(fn, env["device"], env["sweep_iters"], env["reps"])
+                except Exception as exc:  # out of resources, or a tile Triton cannot build
+                    notes["failed"].append(f"{t} {kernel} {cfg_name(cfg)}: {type(exc).__name__}")
+                    continue
+                timed[t][kernel].append({"config": cfg, "ms": ms})
+    notes["seconds"] = time.perf_counter() - t0
+    return timed, notes
+
+
+@contextlib.contextmanager
+def forced_config(cfg: dict) -> Iterator[None]:
+    """``moe_experts`` with these tiles for every shape (``routed_experts._config`` patched, restored)."""
+    module = kernels()
+    original = module._config
+    module._config = lambda pairs, experts, itemsize: dict(cfg)
+    try:
+        yield
+    finally:
+        module._config = original
+
+
+def _ms_of(rows: list[dict], cfg: dict) -> float | None:
+    return next((r["ms"] for r in rows if r["config"] == cfg), None)
+
+
+def summarize(layer: Layer, s: Step, timed: dict[str, list], env: dict) -> dict:
+    """Best tiles per kernel and for both together (``moe_experts`` shares one), against the current."""
+    cur = current_config(layer, s)
+    out: dict[str, Any] = {"current": cur}
+    for kernel, rows in timed.items():
+        best = min(rows, key=lambda r: r["ms"], default=None)
+        out[kernel] = {"current_ms": _ms_of(rows, cur), "best": best, "tried": len(rows)}
+    both = []
+    for r in timed["gate_up"]:
+        down_ms = _ms_of(timed["down"], r["config"])
+        if down_ms is not None:
+            both.append((r["ms"] + down_ms, r["config"]))
+    if both:
+        ms, cfg = min(both, key=lambda x: x[0])
+        layer_fn = functools.partial(whole_layer, layer, s.h)
+        current_ms = time_ms(layer_fn, env["device"], env["iters"], env["reps"])  # as timed beside it
+        with forced_config(cfg):
+            layer_ms = time_ms(layer_fn, env["device"], env["iters"], env["reps"])
+        out["joint"] = {"config": cfg, "gemms_ms": ms, "layer_ms": layer_ms, "current_layer_ms": current_ms}
+    return out
+
+
+# --- compiling the sweep's kernels in parallel --------------------------------------------------------
+
+
+def _precompile(job: tuple) -> str:
+    """In a worker process: compile one kernel at one tile into Triton's on-disk cache (``warmup``), with
+    the arguments the main process will launch it with, so that its launch finds it there."""
+    kernel, cfg, (e, h, i, top_k), dtype_name = job
+    try:
+        x = torch.empty(16, device="cuda", dtype=getattr(torch, dtype_name))
+        n32 = torch.empty(16, device="cuda", dtype=torch.int32)
+        common = dict(_common(x, e), grid=(1,), **cfg)
+        if kernel == "gate_up":
+            kernels()._gate_up_kernel.warmup(
+                x, x, n32, n32, x, e, h, i, h, 2 * i * h, h, i, TOP_K=top_k, **common
+            )
+        else:
+            kernels()._down_kernel.warmup(x, x, n32, n32, x, e, h, i, i, h * i, i, h, **common)
+        return ""
+    except Exception as exc:
+        return f"{kernel} {cfg_name(cfg)}: {type(exc).__name__}: {exc}"[:200]
+
+
+class Precompile(NamedTuple):
+    pool: Any
+    pending: Any  # multiprocessing AsyncResult
+    jobs: int
+    t0: float
+
+
+def start_precompile(
+    configs: list[dict], shape: Shape, dtype: torch.dtype, smem: int, workers: int
+) -> Precompile:
+    """Compile every sweep kernel in ``workers`` spawned processes while the main one times the parts (a
+    serial compile would dominate the sweep); whatever fails or runs late is compiled at its launch."""
+    import multiprocessing
+
+    it = torch.empty(0, dtype=dtype).element_size()
+    dims = (shape.experts, shape.hidden, shape.inter, shape.top_k)
+    name = str(dtype).removeprefix("torch.")
+    jobs = [(k, c, dims, name) for c in configs for k in ("gate_up", "down") if fits(k, c, it, smem)]
+    pool = multiprocessing.get_context("spawn").Pool(workers)
+    return Precompile(pool, pool.map_async(_precompile, jobs, chunksize=1), len(jobs), time.perf_counter())
+
+
+def finish_precompile(p: Precompile, deadline_s: float = 50.0) -> dict:
+    """Waits for the workers until ``deadline_s`` after their start, then stops them."""
+    try:
+        timeout = max(1.0, deadline_s - (time.perf_counter() - p.t0))
+        errors = [e for e in p.pending.get(timeout=timeout) if e]
+    except Exception as exc:  # a late or broken pool: the launches compile instead
+        errors = [f"precompile: {type(exc).__name__}: {exc}"[:200]]
+    finally:
+        p.pool.terminate()
+    return {"jobs": p.jobs, "seconds": time.perf_counter() - p.t0, "errors": errors[:10]}
+
+
+# --- the run estimate ---------------------------------------------------------------------------------
+
+
+def phase_row(label: str, per_layer: dict, calls: int, waves: int | None, tuned_ms: float | None) -> dict:
+    """Seconds over ``calls`` layer calls: each part, the whole layer, its roofline, and with tuned tiles."""
+    parts = per_layer["parts"]
+    row = {"phase": label, "tokens_per_step": per_layer["tokens"], "waves": waves, "layer_calls": calls}
+    row.update({f"{n}_s": parts[n]["ms"] * calls / 1e3 for n in PARTS})
+    row["roofline_s"] = parts["layer"]["roofline_ms"] * calls / 1e3
+    row["tuned_layer_s"] = None if tuned_ms is None else tuned_ms * calls / 1e3
+    return row
+
+
+def estimate(results: dict, sweeps: dict, shape: Shape, args: argparse.Namespace) -> list[dict]:
+    """B6's MoE time: the prompts in chunks of ``--chunk`` tokens, then each decode width's steps times
+    its waves, every one through ``layers`` layers."""
+
+    def tuned(t: int) -> float | None:
+        return sweeps.get(t, {}).get("joint", {}).get("layer_ms")
+
+    rows = []
+    if args.chunk in results:
+        chunks = math.ceil(args.requests * args.prompt / args.chunk)
+        rows.append(phase_row("prefill", results[args.chunk], chunks * shape.layers, None, tuned(args.chunk)))
+    for t in sorted(x for x in results if x != args.chunk):
+        waves = math.ceil(args.requests / t)
+        calls = waves * args.generate * shape.layers
+        rows.append(phase_row(f"decode at {t} rows", results[t], calls, waves, tuned(t)))
+    return rows
+
+
+# --- printing -----------------------------------------------------------------------------------------
+
+
+def print_parts(results: dict) -> None:
+    print("\n| tokens | part | ms | roofline ms | bound | x roofline |\n|---|---|---|---|---|---|")
+    for t, r in results.items():
+        for name in PARTS:
+            p = r["parts"][name]
+            print(f"| {t} | {name} | {p['ms']:.4g} | {p['roofline_ms']:.4g} | {p['bound']} | "
+                  f"{p['vs_roofline']:.2f} |")  # fmt: skip
+        print(f"| {t} | sum of parts | {r['sum_of_parts_ms']:.4g} | | | |")
+    for t, r in results.items():
+        print(f"{t} tokens: {r['distinct_experts']} experts hit, tiles {cfg_name(r['config'])}, "
+              f"parts vs moe_experts max |diff| {r['parts_max_diff']:.3g}")  # fmt: skip
+
+
+def print_sweep(sweeps: dict) -> None:
+    print("\n| tokens | kernel | current | ms | best | ms | current / best |\n|---|---|---|---|---|---|---|")
+    for t, s in sweeps.items():
+        for kernel in ("gate_up", "down"):
+            k = s[kernel]
+            if k["best"] is None:
+                continue
+            cur = "n/a" if k["current_ms"] is None else f"{k['current_ms']:.4f}"
+            ratio = "" if k["current_ms"] is None else f"{k['current_ms'] / k['best']['ms']:.2f}"
+            print(f"| {t} | {kernel} | {cfg_name(s['current'])} | {cur} | {cfg_name(k['best']['config'])} | "
+                  f"{k['best']['ms']:.4f} | {ratio} |")  # fmt: skip
+        if "joint" in s:
+            j = s["joint"]
+            cur, best = j["current_layer_ms"], j["layer_ms"]
+            print(f"| {t} | whole layer | {cfg_name(s['current'])} | {cur:.4f} | {cfg_name(j['config'])} | "
+                  f"{best:.4f} | {cur / best:.2f} |")  # fmt: skip
+
+
+def print_estimate(rows: list[dict]) -> None:
+    head = "| phase | waves | layer calls | " + " | ".join(f"{n} s" for n in PARTS)
+    print(f"\n{head} | roofline s | tuned layer s |\n|" + "---|" * (len(PARTS) + 5))
+    for r in rows:
+        cells = " | ".join(f"{r[f'{n}_s']:.3f}" for n in PARTS)
+        tuned = "" if r["tuned_layer_s"] is None else f"{r['tuned_layer_s']:.3f}"
+        print(f"| {r['phase']} | {r['waves'] or ''} | {r['layer_calls']} | {cells} | "
+              f"{r['roofline_s']:.3f} | {tuned} |")  # fmt: skip
+    print(f"Not counted: {NOT_COUNTED}.")
+
+
+# --- main ---------------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=int, nargs="+", help="tokens a step [256 512 8192; --tiny: 4 16]")
+    ap.add_argument("--chunk", type=int, help="prefill tokens a step, one of --tokens [8192; --tiny: 16]")
+    for name, default in B6._asdict().items():
+        ap.add_argument(f"--{name.replace('_', '-')}", type=int, help=f"[{default}]")
+    ap.add_argument("--requests", type=int, default=512)
+    ap.add_argument("--prompt", type=int, default=512, help="prompt tokens a request")
+    ap.add_argument("--generate", type=int, default=512, help="generated tokens a request")
+    ap.add_argument("--iters", type=int, help="timed calls a part [CUDA 50, else 2]")
+    ap.add_argument("--no-sweep", action="store_true")
+    ap.add_argument("--sweep-budget", type=float, default=40.0, help="seconds of sweep at most")
+    ap.add_argument("--max-configs", type=int, help="tile configurations at most [--tiny: 2]")
+    ap.add_argument("--workers", type=int, default=12, help="processes compiling the sweep's kernels")
+    ap.add_argument("--peak-tflops", type=float, help="dense matmul rate instead of measuring it")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument(
+        "--tiny", action="store_true", help="a tiny layer (8 experts, hidden 64) at 4 and 16 tokens"
+    )
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", help="write the results as JSON here")
+    args = ap.parse_args(argv)
+    preset = TINY if args.tiny else B6
+    for name, default in preset._asdict().items():
+        setattr(args, name, getattr(args, name) or default)
+    args.tokens = args.tokens or ([4, 16] if args.tiny else [256, 512, 8192])
+    args.chunk = args.chunk or (16 if args.tiny else 8192)
+    args.max_configs = args.max_configs or (2 if args.tiny else None)
+    return args
+
+
+def environment(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> dict:
+    from batchgen.bench import metrics
+
+    cuda = device.type == "cuda"
+    smem = SMEM_DEFAULT
+    if cuda:
+        smem = getattr(torch.cuda.get_device_properties(device), "shared_memory_per_block_optin", smem)
+    peak = args.peak_tflops * 1e12 if args.peak_tflops else measure_peak_flops(device, dtype)
+    iters = args.iters or (50 if cuda else 2)
+    return {
+        "device": device,
+        "bandwidth": metrics.measure_bandwidth(device),
+        "peak": peak,
+        "iters": iters,
+        "sweep_iters": max(1, iters // 2) if cuda else 1,
+        "reps": 10 if cuda else 1,
+        "budget": args.sweep_budget,
+        "smem": smem,
+    }
+
+
+def sweep_configs(layer: Layer, steps: dict[int, Step], shape: Shape, args: argparse.Namespace) -> list[dict]:
+    configs = candidates(shape.experts, layer.router.element_size())
+    configs = [c for c in configs if any(applies(c, s, shape.experts) for s in steps.values())]
+    return configs[: args.max_configs] if args.max_configs else configs
+
+
+def run_sweep(
+    layer: Layer, steps: dict[int, Step], configs: list[dict], compiling: Precompile | None, env: dict
+) -> tuple[dict, dict]:
+    notes: dict[str, Any] = {"configs": len(configs)}
+    if compiling is not None:
+        notes["precompile"] = finish_precompile(compiling)
+        print(f"precompiled {compiling.jobs} kernels in {notes['precompile']['seconds']:.1f} s", flush=True)
+    timed, sweep_notes = sweep(layer, steps, configs, env)
+    notes.update(sweep_notes)
+    return {t: summarize(layer, steps[t], timed[t], env) for t in steps}, notes
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    device = torch.device(args.device)
+    if device.type != "cuda":
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # read when triton is first imported, just below
+    dtype = torch.bfloat16
+    shape = Shape(args.experts, args.hidden, args.inter, args.top_k, args.layers)
+    gen = torch.Generator(device=device).manual_seed(args.seed)
+    env = environment(args, device, dtype)
+    rates = f"copy bandwidth {env['bandwidth'] / 1e9:.0f} GB/s, matmul {env['peak'] / 1e12:.1f} TFLOP/s"
+    print(f"{shape}; {rates}", flush=True)
+    layer = make_layer(shape, device, dtype, gen)
+    steps = {t: make_step(layer, t, gen) for t in args.tokens}
+    configs = [] if args.no_sweep else sweep_configs(layer, steps, shape, args)
+    compiling = None
+    workers = min(args.workers, (os.cpu_count() or 2) - 1)
+    if configs and device.type == "cuda" and workers > 0:
+        compiling = start_precompile(configs, shape, dtype, env["smem"], workers)
+    results = {t: time_parts(layer, shape, s, env) for t, s in steps.items()}
+    print_parts(results)
+    sweeps, sweep_notes = run_sweep(layer, steps, configs, compiling, env) if configs else ({}, {})
+    if sweeps:
+        print_sweep(sweeps)
+        print(f"sweep: {json.dumps(sweep_notes, default=str)[:1500]}")
+    rows = estimate(results, sweeps, shape, args)
+    if args.chunk not in results:
+        print(f"no prefill row: --chunk {args.chunk} is not among --tokens")
+    print_estimate(rows)
+    if args.out:
+        out = {
+            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "shape": shape._asdict(),
+            "dtype": str(dtype),
+            "bandwidth_gbs": env["bandwidth"] / 1e9,
+            "peak_tflops": env["peak"] / 1e12,
+            "per_layer": {str(t): r for t, r in results.items()},
+            "sweep": {str(t): s for t, s in sweeps.items()},
+            "sweep_notes": sweep_notes,
+            "estimate": rows,
+            "not_counted": NOT_COUNTED,
+        }
+        Path(args.out).write_text(json.dumps(out, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
