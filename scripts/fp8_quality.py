@@ -26,6 +26,9 @@ fp8``) and ``kv`` (the cache alone). The others change one thing of ``fp8`` thro
   128 columns, activations alike;
 - ``fp32-2threads``: no quantization, two CPU threads instead of ``--threads``: whether the thread count
   alone changes any token;
+- ``w-gptq``: ``w-only`` with the weights rounded by GPTQ (``scripts/gptq.py``: each row's scale as the
+  package's, the rounding errors spread over later columns by calibration inputs' inverse Hessian); ``gptq``:
+  those weights with the package's activations; ``w-gptq-seq`` / ``gptq-seq``: calibrated layer by layer;
 - ``w-bf16``: no FP8 at all, the projections' weights rounded to bf16 (fp32 arithmetic): what any rounding
   of the weights costs on this measure, a floor for the others.
 
@@ -58,6 +61,7 @@ from batchgen.model.loader import default_model_dir  # noqa: E402
 from batchgen.model.paged_sequence import sequence_logits  # noqa: E402
 from batchgen.model.weights.formats import DenseLinear  # noqa: E402
 from batchgen.model.weights.fp8 import Fp8BlockLinear  # noqa: E402
+from scripts import gptq  # noqa: E402
 
 PROMPTS = [
     "What is the capital of France?", "Write a haiku about autumn leaves.", "Explain recursion to a child.",
@@ -230,6 +234,27 @@ def blocks(rows: int, cols: int):
     return make
 
 
+def gptq_variants(base: LLM, table: dict) -> None:
+    """``w-gptq``, ``gptq`` and their ``-seq`` forms; each calibration runs once, at its first variant."""
+    done: dict[bool, list] = {}
+
+    def hook(sequential: bool, acts: bool):
+        def enter(llm: LLM) -> contextlib.ExitStack:
+            if sequential not in done:
+                done[sequential] = gptq.quantize(base, gptq.calibration(base), sequential)
+            stack = contextlib.ExitStack()
+            stack.enter_context(gptq.rounded(llm, done[sequential]))
+            if not acts:
+                stack.enter_context(activations(_unquantized))
+            return stack
+
+        return enter
+
+    for seq, suffix in ((False, ""), (True, "-seq")):
+        table[f"w-gptq{suffix}"] = (PACKAGE["fp8"], hook(seq, False))
+        table[f"gptq{suffix}"] = (PACKAGE["fp8"], hook(seq, True))
+
+
 def variants(base: LLM) -> dict:
     """name -> (the package's options it starts from, a context manager factory over that LLM)."""
     none = lambda llm: contextlib.nullcontext()  # noqa: E731
@@ -264,6 +289,7 @@ def variants(base: LLM) -> dict:
         fp8,
         lambda llm: layers(llm, from_file(lambda w: DenseLinear(w.bfloat16().float(), None))),
     )
+    gptq_variants(base, table)
     return table
 
 
