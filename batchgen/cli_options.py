@@ -219,7 +219,7 @@ def engine_options(command: Callable) -> Callable:
         click.option(
             "--max-num-seqs",
             type=click.IntRange(min=1),
-            help="Rows decoded together [default: on a GPU, as many as the KV cache holds at 1024 tokens "
+            help="Rows decoded together [default: on a GPU, as many as the KV cache holds at 512 tokens "
             f"each, up to {EngineConfig.max_num_seqs_cap}; 256 on the CPU].",
         ),
         click.option(

@@ -126,7 +126,7 @@ moe step && stage moe-step 200 "$RUN/moe-step.log" "$PY" scripts/bench_step.py -
 # combine) against its roofline, a sweep of the expert GEMMs' tiles, B6's MoE time as prefill and decode.
 moe split && stage moe-split 150 "$RUN/moe-split.log" "$PY" scripts/moe_split.py --out "$RUN/moe-split.json"
 moe bench && stage moe-bench 420 "$RUN/moe-bench.log" "$PY" -m batchgen.bench --workload B6 --mode async \
-    --out "$RUN/moe"
+    ${MOE_BENCH_ARGS:-} --out "$RUN/moe"
 # STAGES="fp8" = fp8-tests fp8-quality fp8-bench (FP8 weights + KV: kernels, matmul choices, quality on the
 # embedded model, the B1 and B2 decode steps vs the FP8 roofline and B2's eager steps (prompts, prompts +
 # decodes), B1s and B2; fp8-b1 runs B1 alone: about 7 minutes).

@@ -12,30 +12,27 @@ FLOPs over the measured dense matmul rate: bytes bind at decode, FLOPs at prefil
 
 The sweep times the two grouped GEMMs under a grid of tiles per token count (an expert whose group
 exceeds BLOCK_M is cut into several row tiles, each re-reading that expert's weights), against
-``routed_experts._config``'s choice, and the whole layer with the best shared tile (``_config``
-monkeypatched, then restored). The estimate multiplies the per-layer times out to a run: prompts in
+``routed_experts``' own choice (``tile_config``), and the whole layer with the best shared tile
+(``moe_experts(config=...)``). The estimate multiplies the per-layer times out to a run: prompts in
 chunks of ``--chunk`` tokens, decode steps times waves (``ceil(requests / width)``) times layers.
 
     PYTHONPATH=. python3 scripts/moe_split.py --out split.json          # B6 shape, on the GPU
-    PYTHONPATH=. python3 scripts/moe_split.py --tokens 256 512 8192 --no-sweep
     TRITON_INTERPRET=1 PYTHONPATH=. python3 scripts/moe_split.py --device cpu --tiny   # a smoke test
 
-The gate|up, down and combine launches below mirror ``moe_experts``'s: a change of the kernels'
-arguments must be made here too (the parts check, ``parts_max_diff``, compares the chain with
-``moe_experts``).
+Each part is launched by the package's own functions (``gate_up_into``, ``down_into``, ``combine_into``):
+what is timed is what ``moe_experts`` runs.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import json
 import math
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -122,64 +119,24 @@ def make_step(layer: Layer, tokens: int, gen: torch.Generator) -> Step:
     return Step(h, weights, ids, counts, order, act, y, torch.empty_like(h), distinct)
 
 
-# --- launches, as moe_experts makes them --------------------------------------------------------------
-
-
-def _common(h: torch.Tensor, experts: int) -> dict:
-    import triton
-
-    from batchgen.kernels.launch.device import needs_f32_dot
-
-    f32 = needs_f32_dot(h)
-    prec = "ieee" if h.dtype == torch.float32 or f32 else "tf32"
-    return dict(E_PAD=triton.next_power_of_2(experts), DOT_PREC=prec, DOT_F32=f32)
-
-
-def _grid(pairs: int, experts: int, n: int, cfg: dict) -> tuple[int, int]:
-    import triton
-
-    return triton.cdiv(pairs, cfg["BLOCK_M"]) + min(experts, pairs), triton.cdiv(n, cfg["BLOCK_N"])
-
-
-def launch_gate_up(layer: Layer, s: Step, cfg: dict) -> None:
-    w, e, inter, hidden = layer.gate_up, layer.gate_up.shape[0], layer.down.shape[2], s.h.shape[1]
-    kernels()._gate_up_kernel[_grid(s.ids.numel(), e, inter, cfg)](
-        s.h, w, s.counts, s.order, s.act, e, hidden, inter,
-        s.h.stride(0), w.stride(0), w.stride(1), s.act.stride(0),
-        TOP_K=s.ids.shape[1], **_common(s.h, e), **cfg,
-    )  # fmt: skip
-
-
-def launch_down(layer: Layer, s: Step, cfg: dict) -> None:
-    w, e, inter, hidden = layer.down, layer.down.shape[0], layer.down.shape[2], s.h.shape[1]
-    kernels()._down_kernel[_grid(s.ids.numel(), e, hidden, cfg)](
-        s.act, w, s.counts, s.order, s.y, e, hidden, inter,
-        s.act.stride(0), w.stride(0), w.stride(1), s.y.stride(0), **_common(s.h, e), **cfg,
-    )  # fmt: skip
-
-
-def launch_combine(s: Step) -> None:
-    import triton
-
-    tokens, hidden = s.h.shape
-    block = min(1024, triton.next_power_of_2(hidden))
-    kernels()._combine_kernel[(tokens, triton.cdiv(hidden, block))](
-        s.y, s.weights, s.out, hidden, s.y.stride(0), s.out.stride(0), TOP_K=s.ids.shape[1],
-        ROUND_PRODUCT=s.weights.dtype != torch.float32, BLOCK=block, num_warps=4,
-    )  # fmt: skip
-
-
 def launch(kernel: str, layer: Layer, s: Step, cfg: dict) -> None:
-    (launch_gate_up if kernel == "gate_up" else launch_down)(layer, s, cfg)
+    if kernel == "gate_up":
+        kernels().gate_up_into(s.h, layer.gate_up, s.counts, s.order, s.act, s.ids.shape[1], cfg)
+    else:
+        kernels().down_into(s.act, layer.down, s.counts, s.order, s.y, cfg)
 
 
-def whole_layer(layer: Layer, h: torch.Tensor) -> torch.Tensor:
+def whole_layer(layer: Layer, h: torch.Tensor, cfg: dict | None = None) -> torch.Tensor:
     weights, ids = route_layer(layer, h)
-    return kernels().moe_experts(h, weights, ids, layer.gate_up, layer.down)
+    return kernels().moe_experts(h, weights, ids, layer.gate_up, layer.down, config=cfg)
+
+
+def cfg_name(cfg: dict) -> str:
+    return f"M{cfg['BLOCK_M']} N{cfg['BLOCK_N']} K{cfg['BLOCK_K']} w{cfg['num_warps']} s{cfg['num_stages']}"
 
 
 def current_config(layer: Layer, s: Step) -> dict:
-    return kernels()._config(s.ids.numel(), layer.gate_up.shape[0], s.h.element_size())
+    return kernels().tile_config(s.h, s.ids, layer.gate_up, layer.down)
 
 
 # --- timing -------------------------------------------------------------------------------------------
@@ -260,20 +217,11 @@ def part_fns(layer: Layer, s: Step, cfg: dict) -> dict[str, Callable[[], object]
     return {
         "router": functools.partial(route_layer, layer, s.h),
         "permutation": functools.partial(kernels().group_by_expert, s.ids, e),
-        "gate_up": functools.partial(launch_gate_up, layer, s, cfg),
-        "down": functools.partial(launch_down, layer, s, cfg),
-        "combine": functools.partial(launch_combine, s),
+        "gate_up": functools.partial(launch, "gate_up", layer, s, cfg),
+        "down": functools.partial(launch, "down", layer, s, cfg),
+        "combine": functools.partial(kernels().combine_into, s.y, s.weights, s.out),
         "layer": functools.partial(whole_layer, layer, s.h),
     }
-
-
-def parts_max_diff(layer: Layer, s: Step, cfg: dict) -> float:
-    """The chain of launches here against ``moe_experts`` on the same routing (0 when they agree)."""
-    launch_gate_up(layer, s, cfg)
-    launch_down(layer, s, cfg)
-    launch_combine(s)
-    want = kernels().moe_experts(s.h, s.weights, s.ids, layer.gate_up, layer.down)
-    return float((s.out.float() - want.float()).abs().max())
 
 
 def time_parts(layer: Layer, shape: Shape, s: Step, env: dict) -> dict:
@@ -291,167 +239,7 @@ def time_parts(layer: Layer, shape: Shape, s: Step, env: dict) -> dict:
         "config": cfg,
         "parts": parts,
         "sum_of_parts_ms": sum(parts[n]["ms"] for n in PARTS[:-1]),
-        "parts_max_diff": parts_max_diff(layer, s, cfg),
     }
-
-
-# --- the tile sweep -----------------------------------------------------------------------------------
-
-
-def cfg_name(cfg: dict) -> str:
-    return f"M{cfg['BLOCK_M']} N{cfg['BLOCK_N']} K{cfg['BLOCK_K']} w{cfg['num_warps']} s{cfg['num_stages']}"
-
-
-def candidates(experts: int, itemsize: int) -> list[dict]:
-    """``_config``'s own choices first (each mean group size's), then the grid."""
-    current = [kernels()._config(experts * m, experts, itemsize) for m in (1, 17, 33, 129)]
-    grid = [  # every BLOCK_M of one (N, K, warps, stages) together: a sweep cut short still covers each
-        dict(BLOCK_M=m, BLOCK_N=n, BLOCK_K=k, num_warps=w, num_stages=st)
-        for n in (64, 128)
-        for k in (128, 64)
-        for w in (4, 8)
-        for st in (4, 3)
-        for m in (16, 32, 64, 128)
-    ]
-    out: list[dict] = []
-    for cfg in current + grid:
-        if cfg not in out:
-            out.append(cfg)
-    return out
-
-
-def fits(kernel: str, cfg: dict, itemsize: int, smem: int) -> bool:
-    """Whether the staged tiles (A, and one or two weight tiles) fit shared memory, counted generously."""
-    m, n, k = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
-    weight_tiles = 2 if kernel == "gate_up" else 1
-    return cfg["num_stages"] * (m * k + weight_tiles * k * n) * itemsize <= smem
-
-
-def applies(cfg: dict, s: Step, experts: int) -> bool:
-    """BLOCK_M near the mean group: from an eighth of it up to four times it (16 at least)."""
-    mean = s.ids.numel() / experts
-    return cfg["BLOCK_M"] <= max(16, 4 * mean) and cfg["BLOCK_M"] * 8 >= mean
-
-
-def sweep(layer: Layer, steps: dict[int, Step], configs: list[dict], env: dict) -> tuple[dict, dict]:
-    """({tokens: {kernel: [{config, ms}]}}, notes): configs in order until the time budget is spent."""
-    e, it = layer.gate_up.shape[0], layer.router.element_size()
-    timed: dict[int, dict[str, list]] = {t: {"gate_up": [], "down": []} for t in steps}
-    notes: dict[str, Any] = {"failed": [], "skipped_for_time": 0}
-    t0 = time.perf_counter()
-    for i, cfg in enumerate(configs):
-        if time.perf_counter() - t0 > env["budget"]:
-            notes["skipped_for_time"] = len(configs) - i
-            break
-        for t, s in steps.items():
-            if not applies(cfg, s, e):
-                continue
-            for kernel in ("gate_up", "down"):
-                if not fits(kernel, cfg, it, env["smem"]):
-                    continue
-                fn = functools.partial(launch, kernel, layer, s, cfg)
-                try:
-                    ms = time_ms(fn, env["device"], env["sweep_iters"], env["reps"])
-                except Exception as exc:  # out of resources, or a tile Triton cannot build
-                    notes["failed"].append(f"{t} {kernel} {cfg_name(cfg)}: {type(exc).__name__}")
-                    continue
-                timed[t][kernel].append({"config": cfg, "ms": ms})
-    notes["seconds"] = time.perf_counter() - t0
-    return timed, notes
-
-
-@contextlib.contextmanager
-def forced_config(cfg: dict) -> Iterator[None]:
-    """``moe_experts`` with these tiles for every shape (``routed_experts._config`` patched, restored)."""
-    module = kernels()
-    original = module._config
-    module._config = lambda pairs, experts, itemsize: dict(cfg)
-    try:
-        yield
-    finally:
-        module._config = original
-
-
-def _ms_of(rows: list[dict], cfg: dict) -> float | None:
-    return next((r["ms"] for r in rows if r["config"] == cfg), None)
-
-
-def summarize(layer: Layer, s: Step, timed: dict[str, list], env: dict) -> dict:
-    """Best tiles per kernel and for both together (``moe_experts`` shares one), against the current."""
-    cur = current_config(layer, s)
-    out: dict[str, Any] = {"current": cur}
-    for kernel, rows in timed.items():
-        best = min(rows, key=lambda r: r["ms"], default=None)
-        out[kernel] = {"current_ms": _ms_of(rows, cur), "best": best, "tried": len(rows)}
-    both = []
-    for r in timed["gate_up"]:
-        down_ms = _ms_of(timed["down"], r["config"])
-        if down_ms is not None:
-            both.append((r["ms"] + down_ms, r["config"]))
-    if both:
-        ms, cfg = min(both, key=lambda x: x[0])
-        layer_fn = functools.partial(whole_layer, layer, s.h)
-        current_ms = time_ms(layer_fn, env["device"], env["iters"], env["reps"])  # as timed beside it
-        with forced_config(cfg):
-            layer_ms = time_ms(layer_fn, env["device"], env["iters"], env["reps"])
-        out["joint"] = {"config": cfg, "gemms_ms": ms, "layer_ms": layer_ms, "current_layer_ms": current_ms}
-    return out
-
-
-# --- compiling the sweep's kernels in parallel --------------------------------------------------------
-
-
-def _precompile(job: tuple) -> str:
-    """In a worker process: compile one kernel at one tile into Triton's on-disk cache (``warmup``), with
-    the arguments the main process will launch it with, so that its launch finds it there."""
-    kernel, cfg, (e, h, i, top_k), dtype_name = job
-    try:
-        x = torch.empty(16, device="cuda", dtype=getattr(torch, dtype_name))
-        n32 = torch.empty(16, device="cuda", dtype=torch.int32)
-        common = dict(_common(x, e), grid=(1,), **cfg)
-        if kernel == "gate_up":
-            kernels()._gate_up_kernel.warmup(
-                x, x, n32, n32, x, e, h, i, h, 2 * i * h, h, i, TOP_K=top_k, **common
-            )
-        else:
-            kernels()._down_kernel.warmup(x, x, n32, n32, x, e, h, i, i, h * i, i, h, **common)
-        return ""
-    except Exception as exc:
-        return f"{kernel} {cfg_name(cfg)}: {type(exc).__name__}: {exc}"[:200]
-
-
-class Precompile(NamedTuple):
-    pool: Any
-    pending: Any  # multiprocessing AsyncResult
-    jobs: int
-    t0: float
-
-
-def start_precompile(
-    configs: list[dict], shape: Shape, dtype: torch.dtype, smem: int, workers: int
-) -> Precompile:
-    """Compile every sweep kernel in ``workers`` spawned processes while the main one times the parts (a
-    serial compile would dominate the sweep); whatever fails or runs late is compiled at its launch."""
-    import multiprocessing
-
-    it = torch.empty(0, dtype=dtype).element_size()
-    dims = (shape.experts, shape.hidden, shape.inter, shape.top_k)
-    name = str(dtype).removeprefix("torch.")
-    jobs = [(k, c, dims, name) for c in configs for k in ("gate_up", "down") if fits(k, c, it, smem)]
-    pool = multiprocessing.get_context("spawn").Pool(workers)
-    return Precompile(pool, pool.map_async(_precompile, jobs, chunksize=1), len(jobs), time.perf_counter())
-
-
-def finish_precompile(p: Precompile, deadline_s: float = 50.0) -> dict:
-    """Waits for the workers until ``deadline_s`` after their start, then stops them."""
-    try:
-        timeout = max(1.0, deadline_s - (time.perf_counter() - p.t0))
-        errors = [e for e in p.pending.get(timeout=timeout) if e]
-    except Exception as exc:  # a late or broken pool: the launches compile instead
-        errors = [f"precompile: {type(exc).__name__}: {exc}"[:200]]
-    finally:
-        p.pool.terminate()
-    return {"jobs": p.jobs, "seconds": time.perf_counter() - p.t0, "errors": errors[:10]}
 
 
 # --- the run estimate ---------------------------------------------------------------------------------
@@ -497,26 +285,7 @@ def print_parts(results: dict) -> None:
                   f"{p['vs_roofline']:.2f} |")  # fmt: skip
         print(f"| {t} | sum of parts | {r['sum_of_parts_ms']:.4g} | | | |")
     for t, r in results.items():
-        print(f"{t} tokens: {r['distinct_experts']} experts hit, tiles {cfg_name(r['config'])}, "
-              f"parts vs moe_experts max |diff| {r['parts_max_diff']:.3g}")  # fmt: skip
-
-
-def print_sweep(sweeps: dict) -> None:
-    print("\n| tokens | kernel | current | ms | best | ms | current / best |\n|---|---|---|---|---|---|---|")
-    for t, s in sweeps.items():
-        for kernel in ("gate_up", "down"):
-            k = s[kernel]
-            if k["best"] is None:
-                continue
-            cur = "n/a" if k["current_ms"] is None else f"{k['current_ms']:.4f}"
-            ratio = "" if k["current_ms"] is None else f"{k['current_ms'] / k['best']['ms']:.2f}"
-            print(f"| {t} | {kernel} | {cfg_name(s['current'])} | {cur} | {cfg_name(k['best']['config'])} | "
-                  f"{k['best']['ms']:.4f} | {ratio} |")  # fmt: skip
-        if "joint" in s:
-            j = s["joint"]
-            cur, best = j["current_layer_ms"], j["layer_ms"]
-            print(f"| {t} | whole layer | {cfg_name(s['current'])} | {cur:.4f} | {cfg_name(j['config'])} | "
-                  f"{best:.4f} | {cur / best:.2f} |")  # fmt: skip
+        print(f"{t} tokens: {r['distinct_experts']} experts hit, tiles {cfg_name(r['config'])}")
 
 
 def print_estimate(rows: list[dict]) -> None:
@@ -544,9 +313,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--generate", type=int, default=512, help="generated tokens a request")
     ap.add_argument("--iters", type=int, help="timed calls a part [CUDA 50, else 2]")
     ap.add_argument("--no-sweep", action="store_true")
-    ap.add_argument("--sweep-budget", type=float, default=40.0, help="seconds of sweep at most")
+    ap.add_argument("--sweep-budget", type=float, default=60.0, help="seconds of sweep at most")
     ap.add_argument("--max-configs", type=int, help="tile configurations at most [--tiny: 2]")
-    ap.add_argument("--workers", type=int, default=12, help="processes compiling the sweep's kernels")
     ap.add_argument("--peak-tflops", type=float, help="dense matmul rate instead of measuring it")
     ap.add_argument("--device", default="cuda")
     ap.add_argument(
@@ -585,24 +353,6 @@ def environment(args: argparse.Namespace, device: torch.device, dtype: torch.dty
     }
 
 
-def sweep_configs(layer: Layer, steps: dict[int, Step], shape: Shape, args: argparse.Namespace) -> list[dict]:
-    configs = candidates(shape.experts, layer.router.element_size())
-    configs = [c for c in configs if any(applies(c, s, shape.experts) for s in steps.values())]
-    return configs[: args.max_configs] if args.max_configs else configs
-
-
-def run_sweep(
-    layer: Layer, steps: dict[int, Step], configs: list[dict], compiling: Precompile | None, env: dict
-) -> tuple[dict, dict]:
-    notes: dict[str, Any] = {"configs": len(configs)}
-    if compiling is not None:
-        notes["precompile"] = finish_precompile(compiling)
-        print(f"precompiled {compiling.jobs} kernels in {notes['precompile']['seconds']:.1f} s", flush=True)
-    timed, sweep_notes = sweep(layer, steps, configs, env)
-    notes.update(sweep_notes)
-    return {t: summarize(layer, steps[t], timed[t], env) for t in steps}, notes
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     device = torch.device(args.device)
@@ -616,14 +366,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{shape}; {rates}", flush=True)
     layer = make_layer(shape, device, dtype, gen)
     steps = {t: make_step(layer, t, gen) for t in args.tokens}
+    from moe_tiles import print_sweep, run_sweep, sweep_configs  # beside this script
+
     configs = [] if args.no_sweep else sweep_configs(layer, steps, shape, args)
-    compiling = None
-    workers = min(args.workers, (os.cpu_count() or 2) - 1)
-    if configs and device.type == "cuda" and workers > 0:
-        compiling = start_precompile(configs, shape, dtype, env["smem"], workers)
     results = {t: time_parts(layer, shape, s, env) for t, s in steps.items()}
     print_parts(results)
-    sweeps, sweep_notes = run_sweep(layer, steps, configs, compiling, env) if configs else ({}, {})
+    sweeps, sweep_notes = run_sweep(layer, steps, configs, env) if configs else ({}, {})
     if sweeps:
         print_sweep(sweeps)
         print(f"sweep: {json.dumps(sweep_notes, default=str)[:1500]}")

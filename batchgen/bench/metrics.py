@@ -97,16 +97,17 @@ def model_bytes(
     """Weight bytes a decode step reads, and KV bytes one cached token takes.
 
     The input embedding is a row lookup, not a full read: it counts only when it is the (tied) LM head.
-    With ``quantization="fp8"`` the decoder layers' projections count one byte a weight plus one fp32
-    scale per output row; ``kv_cache_dtype="fp8"``: one byte a cached element.
+    With ``quantization="fp8"`` the decoder layers' projections and routed experts count one byte a weight
+    plus one fp32 scale per output row; ``kv_cache_dtype="fp8"``: one byte a cached element.
     """
     params = {id(p): p for p in model.parameters()}  # tied weights appear once
     total = sum(p.numel() * p.element_size() for p in params.values())
     if quantization == "fp8":
-        for name, module in model.named_modules():
-            if name.startswith("model.layers.") and name.endswith("_proj"):
-                w = module.weight
-                total -= w.numel() * (w.element_size() - 1) - 4 * w.shape[0]
+        for name, w in model.named_parameters():
+            # the projections ("..._proj.weight") and the routed experts' stacks ("experts.gate_up_proj")
+            if name.startswith("model.layers.") and (name.endswith("_proj.weight") or ".experts." in name):
+                rows = w.numel() // w.shape[-1]  # one fp32 scale per output row (per expert)
+                total -= w.numel() * (w.element_size() - 1) - 4 * rows
     emb = model.get_input_embeddings().weight
     head = model.get_output_embeddings()
     if head is None or head.weight is not emb:

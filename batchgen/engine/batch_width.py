@@ -4,9 +4,12 @@ A decode step reads every weight once, whatever the number of rows, so a wider b
 reads per generated token: a large model (a mixture of experts above all, whose experts are most of its
 bytes) gains most. The width is bounded by
 
-- the KV cache: rows the pool holds at ``ROW_TOKENS`` tokens each (prompt + completion). A row that grows
-  past its share is not refused: the scheduler preempts the newest rows when the pool runs out and
-  recomputes them later, as for an explicit width;
+- the KV cache: rows the pool holds at ``ROW_TOKENS`` tokens each. A row holds its prompt at first and
+  grows as it decodes, so rows in flight hold about prompt + half their completion on average; one that
+  outgrows its share is not refused: the scheduler preempts the newest rows when the pool runs out and
+  recomputes them later, as for an explicit width. A width sized for whole 1024-token rows ran a
+  mixture of experts on a small pool slower than a wider one that preempted (docs/results.md, "Batch
+  width");
 - ``cap`` (``EngineConfig.max_num_seqs_cap``): the host prepares every step's rows and reads back their
   tokens; past some width it cannot keep up with a small model's steps (docs/results.md, "Batch width").
 
@@ -18,7 +21,7 @@ Pure Python: the caller measures the pool.
 
 from __future__ import annotations
 
-ROW_TOKENS = 1024  # a row's expected prompt + completion when the width is chosen
+ROW_TOKENS = 512  # a row's mean KV footprint in flight, when the width is chosen
 CPU_WIDTH = 256
 
 

@@ -298,6 +298,9 @@ def test_real_configs_build_on_meta(arch, billions, kv_heads):
     sizes = metrics.model_bytes(model)
     layers = model.config.num_hidden_layers
     assert sizes["kv_per_token"] == 2 * layers * kv_heads * 128 * 2  # K and V, kv heads x 128, bf16
+    # FP8: every decoder projection and routed expert at one byte a weight (the MoE: nearly all its bytes)
+    share = metrics.model_bytes(model, "fp8")["weights"] / sizes["weights"]
+    assert share < (0.51 if arch == "qwen3-30b-a3b" else 0.75)
 
 
 def test_decode_roofline_arithmetic():

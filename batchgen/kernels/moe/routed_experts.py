@@ -275,41 +275,76 @@ def _k_blocks(*stacks: Weights) -> tuple[int, int] | None:
     return cols, col0
 
 
+def _common(x: torch.Tensor, experts: int, cfg: dict) -> dict:
+    prec = "ieee" if x.dtype == torch.float32 or needs_f32_dot(x) else "tf32"
+    return dict(E_PAD=triton.next_power_of_2(experts), DOT_PREC=prec, DOT_F32=needs_f32_dot(x), **cfg)
+
+
+def _row_tiles(pairs: int, experts: int, cfg: dict) -> int:
+    return triton.cdiv(pairs, cfg["BLOCK_M"]) + min(experts, pairs)  # the worst case, from ints
+
+
+def gate_up_into(
+    h: torch.Tensor, gate_up: Weights, counts: torch.Tensor, order: torch.Tensor, act: torch.Tensor,
+    top_k: int, cfg: dict,
+) -> None:  # fmt: skip
+    """act [P, I] (sorted order) = silu(gate) * up of each (token, expert) pair: h [T, H] x gate_up."""
+    w, (experts, inter) = _weight(gate_up), (_weight(gate_up).shape[0], act.shape[1])
+    s, (se, sn, up_row, row0, _), fp8 = _scale_args(gate_up, inter)
+    _gate_up_kernel[(_row_tiles(order.numel(), experts, cfg), triton.cdiv(inter, cfg["BLOCK_N"]))](
+        h, w, s, counts, order, act, experts, h.shape[1], inter, h.stride(0), w.stride(0),
+        w.stride(1), act.stride(0), se, sn, up_row, row0, TOP_K=top_k, **fp8, **_common(h, experts, cfg),
+    )  # fmt: skip
+
+
+def down_into(
+    act: torch.Tensor, down: Weights, counts: torch.Tensor, order: torch.Tensor, y: torch.Tensor, cfg: dict
+) -> None:  # fmt: skip
+    """y [P, H] (pair order) = act [P, I] (sorted order) x down[e]^T."""
+    w = _weight(down)
+    experts, hidden, inter = w.shape[0], y.shape[1], act.shape[1]
+    s, (se, sn, _, _, col0), fp8 = _scale_args(down, hidden)
+    _down_kernel[(_row_tiles(order.numel(), experts, cfg), triton.cdiv(hidden, cfg["BLOCK_N"]))](
+        act, w, s, counts, order, y, experts, hidden, inter, act.stride(0), w.stride(0),
+        w.stride(1), y.stride(0), se, sn, col0, **fp8, **_common(act, experts, cfg),
+    )  # fmt: skip
+
+
+def combine_into(y: torch.Tensor, weights: torch.Tensor, out: torch.Tensor) -> None:
+    """out [T, H] = sum over the K slots of y [T * K, H] x the routing weights [T, K]."""
+    tokens, hidden = out.shape
+    block = min(1024, triton.next_power_of_2(hidden))
+    _combine_kernel[(tokens, triton.cdiv(hidden, block))](
+        y, weights, out, hidden, y.stride(0), out.stride(0),
+        TOP_K=weights.shape[1], ROUND_PRODUCT=weights.dtype != torch.float32, BLOCK=block, num_warps=4,
+    )  # fmt: skip
+
+
+def tile_config(h: torch.Tensor, ids: torch.Tensor, gate_up: Weights, down: Weights) -> dict:
+    """The tiles ``moe_experts`` picks for these pairs and weights."""
+    experts = _weight(gate_up).shape[0]
+    return _config(ids.numel(), experts, h.element_size(), _k_blocks(gate_up, down))
+
+
 def moe_experts(
     h: torch.Tensor,  # [T, H]
     weights: torch.Tensor,  # [T, K] routing weights (model dtype, or fp32)
     ids: torch.Tensor,  # [T, K] expert ids
     gate_up: Weights,  # [E, 2I, H]
     down: Weights,  # [E, H, I]
+    config: dict | None = None,  # the GEMM tiles [tile_config's]
 ) -> torch.Tensor:  # [T, H]
     w_gu, w_down = _weight(gate_up), _weight(down)
     assert h.stride(-1) == 1 and w_gu.stride(-1) == 1 and w_down.stride(-1) == 1
-    tokens, hidden = h.shape
-    top_k, experts, inter = ids.shape[1], w_gu.shape[0], w_down.shape[2]
-    pairs = tokens * top_k
+    pairs, hidden, inter = ids.numel(), h.shape[1], w_down.shape[2]
     out = torch.empty_like(h)
     if not pairs:
         return out
-    counts, order = group_by_expert(ids, experts)
-    s_gu, (se_gu, sn_gu, up_row, row0, _), fp8_gu = _scale_args(gate_up, inter)
-    s_down, (se_down, sn_down, _, _, col0), fp8_down = _scale_args(down, hidden)
-    cfg = _config(pairs, experts, h.element_size(), _k_blocks(gate_up, down))
-    max_tiles = triton.cdiv(pairs, cfg["BLOCK_M"]) + min(experts, pairs)  # the worst case, from ints
-    prec = "ieee" if h.dtype == torch.float32 or needs_f32_dot(h) else "tf32"
-    common = dict(E_PAD=triton.next_power_of_2(experts), DOT_PREC=prec, DOT_F32=needs_f32_dot(h), **cfg)
+    counts, order = group_by_expert(ids, w_gu.shape[0])
+    cfg = config or tile_config(h, ids, gate_up, down)
     act = torch.empty((pairs, inter), dtype=h.dtype, device=h.device)  # sorted order
-    _gate_up_kernel[(max_tiles, triton.cdiv(inter, cfg["BLOCK_N"]))](
-        h, w_gu, s_gu, counts, order, act, experts, hidden, inter, h.stride(0), w_gu.stride(0),
-        w_gu.stride(1), act.stride(0), se_gu, sn_gu, up_row, row0, TOP_K=top_k, **fp8_gu, **common,
-    )  # fmt: skip
+    gate_up_into(h, gate_up, counts, order, act, ids.shape[1], cfg)
     y = torch.empty((pairs, hidden), dtype=h.dtype, device=h.device)  # pair order
-    _down_kernel[(max_tiles, triton.cdiv(hidden, cfg["BLOCK_N"]))](
-        act, w_down, s_down, counts, order, y, experts, hidden, inter, act.stride(0), w_down.stride(0),
-        w_down.stride(1), y.stride(0), se_down, sn_down, col0, **fp8_down, **common,
-    )  # fmt: skip
-    block = min(1024, triton.next_power_of_2(hidden))
-    _combine_kernel[(tokens, triton.cdiv(hidden, block))](
-        y, weights, out, hidden, y.stride(0), out.stride(0),
-        TOP_K=top_k, ROUND_PRODUCT=weights.dtype != torch.float32, BLOCK=block, num_warps=4,
-    )  # fmt: skip
+    down_into(act, down, counts, order, y, cfg)
+    combine_into(y, weights, out)
     return out

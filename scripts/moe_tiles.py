@@ -1,0 +1,128 @@
+"""The tile sweep of ``moe_split.py``: the two grouped GEMMs of a mixture-of-experts layer under a grid of
+tiles per token count, against ``routed_experts``' own choice, and the whole layer with the best tile
+both share. Run through ``moe_split.py`` (without ``--no-sweep``)."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import time
+from typing import Any
+
+from moe_split import Layer, Shape, Step, cfg_name, current_config, kernels, launch, time_ms, whole_layer
+
+
+def candidates(experts: int, itemsize: int) -> list[dict]:
+    """``_config``'s own choices first (each mean group size's), then the grid."""
+    current = [kernels()._config(experts * m, experts, itemsize) for m in (1, 17, 33, 129)]
+    grid = [  # every BLOCK_M of one (N, K, warps, stages) together: a sweep cut short still covers each
+        dict(BLOCK_M=m, BLOCK_N=n, BLOCK_K=k, num_warps=w, num_stages=st)
+        for n in (64, 128)
+        for k in (128, 64)
+        for w in (4, 8)
+        for st in (4, 3)
+        for m in (16, 32, 64, 128)
+    ]
+    out: list[dict] = []
+    for cfg in current + grid:
+        if cfg not in out:
+            out.append(cfg)
+    return out
+
+
+def fits(kernel: str, cfg: dict, itemsize: int, smem: int) -> bool:
+    """Whether the staged tiles (A, and one or two weight tiles) fit shared memory, counted generously."""
+    m, n, k = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
+    weight_tiles = 2 if kernel == "gate_up" else 1
+    return cfg["num_stages"] * (m * k + weight_tiles * k * n) * itemsize <= smem
+
+
+def applies(cfg: dict, s: Step, experts: int) -> bool:
+    """BLOCK_M near the mean group: from an eighth of it up to four times it (16 at least)."""
+    mean = s.ids.numel() / experts
+    return cfg["BLOCK_M"] <= max(16, 4 * mean) and cfg["BLOCK_M"] * 8 >= mean
+
+
+def sweep(layer: Layer, steps: dict[int, Step], configs: list[dict], env: dict) -> tuple[dict, dict]:
+    """({tokens: {kernel: [{config, ms}]}}, notes): configs in order until the time budget is spent."""
+    e, it = layer.gate_up.shape[0], layer.router.element_size()
+    timed: dict[int, dict[str, list]] = {t: {"gate_up": [], "down": []} for t in steps}
+    notes: dict[str, Any] = {"failed": [], "skipped_for_time": 0}
+    t0 = time.perf_counter()
+    for i, cfg in enumerate(configs):
+        if time.perf_counter() - t0 > env["budget"]:
+            notes["skipped_for_time"] = len(configs) - i
+            break
+        for t, s in steps.items():
+            if not applies(cfg, s, e):
+                continue
+            for kernel in ("gate_up", "down"):
+                if not fits(kernel, cfg, it, env["smem"]):
+                    continue
+                fn = functools.partial(launch, kernel, layer, s, cfg)
+                try:
+                    ms = time_ms(fn, env["device"], env["sweep_iters"], env["reps"])
+                except Exception as exc:  # out of resources, or a tile Triton cannot build
+                    notes["failed"].append(f"{t} {kernel} {cfg_name(cfg)}: {type(exc).__name__}")
+                    continue
+                timed[t][kernel].append({"config": cfg, "ms": ms})
+    notes["seconds"] = time.perf_counter() - t0
+    return timed, notes
+
+
+def _ms_of(rows: list[dict], cfg: dict) -> float | None:
+    return next((r["ms"] for r in rows if r["config"] == cfg), None)
+
+
+def summarize(layer: Layer, s: Step, timed: dict[str, list], env: dict) -> dict:
+    """Best tiles per kernel and for both together (``moe_experts`` shares one), against the current."""
+    cur = current_config(layer, s)
+    out: dict[str, Any] = {"current": cur}
+    for kernel, rows in timed.items():
+        best = min(rows, key=lambda r: r["ms"], default=None)
+        out[kernel] = {"current_ms": _ms_of(rows, cur), "best": best, "tried": len(rows)}
+    both = []
+    for r in timed["gate_up"]:
+        down_ms = _ms_of(timed["down"], r["config"])
+        if down_ms is not None:
+            both.append((r["ms"] + down_ms, r["config"]))
+    if both:
+        ms, cfg = min(both, key=lambda x: x[0])
+        current_ms = time_ms(
+            functools.partial(whole_layer, layer, s.h), env["device"], env["iters"], env["reps"]
+        )
+        best_fn = functools.partial(whole_layer, layer, s.h, cfg)
+        layer_ms = time_ms(best_fn, env["device"], env["iters"], env["reps"])
+        out["joint"] = {"config": cfg, "gemms_ms": ms, "layer_ms": layer_ms, "current_layer_ms": current_ms}
+    return out
+
+
+def print_sweep(sweeps: dict) -> None:
+    print("\n| tokens | kernel | current | ms | best | ms | current / best |\n|---|---|---|---|---|---|---|")
+    for t, s in sweeps.items():
+        for kernel in ("gate_up", "down"):
+            k = s[kernel]
+            if k["best"] is None:
+                continue
+            cur = "n/a" if k["current_ms"] is None else f"{k['current_ms']:.4f}"
+            ratio = "" if k["current_ms"] is None else f"{k['current_ms'] / k['best']['ms']:.2f}"
+            print(f"| {t} | {kernel} | {cfg_name(s['current'])} | {cur} | {cfg_name(k['best']['config'])} | "
+                  f"{k['best']['ms']:.4f} | {ratio} |")  # fmt: skip
+        if "joint" in s:
+            j = s["joint"]
+            cur, best = j["current_layer_ms"], j["layer_ms"]
+            print(f"| {t} | whole layer | {cfg_name(s['current'])} | {cur:.4f} | {cfg_name(j['config'])} | "
+                  f"{best:.4f} | {cur / best:.2f} |")  # fmt: skip
+
+
+def sweep_configs(layer: Layer, steps: dict[int, Step], shape: Shape, args: argparse.Namespace) -> list[dict]:
+    configs = candidates(shape.experts, layer.router.element_size())
+    configs = [c for c in configs if any(applies(c, s, shape.experts) for s in steps.values())]
+    return configs[: args.max_configs] if args.max_configs else configs
+
+
+def run_sweep(layer: Layer, steps: dict[int, Step], configs: list[dict], env: dict) -> tuple[dict, dict]:
+    notes: dict[str, Any] = {"configs": len(configs)}
+    timed, sweep_notes = sweep(layer, steps, configs, env)
+    notes.update(sweep_notes)
+    return {t: summarize(layer, steps[t], timed[t], env) for t in steps}, notes
