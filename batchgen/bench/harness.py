@@ -104,12 +104,15 @@ def _saved_fallback(w: Workload, model, tokenizer, holder: list) -> Callable[...
     return make
 
 
-def prepare(w: Workload) -> Prepared:
+def prepare(w: Workload, baselines: bool = True) -> Prepared:
+    """The workload's model, prompts and LLM factory. A quantized run with no baseline to compare never
+    holds the 16-bit model: batchgen creates random weights itself and quantizes them layer by layer (an
+    FP8 mixture of experts fits a card its 16-bit weights would fill)."""
     from batchgen.llm import LLM
 
     device = resolve_device(w.device)
     holder: list = []
-    if w.tensor_parallel > 1:
+    if w.tensor_parallel > 1 or (w.quantization and not baselines and w.arch in ARCHS):
         return _prepare_sharded(w, device)
     if w.arch in ARCHS:
         model = build_random_model(w.arch, str(device), _torch_dtype(w.dtype), w.seed)
@@ -126,9 +129,9 @@ def prepare(w: Workload) -> Prepared:
 
 
 def _prepare_sharded(w: Workload, device: torch.device) -> Prepared:
-    """A model split over ``w.tensor_parallel`` GPUs: a directory with only its config and tokenizer,
-    loaded with random weights (each rank creates its own shard on its GPU); sizes come from a
-    skeleton on the meta device."""
+    """A model split over ``w.tensor_parallel`` GPUs (or one): a directory with only its config and
+    tokenizer, loaded with random weights (each rank creates its own shard on its GPU); sizes come from
+    a skeleton on the meta device."""
     from batchgen.llm import LLM
     from batchgen.model.build import meta_skeleton
 
@@ -289,7 +292,8 @@ def run_workload(
     if w.command:
         return run_command_workload(w, modes, compare_hf, opts or CommandOptions())
     log(f"{w.name}: preparing {w.arch} on {w.device} ({w.dtype})")
-    p = prepare(w)
+    modes = modes_for(w, modes, compare_hf)
+    p = prepare(w, baselines=any(m not in ENGINE_MODES for m in modes))
     bandwidth = metrics.measure_bandwidth(p.device) * w.tensor_parallel  # K GPUs read their shards at once
     sizes = {
         "batchgen": metrics.model_bytes(p.model, w.quantization, w.kv_cache_dtype),
@@ -297,7 +301,6 @@ def run_workload(
     }
     log(f"{w.name}: {p.shape}; copy bandwidth {bandwidth / 1e9:.0f} GB/s")
     records = []
-    modes = modes_for(w, modes, compare_hf)
     if p.device.type == "cuda":
         _burn_in(p, modes[0], bandwidth, sizes)
     for mode in modes:

@@ -356,3 +356,17 @@ def test_baseline_env_follows_the_thread_setting(monkeypatch):
     assert "GOMP_SPINCOUNT" not in whole_commands._env("run", None)
     assert "GOMP_SPINCOUNT" not in whole_commands._env("generate_batch", 1)
     assert whole_commands._env("generate_batch", None)["OMP_WAIT_POLICY"] == "PASSIVE"
+
+
+def test_a_quantized_run_without_baselines_never_builds_the_16_bit_model(monkeypatch):
+    """batchgen creates and quantizes the random weights itself (an FP8 MoE fits where its bf16 would not)."""
+    import batchgen.bench.harness as harness
+
+    def no_whole_model(*args, **kwargs):
+        raise AssertionError("the 16-bit model was built")
+
+    monkeypatch.setattr(harness, "build_random_model", no_whole_model)
+    w = Workload("fp8-cpu", "smollm2-135m", 2, 4, 2, device="cpu", dtype="float32", quantization="fp8")
+    records = run_workload(w, ["sync"], compare_hf=False)
+    assert [r["mode"] for r in records] == ["sync"] and not records[0].get("error")
+    assert records[0]["output_tokens"] == 4

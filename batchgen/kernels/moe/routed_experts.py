@@ -217,19 +217,17 @@ def _combine_kernel(
 def _config(pairs: int, experts: int, itemsize: int, k_blocks: tuple[int, int] | None = None) -> dict:
     """Tile shapes by the mean rows per expert: decode-sized groups are weight-bandwidth bound (small
     BLOCK_M, long K tiles), prefill-sized ones compute bound (tensor-core-sized tiles). The shapes are
-    sized for 2-byte data; fp32 halves BLOCK_K so the staged tiles still fit shared memory (a Hopper SM
-    has 227 KiB: fp32 at BLOCK_M=128 with these stages asks 240 KiB). Block-scaled e4m3 weights
+    sized for 2-byte data (chosen by ``scripts/moe_split.py``'s sweep, docs/results.md); fp32 halves BLOCK_K
+    so the staged tiles still fit shared memory (a Hopper SM has 227 KiB). Block-scaled e4m3 weights
     (``k_blocks``: columns per block, the columns of the first block before the first) need each K tile
     inside one block column."""
     per_expert = -(-pairs // experts)
-    if per_expert <= 16:
-        cfg = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4)
-    elif per_expert <= 32:
-        cfg = dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4)
+    if per_expert <= 32:  # one row tile holds most groups: each expert's weights are read once
+        cfg = dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3)
     elif per_expert <= 128:
         cfg = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3)
-    else:
-        cfg = dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=64, num_warps=8, num_stages=3)
+    else:  # wide N tiles: each A tile gathered from the hidden states feeds twice the columns
+        cfg = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=4)
     if itemsize > 2:
         cfg["BLOCK_K"] //= 2
     if k_blocks is not None:
