@@ -12,9 +12,10 @@ FLOPs over the measured dense matmul rate: bytes bind at decode, FLOPs at prefil
 
 The sweep times the two grouped GEMMs under a grid of tiles per token count (an expert whose group
 exceeds BLOCK_M is cut into several row tiles, each re-reading that expert's weights), against
-``routed_experts``' own choice (``tile_config``), and the whole layer with the best shared tile
-(``moe_experts(config=...)``). The estimate multiplies the per-layer times out to a run: prompts in
-chunks of ``--chunk`` tokens, decode steps times waves (``ceil(requests / width)``) times layers.
+``routed_experts``' own choice (``tile_config``), and the whole layer with each GEMM's best tiles
+(``moe_experts(config=...)``, the down GEMM's under ``"down"``). The estimate multiplies the per-layer
+times out to a run: prompts in chunks of ``--chunk`` tokens, decode steps times waves
+(``ceil(requests / width)``) times layers.
 
     PYTHONPATH=. python3 scripts/moe_split.py --out split.json          # B6 shape, on the GPU
     TRITON_INTERPRET=1 PYTHONPATH=. python3 scripts/moe_split.py --device cpu --tiny   # a smoke test
@@ -63,8 +64,8 @@ TINY = Shape(experts=8, hidden=64, inter=32, top_k=2, layers=2)
 
 class Layer(NamedTuple):
     router: torch.Tensor  # [E, H]
-    gate_up: torch.Tensor  # [E, 2I, H]
-    down: torch.Tensor  # [E, H, I]
+    gate_up: Any  # [E, 2I, H]: a tensor, or batchgen's Fp8Experts (--fp8)
+    down: Any  # [E, H, I]
     routing: Any  # batchgen.model.moe_layout.Routing
 
 
@@ -90,7 +91,12 @@ def kernels():
 # --- the layer and its inputs -------------------------------------------------------------------------
 
 
-def make_layer(shape: Shape, device: torch.device, dtype: torch.dtype, gen: torch.Generator) -> Layer:
+def make_layer(
+    shape: Shape, device: torch.device, dtype: torch.dtype, gen: torch.Generator, fp8: str | None = None
+) -> Layer:
+    """Random weights; ``fp8`` "channel" or "block": the experts in e4m3 as ``--quantization fp8`` writes
+    them (a scale per output row) or as FP8 checkpoints hold them (128 x 128 blocks)."""
+    from batchgen.kernels.moe import expert_format as fmt
     from batchgen.model.moe_layout import Routing
 
     def rand(*size: int) -> torch.Tensor:
@@ -98,7 +104,12 @@ def make_layer(shape: Shape, device: torch.device, dtype: torch.dtype, gen: torc
 
     e, h, i = shape.experts, shape.hidden, shape.inter
     routing = Routing(num_experts=e, top_k=shape.top_k, renormalize=True, fp32_weights=False)
-    return Layer(rand(e, h), rand(e, 2 * i, h), rand(e, h, i), routing)
+    gate_up, down = rand(e, 2 * i, h), rand(e, h, i)
+    if fp8:
+        blocks = functools.partial(fmt.quantize_blocks, block=(128, 128))
+        as_fp8 = fmt.quantize_channels if fp8 == "channel" else blocks
+        gate_up, down = as_fp8(gate_up, parts=2), as_fp8(down)
+    return Layer(rand(e, h), gate_up, down, routing)
 
 
 def route_layer(layer: Layer, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -120,6 +131,7 @@ def make_step(layer: Layer, tokens: int, gen: torch.Generator) -> Step:
 
 
 def launch(kernel: str, layer: Layer, s: Step, cfg: dict) -> None:
+    cfg = kernels().kernel_tiles(cfg, kernel)
     if kernel == "gate_up":
         kernels().gate_up_into(s.h, layer.gate_up, s.counts, s.order, s.act, s.ids.shape[1], cfg)
     else:
@@ -132,7 +144,9 @@ def whole_layer(layer: Layer, h: torch.Tensor, cfg: dict | None = None) -> torch
 
 
 def cfg_name(cfg: dict) -> str:
-    return f"M{cfg['BLOCK_M']} N{cfg['BLOCK_N']} K{cfg['BLOCK_K']} w{cfg['num_warps']} s{cfg['num_stages']}"
+    """ "M32 N64 K128 w4 s3", and the down GEMM's own tiles after a "/" where it has them."""
+    name = f"M{cfg['BLOCK_M']} N{cfg['BLOCK_N']} K{cfg['BLOCK_K']} w{cfg['num_warps']} s{cfg['num_stages']}"
+    return name + (f" / down {cfg_name(kernels().kernel_tiles(cfg, 'down'))}" if "down" in cfg else "")
 
 
 def current_config(layer: Layer, s: Step) -> dict:
@@ -185,13 +199,16 @@ def measure_peak_flops(device: torch.device, dtype: torch.dtype) -> float:
 # --- the parts and their rooflines --------------------------------------------------------------------
 
 
-def part_costs(shape: Shape, s: Step) -> dict[str, tuple[int, int]]:
+def part_costs(layer: Layer, shape: Shape, s: Step) -> dict[str, tuple[int, int]]:
     """(bytes, FLOPs) each part must move and compute: the hit experts' weights read once, the router's
     weight, activations in and out once."""
     e, h, i, k = shape.experts, shape.hidden, shape.inter, shape.top_k
-    t, it = s.h.shape[0], s.h.element_size()
+    t, it, expert_it = s.h.shape[0], s.h.element_size(), kernels()._weight(layer.down).element_size()
     p, w_it, id_it = t * k, s.weights.element_size(), s.ids.element_size()
-    gate_up_w, down_w = s.distinct * 2 * i * h * it, s.distinct * h * i * it
+    gate_up_w, down_w = (
+        s.distinct * 2 * i * h * expert_it,
+        s.distinct * h * i * expert_it,
+    )  # scales not counted
     return {
         "router": (e * h * it + t * h * it + p * (w_it + id_it), 2 * t * h * e),
         "permutation": (p * id_it + p * 4, 0),
@@ -226,7 +243,7 @@ def part_fns(layer: Layer, s: Step, cfg: dict) -> dict[str, Callable[[], object]
 
 def time_parts(layer: Layer, shape: Shape, s: Step, env: dict) -> dict:
     cfg = current_config(layer, s)
-    costs = part_costs(shape, s)
+    costs = part_costs(layer, shape, s)
     parts = {}
     for name, fn in part_fns(layer, s, cfg).items():
         ms = time_ms(fn, env["device"], env["iters"], env["reps"])
@@ -273,32 +290,6 @@ def estimate(results: dict, sweeps: dict, shape: Shape, args: argparse.Namespace
     return rows
 
 
-# --- printing -----------------------------------------------------------------------------------------
-
-
-def print_parts(results: dict) -> None:
-    print("\n| tokens | part | ms | roofline ms | bound | x roofline |\n|---|---|---|---|---|---|")
-    for t, r in results.items():
-        for name in PARTS:
-            p = r["parts"][name]
-            print(f"| {t} | {name} | {p['ms']:.4g} | {p['roofline_ms']:.4g} | {p['bound']} | "
-                  f"{p['vs_roofline']:.2f} |")  # fmt: skip
-        print(f"| {t} | sum of parts | {r['sum_of_parts_ms']:.4g} | | | |")
-    for t, r in results.items():
-        print(f"{t} tokens: {r['distinct_experts']} experts hit, tiles {cfg_name(r['config'])}")
-
-
-def print_estimate(rows: list[dict]) -> None:
-    head = "| phase | waves | layer calls | " + " | ".join(f"{n} s" for n in PARTS)
-    print(f"\n{head} | roofline s | tuned layer s |\n|" + "---|" * (len(PARTS) + 5))
-    for r in rows:
-        cells = " | ".join(f"{r[f'{n}_s']:.3f}" for n in PARTS)
-        tuned = "" if r["tuned_layer_s"] is None else f"{r['tuned_layer_s']:.3f}"
-        print(f"| {r['phase']} | {r['waves'] or ''} | {r['layer_calls']} | {cells} | "
-              f"{r['roofline_s']:.3f} | {tuned} |")  # fmt: skip
-    print(f"Not counted: {NOT_COUNTED}.")
-
-
 # --- main ---------------------------------------------------------------------------------------------
 
 
@@ -319,6 +310,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--device", default="cuda")
     ap.add_argument(
         "--tiny", action="store_true", help="a tiny layer (8 experts, hidden 64) at 4 and 16 tokens"
+    )
+    ap.add_argument(
+        "--fp8", choices=("channel", "block"), help="e4m3 experts, scaled per row or 128 x 128 block"
     )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", help="write the results as JSON here")
@@ -364,9 +358,9 @@ def main(argv: list[str] | None = None) -> int:
     env = environment(args, device, dtype)
     rates = f"copy bandwidth {env['bandwidth'] / 1e9:.0f} GB/s, matmul {env['peak'] / 1e12:.1f} TFLOP/s"
     print(f"{shape}; {rates}", flush=True)
-    layer = make_layer(shape, device, dtype, gen)
+    layer = make_layer(shape, device, dtype, gen, args.fp8)
     steps = {t: make_step(layer, t, gen) for t in args.tokens}
-    from moe_tiles import print_sweep, run_sweep, sweep_configs  # beside this script
+    from moe_tiles import print_estimate, print_parts, print_sweep, run_sweep, sweep_configs  # beside this
 
     configs = [] if args.no_sweep else sweep_configs(layer, steps, shape, args)
     results = {t: time_parts(layer, shape, s, env) for t, s in steps.items()}
@@ -384,6 +378,7 @@ def main(argv: list[str] | None = None) -> int:
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "shape": shape._asdict(),
             "dtype": str(dtype),
+            "fp8_experts": args.fp8,
             "bandwidth_gbs": env["bandwidth"] / 1e9,
             "peak_tflops": env["peak"] / 1e12,
             "per_layer": {str(t): r for t, r in results.items()},

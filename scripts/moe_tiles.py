@@ -1,6 +1,6 @@
-"""The tile sweep of ``moe_split.py``: the two grouped GEMMs of a mixture-of-experts layer under a grid of
-tiles per token count, against ``routed_experts``' own choice, and the whole layer with the best tile
-both share. Run through ``moe_split.py`` (without ``--no-sweep``)."""
+"""The tile sweep and the tables of ``moe_split.py``: the two grouped GEMMs of a mixture-of-experts layer
+under a grid of tiles per token count, against ``routed_experts``' own choice, and the whole layer with
+each GEMM's best tiles. Run through ``moe_split.py`` (without ``--no-sweep``)."""
 
 from __future__ import annotations
 
@@ -9,16 +9,30 @@ import functools
 import time
 from typing import Any
 
-from moe_split import Layer, Shape, Step, cfg_name, current_config, kernels, launch, time_ms, whole_layer
+from moe_split import (
+    NOT_COUNTED,
+    PARTS,
+    Layer,
+    Shape,
+    Step,
+    cfg_name,
+    current_config,
+    kernels,
+    launch,
+    time_ms,
+    whole_layer,
+)
 
 
-def candidates(experts: int, itemsize: int) -> list[dict]:
-    """``_config``'s own choices first (each mean group size's), then the grid."""
-    current = [kernels()._config(experts * m, experts, itemsize) for m in (1, 17, 33, 129)]
+def candidates(experts: int, itemsize: int, weight_itemsize: int) -> list[dict]:
+    """``_config``'s own choices first (each mean group size's, each kernel's tiles), then the grid, with
+    256-column K tiles for 1-byte weights."""
+    chosen = [kernels()._config(experts * m, experts, itemsize, weight_itemsize) for m in (1, 17, 33, 129)]
+    current = [kernels().kernel_tiles(cfg, kernel) for cfg in chosen for kernel in ("gate_up", "down")]
     grid = [  # every BLOCK_M of one (N, K, warps, stages) together: a sweep cut short still covers each
         dict(BLOCK_M=m, BLOCK_N=n, BLOCK_K=k, num_warps=w, num_stages=st)
         for n in (64, 128)
-        for k in (128, 64)
+        for k in ((256, 128, 64) if weight_itemsize == 1 else (128, 64))
         for w in (4, 8)
         for st in (4, 3)
         for m in (16, 32, 64, 128)
@@ -30,11 +44,15 @@ def candidates(experts: int, itemsize: int) -> list[dict]:
     return out
 
 
-def fits(kernel: str, cfg: dict, itemsize: int, smem: int) -> bool:
+def weight_itemsize(layer: Layer) -> int:
+    return kernels()._weight(layer.down).element_size()
+
+
+def fits(kernel: str, cfg: dict, itemsize: int, weight_itemsize: int, smem: int) -> bool:
     """Whether the staged tiles (A, and one or two weight tiles) fit shared memory, counted generously."""
     m, n, k = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
     weight_tiles = 2 if kernel == "gate_up" else 1
-    return cfg["num_stages"] * (m * k + weight_tiles * k * n) * itemsize <= smem
+    return cfg["num_stages"] * (m * k * itemsize + weight_tiles * k * n * weight_itemsize) <= smem
 
 
 def applies(cfg: dict, s: Step, experts: int) -> bool:
@@ -45,7 +63,7 @@ def applies(cfg: dict, s: Step, experts: int) -> bool:
 
 def sweep(layer: Layer, steps: dict[int, Step], configs: list[dict], env: dict) -> tuple[dict, dict]:
     """({tokens: {kernel: [{config, ms}]}}, notes): configs in order until the time budget is spent."""
-    e, it = layer.gate_up.shape[0], layer.router.element_size()
+    e, it, w_it = layer.gate_up.shape[0], layer.router.element_size(), weight_itemsize(layer)
     timed: dict[int, dict[str, list]] = {t: {"gate_up": [], "down": []} for t in steps}
     notes: dict[str, Any] = {"failed": [], "skipped_for_time": 0}
     t0 = time.perf_counter()
@@ -57,7 +75,7 @@ def sweep(layer: Layer, steps: dict[int, Step], configs: list[dict], env: dict) 
             if not applies(cfg, s, e):
                 continue
             for kernel in ("gate_up", "down"):
-                if not fits(kernel, cfg, it, env["smem"]):
+                if not fits(kernel, cfg, it, w_it, env["smem"]):
                     continue
                 fn = functools.partial(launch, kernel, layer, s, cfg)
                 try:
@@ -75,25 +93,27 @@ def _ms_of(rows: list[dict], cfg: dict) -> float | None:
 
 
 def summarize(layer: Layer, s: Step, timed: dict[str, list], env: dict) -> dict:
-    """Best tiles per kernel and for both together (``moe_experts`` shares one), against the current."""
+    """Best tiles per kernel against the current ones, and the whole layer with each kernel's best."""
     cur = current_config(layer, s)
     out: dict[str, Any] = {"current": cur}
     for kernel, rows in timed.items():
         best = min(rows, key=lambda r: r["ms"], default=None)
-        out[kernel] = {"current_ms": _ms_of(rows, cur), "best": best, "tried": len(rows)}
-    both = []
-    for r in timed["gate_up"]:
-        down_ms = _ms_of(timed["down"], r["config"])
-        if down_ms is not None:
-            both.append((r["ms"] + down_ms, r["config"]))
-    if both:
-        ms, cfg = min(both, key=lambda x: x[0])
+        current_ms = _ms_of(rows, kernels().kernel_tiles(cur, kernel))
+        out[kernel] = {"current_ms": current_ms, "best": best, "tried": len(rows)}
+    if out["gate_up"]["best"] and out["down"]["best"]:
+        cfg = {**out["gate_up"]["best"]["config"], "down": out["down"]["best"]["config"]}
         current_ms = time_ms(
             functools.partial(whole_layer, layer, s.h), env["device"], env["iters"], env["reps"]
         )
         best_fn = functools.partial(whole_layer, layer, s.h, cfg)
         layer_ms = time_ms(best_fn, env["device"], env["iters"], env["reps"])
-        out["joint"] = {"config": cfg, "gemms_ms": ms, "layer_ms": layer_ms, "current_layer_ms": current_ms}
+        gemms_ms = out["gate_up"]["best"]["ms"] + out["down"]["best"]["ms"]
+        out["joint"] = {
+            "config": cfg,
+            "gemms_ms": gemms_ms,
+            "layer_ms": layer_ms,
+            "current_layer_ms": current_ms,
+        }
     return out
 
 
@@ -116,7 +136,7 @@ def print_sweep(sweeps: dict) -> None:
 
 
 def sweep_configs(layer: Layer, steps: dict[int, Step], shape: Shape, args: argparse.Namespace) -> list[dict]:
-    configs = candidates(shape.experts, layer.router.element_size())
+    configs = candidates(shape.experts, layer.router.element_size(), weight_itemsize(layer))
     configs = [c for c in configs if any(applies(c, s, shape.experts) for s in steps.values())]
     return configs[: args.max_configs] if args.max_configs else configs
 
@@ -126,3 +146,29 @@ def run_sweep(layer: Layer, steps: dict[int, Step], configs: list[dict], env: di
     timed, sweep_notes = sweep(layer, steps, configs, env)
     notes.update(sweep_notes)
     return {t: summarize(layer, steps[t], timed[t], env) for t in steps}, notes
+
+
+# --- printing -----------------------------------------------------------------------------------------
+
+
+def print_parts(results: dict) -> None:
+    print("\n| tokens | part | ms | roofline ms | bound | x roofline |\n|---|---|---|---|---|---|")
+    for t, r in results.items():
+        for name in PARTS:
+            p = r["parts"][name]
+            print(f"| {t} | {name} | {p['ms']:.4g} | {p['roofline_ms']:.4g} | {p['bound']} | "
+                  f"{p['vs_roofline']:.2f} |")  # fmt: skip
+        print(f"| {t} | sum of parts | {r['sum_of_parts_ms']:.4g} | | | |")
+    for t, r in results.items():
+        print(f"{t} tokens: {r['distinct_experts']} experts hit, tiles {cfg_name(r['config'])}")
+
+
+def print_estimate(rows: list[dict]) -> None:
+    head = "| phase | waves | layer calls | " + " | ".join(f"{n} s" for n in PARTS)
+    print(f"\n{head} | roofline s | tuned layer s |\n|" + "---|" * (len(PARTS) + 5))
+    for r in rows:
+        cells = " | ".join(f"{r[f'{n}_s']:.3f}" for n in PARTS)
+        tuned = "" if r["tuned_layer_s"] is None else f"{r['tuned_layer_s']:.3f}"
+        print(f"| {r['phase']} | {r['waves'] or ''} | {r['layer_calls']} | {cells} | "
+              f"{r['roofline_s']:.3f} | {tuned} |")  # fmt: skip
+    print(f"Not counted: {NOT_COUNTED}.")

@@ -214,28 +214,48 @@ def _combine_kernel(
     tl.store(out_ptr + t * stride_o + cols, acc.to(dt), mask=mask)
 
 
-def _config(pairs: int, experts: int, itemsize: int, k_blocks: tuple[int, int] | None = None) -> dict:
+def _config(
+    pairs: int, experts: int, itemsize: int, weight_itemsize: int, k_blocks: tuple[int, int] | None = None
+) -> dict:
     """Tile shapes by the mean rows per expert: decode-sized groups are weight-bandwidth bound (small
     BLOCK_M, long K tiles), prefill-sized ones compute bound (tensor-core-sized tiles). The shapes are
-    sized for 2-byte data (chosen by ``scripts/moe_split.py``'s sweep, docs/results.md); fp32 halves BLOCK_K
-    so the staged tiles still fit shared memory (a Hopper SM has 227 KiB). Block-scaled e4m3 weights
-    (``k_blocks``: columns per block, the columns of the first block before the first) need each K tile
-    inside one block column."""
+    chosen by ``scripts/moe_split.py``'s sweep (docs/results.md) for 2-byte data, and for e4m3 weights
+    (``weight_itemsize`` 1) at decode and prefill sizes, where the down projection takes its own tiles
+    (the ``"down"`` key: ``kernel_tiles``). fp32 halves BLOCK_K so the staged tiles still fit shared
+    memory (a Hopper SM has 227 KiB). Block-scaled e4m3 weights (``k_blocks``: columns per block, the
+    columns of the first block before the first) need each K tile inside one block column."""
     per_expert = -(-pairs // experts)
-    if per_expert <= 32:  # one row tile holds most groups: each expert's weights are read once
+    if per_expert <= 32 and weight_itemsize == 1:  # down's K (the intermediate) is short: more stages
+        cfg = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3)
+        cfg["down"] = dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=4)
+    elif per_expert <= 32:  # one row tile holds most groups: each expert's weights are read once
         cfg = dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3)
     elif per_expert <= 128:
         cfg = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3)
+    elif weight_itemsize == 1:  # converting e4m3 tiles in registers: 4 warps, narrower gate|up tiles
+        cfg = dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3)
+        cfg["down"] = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=4)
     else:  # wide N tiles: each A tile gathered from the hidden states feeds twice the columns
         cfg = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=4)
-    if itemsize > 2:
-        cfg["BLOCK_K"] //= 2
-    if k_blocks is not None:
-        cols, col0 = k_blocks
-        k = min(cfg["BLOCK_K"], cols, col0 & -col0 if col0 else cols)  # col0 & -col0: its lowest set bit
-        assert cols % k == 0 and col0 % k == 0 and k >= 16 and k & (k - 1) == 0, f"{cols}-column blocks"
-        cfg["BLOCK_K"] = k
+    for tiles in [cfg, *([cfg["down"]] if "down" in cfg else [])]:
+        if itemsize > 2:
+            tiles["BLOCK_K"] //= 2
+        if k_blocks is not None:
+            tiles["BLOCK_K"] = _block_k(tiles["BLOCK_K"], *k_blocks)
     return cfg
+
+
+def _block_k(block_k: int, cols: int, col0: int) -> int:
+    """The largest K tile up to ``block_k`` that never straddles a scale block's column edge."""
+    k = min(block_k, cols, col0 & -col0 if col0 else cols)  # col0 & -col0: its lowest set bit
+    assert cols % k == 0 and col0 % k == 0 and k >= 16 and k & (k - 1) == 0, f"{cols}-column blocks"
+    return k
+
+
+def kernel_tiles(cfg: dict, kernel: str) -> dict:
+    """One kernel's tiles from a layer's config: ``"down"`` overrides the shared tiles for the down GEMM."""
+    shared = {k: v for k, v in cfg.items() if k != "down"}
+    return {**shared, **cfg.get("down", {})} if kernel == "down" else shared
 
 
 Weights = torch.Tensor | Fp8Experts  # [E, N, K]
@@ -320,8 +340,8 @@ def combine_into(y: torch.Tensor, weights: torch.Tensor, out: torch.Tensor) -> N
 
 def tile_config(h: torch.Tensor, ids: torch.Tensor, gate_up: Weights, down: Weights) -> dict:
     """The tiles ``moe_experts`` picks for these pairs and weights."""
-    experts = _weight(gate_up).shape[0]
-    return _config(ids.numel(), experts, h.element_size(), _k_blocks(gate_up, down))
+    experts, weight_itemsize = _weight(gate_up).shape[0], _weight(gate_up).element_size()
+    return _config(ids.numel(), experts, h.element_size(), weight_itemsize, _k_blocks(gate_up, down))
 
 
 def moe_experts(
@@ -341,8 +361,8 @@ def moe_experts(
     counts, order = group_by_expert(ids, w_gu.shape[0])
     cfg = config or tile_config(h, ids, gate_up, down)
     act = torch.empty((pairs, inter), dtype=h.dtype, device=h.device)  # sorted order
-    gate_up_into(h, gate_up, counts, order, act, ids.shape[1], cfg)
+    gate_up_into(h, gate_up, counts, order, act, ids.shape[1], kernel_tiles(cfg, "gate_up"))
     y = torch.empty((pairs, hidden), dtype=h.dtype, device=h.device)  # pair order
-    down_into(act, down, counts, order, y, cfg)
+    down_into(act, down, counts, order, y, kernel_tiles(cfg, "down"))
     combine_into(y, weights, out)
     return out

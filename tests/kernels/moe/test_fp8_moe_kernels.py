@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from batchgen.kernels.moe import expert_format
 from batchgen.kernels.moe.expert_format import Fp8Experts, dequantize
-from batchgen.kernels.moe.routed_experts import moe_experts
+from batchgen.kernels.moe.routed_experts import kernel_tiles, moe_experts, tile_config
 from batchgen.model.backends import TorchBackend
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -98,6 +98,21 @@ def test_fp8_moe_experts_match_a_loop(block, dtype, tokens, hidden, inter, exper
     want = _dequantized_loop(*case)
     _check(moe_experts(*case), want)
     _check(TorchBackend.moe_experts(*case), want)
+
+
+@pytest.mark.parametrize("block", [None, (16, 32)])
+@pytest.mark.parametrize("tokens", [4, 300])  # 4 x 2 pairs on 4 experts: decode-sized; 600: prefill-sized
+def test_the_down_gemm_takes_its_own_tiles(block, tokens):
+    """e4m3 experts at decode and prefill sizes: the down GEMM launches with the config's ``"down"`` tiles
+    (another BLOCK_M, BLOCK_N or stage count than gate|up's), and the layer still matches the loop."""
+    case = _case(tokens, 64, 32, 4, 2, torch.float32, block, seed=5)
+    cfg = tile_config(case[0], case[2], case[3], case[4])
+    gate_up_tiles, down_tiles = kernel_tiles(cfg, "gate_up"), kernel_tiles(cfg, "down")
+    assert "down" in cfg and "down" not in gate_up_tiles and down_tiles != gate_up_tiles
+    assert down_tiles == {**gate_up_tiles, **cfg["down"]}
+    if block is not None:  # each kernel's K tiles inside a 32-column scale block
+        assert gate_up_tiles["BLOCK_K"] <= 32 and down_tiles["BLOCK_K"] <= 32
+    _check(moe_experts(*case), _dequantized_loop(*case))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
