@@ -123,8 +123,10 @@ moe tests && stage moe-tests 180 "$RUN/moe-tests.log" "$PY" -m pytest -q -m gpu 
     tests/model/test_fp8_moe.py tests/engine/test_cuda_runner.py -p no:cacheprovider
 moe step && stage moe-step 200 "$RUN/moe-step.log" "$PY" scripts/bench_step.py --preset B6 --out "$RUN/moe-step.json"
 # moe-split: one B6 MoE layer at 256, 512 and 8192 tokens, each part (router, permutation, gate|up, down,
-# combine) against its roofline, a sweep of the expert GEMMs' tiles, B6's MoE time as prefill and decode.
-moe split && stage moe-split 150 "$RUN/moe-split.log" "$PY" scripts/moe_split.py --out "$RUN/moe-split.json"
+# combine) against its roofline, a sweep of the expert GEMMs' tiles, B6's MoE time as prefill and decode;
+# MOE_SPLIT_ARGS adds options (e.g. "--fp8 channel" for e4m3 experts, "--tokens 512 8192").
+moe split && stage moe-split 150 "$RUN/moe-split.log" "$PY" scripts/moe_split.py ${MOE_SPLIT_ARGS:-} \
+    --out "$RUN/moe-split.json"
 moe bench && stage moe-bench 420 "$RUN/moe-bench.log" "$PY" -m batchgen.bench --workload B6 --mode async \
     ${MOE_BENCH_ARGS:-} --out "$RUN/moe"
 # STAGES="fp8" = fp8-tests fp8-quality fp8-bench (FP8 weights + KV: kernels, matmul choices, quality on the
