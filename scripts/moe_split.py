@@ -149,6 +149,11 @@ def cfg_name(cfg: dict) -> str:
     return name + (f" / down {cfg_name(kernels().kernel_tiles(cfg, 'down'))}" if "down" in cfg else "")
 
 
+def expert_itemsize(layer: Layer) -> int:
+    """Bytes an expert weight takes: 1 for e4m3 (``--fp8``), else the activations' dtype's."""
+    return kernels()._weight(layer.down).element_size()
+
+
 def current_config(layer: Layer, s: Step) -> dict:
     return kernels().tile_config(s.h, s.ids, layer.gate_up, layer.down)
 
@@ -203,12 +208,10 @@ def part_costs(layer: Layer, shape: Shape, s: Step) -> dict[str, tuple[int, int]
     """(bytes, FLOPs) each part must move and compute: the hit experts' weights read once, the router's
     weight, activations in and out once."""
     e, h, i, k = shape.experts, shape.hidden, shape.inter, shape.top_k
-    t, it, expert_it = s.h.shape[0], s.h.element_size(), kernels()._weight(layer.down).element_size()
+    t, it = s.h.shape[0], s.h.element_size()
     p, w_it, id_it = t * k, s.weights.element_size(), s.ids.element_size()
-    gate_up_w, down_w = (
-        s.distinct * 2 * i * h * expert_it,
-        s.distinct * h * i * expert_it,
-    )  # scales not counted
+    down_w = s.distinct * h * i * expert_itemsize(layer)  # e4m3 scales not counted
+    gate_up_w = 2 * down_w
     return {
         "router": (e * h * it + t * h * it + p * (w_it + id_it), 2 * t * h * e),
         "permutation": (p * id_it + p * 4, 0),

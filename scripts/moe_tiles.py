@@ -17,6 +17,7 @@ from moe_split import (
     Step,
     cfg_name,
     current_config,
+    expert_itemsize,
     kernels,
     launch,
     time_ms,
@@ -44,10 +45,6 @@ def candidates(experts: int, itemsize: int, weight_itemsize: int) -> list[dict]:
     return out
 
 
-def weight_itemsize(layer: Layer) -> int:
-    return kernels()._weight(layer.down).element_size()
-
-
 def fits(kernel: str, cfg: dict, itemsize: int, weight_itemsize: int, smem: int) -> bool:
     """Whether the staged tiles (A, and one or two weight tiles) fit shared memory, counted generously."""
     m, n, k = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
@@ -63,7 +60,7 @@ def applies(cfg: dict, s: Step, experts: int) -> bool:
 
 def sweep(layer: Layer, steps: dict[int, Step], configs: list[dict], env: dict) -> tuple[dict, dict]:
     """({tokens: {kernel: [{config, ms}]}}, notes): configs in order until the time budget is spent."""
-    e, it, w_it = layer.gate_up.shape[0], layer.router.element_size(), weight_itemsize(layer)
+    e, it, w_it = layer.gate_up.shape[0], layer.router.element_size(), expert_itemsize(layer)
     timed: dict[int, dict[str, list]] = {t: {"gate_up": [], "down": []} for t in steps}
     notes: dict[str, Any] = {"failed": [], "skipped_for_time": 0}
     t0 = time.perf_counter()
@@ -136,7 +133,7 @@ def print_sweep(sweeps: dict) -> None:
 
 
 def sweep_configs(layer: Layer, steps: dict[int, Step], shape: Shape, args: argparse.Namespace) -> list[dict]:
-    configs = candidates(shape.experts, layer.router.element_size(), weight_itemsize(layer))
+    configs = candidates(shape.experts, layer.router.element_size(), expert_itemsize(layer))
     configs = [c for c in configs if any(applies(c, s, shape.experts) for s in steps.values())]
     return configs[: args.max_configs] if args.max_configs else configs
 

@@ -225,14 +225,14 @@ def _config(
     memory (a Hopper SM has 227 KiB). Block-scaled e4m3 weights (``k_blocks``: columns per block, the
     columns of the first block before the first) need each K tile inside one block column."""
     per_expert = -(-pairs // experts)
-    if per_expert <= 32 and weight_itemsize == 1:  # down's K (the intermediate) is short: more stages
+    if per_expert <= 32 and weight_itemsize == 1:  # e4m3: each GEMM the sweep's best tiles
         cfg = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3)
         cfg["down"] = dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=4)
     elif per_expert <= 32:  # one row tile holds most groups: each expert's weights are read once
         cfg = dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3)
     elif per_expert <= 128:
         cfg = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3)
-    elif weight_itemsize == 1:  # converting e4m3 tiles in registers: 4 warps, narrower gate|up tiles
+    elif weight_itemsize == 1:  # e4m3: each GEMM the sweep's best tiles
         cfg = dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3)
         cfg["down"] = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=4)
     else:  # wide N tiles: each A tile gathered from the hidden states feeds twice the columns
