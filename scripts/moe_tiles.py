@@ -9,7 +9,7 @@ import functools
 import time
 from typing import Any
 
-from moe_split import (
+from moe_layer import (
     NOT_COUNTED,
     PARTS,
     Layer,
