@@ -26,6 +26,9 @@ HELP_GROUPS = {
         "max_num_seqs", "max_batch_tokens", "max_model_len", "gpu_memory_utilization", "block_size",
         "async_mode", "cuda_graphs", "prefix_caching", "threads",
     ),
+    "Speculative decoding": (
+        "speculative", "num_speculative_tokens", "ngram_max", "ngram_min", "draft_model",
+    ),
     "Parallelism": ("shard", "data_parallel", "tensor_parallel"),
     "Run control": (
         "overwrite", "on_error", "max_error_rate", "flush_every", "log_every", "drain_timeout", "stats_file",
@@ -270,7 +273,43 @@ def engine_options(command: Callable) -> Callable:
         click.option(
             "--kv-cache-dtype", type=click.Choice(["auto", "fp8"]), default="auto", show_default=True
         ),
+        *_speculative_options(),
     )(command)
+
+
+def _speculative_options() -> list[Callable]:
+    """Speculative decoding: never changes the output (greedy or sampled), only how fast it comes."""
+    return [
+        click.option(
+            "--speculative",
+            type=click.Choice(["ngram", "draft"]),
+            help="Guess tokens and verify them in one step: ngram = prompt lookup (the row's own prompt "
+            "and output). Verify steps run only where measured faster [default: off].",
+        ),
+        click.option(
+            "--num-speculative-tokens",
+            type=click.IntRange(min=1),
+            default=EngineConfig.num_speculative_tokens,
+            show_default=True,
+            help="Most tokens a row guesses a step.",
+        ),
+        click.option(
+            "--ngram-max",
+            type=click.IntRange(min=1),
+            default=EngineConfig.ngram_max,
+            show_default=True,
+            help="Longest suffix looked up.",
+        ),  # fmt: skip
+        click.option(
+            "--ngram-min",
+            type=click.IntRange(min=1),
+            default=EngineConfig.ngram_min,
+            show_default=True,
+            help="Shortest suffix looked up.",
+        ),  # fmt: skip
+        click.option("--draft-model", help="The draft model of --speculative draft."),
+        click.option("--speculative-policy", type=click.Choice(["adaptive", "always"]), hidden=True),
+    ]
 
 
 def run_control_options(command: Callable) -> Callable:

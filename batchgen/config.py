@@ -284,6 +284,15 @@ class EngineConfig:
     quantization: str | None = None  # "fp8": quantize a bf16/fp16 checkpoint's projections at load
     kv_cache_dtype: str = "auto"  # "auto" (the model dtype) | "fp8"
     threads: int | None = None  # torch intra-op threads; None: on the CPU, the free cores (threads.py)
+    # Speculative decoding (engine/speculative): "ngram" guesses a row's next tokens from its own prompt
+    # and output; up to num_speculative_tokens a step, from its last ngram_max .. ngram_min tokens.
+    speculative: str | None = None
+    num_speculative_tokens: int = 4
+    ngram_min: int = 2
+    ngram_max: int = 4
+    draft_model: str | None = None
+    # "adaptive": a verify step runs where measured faster than plain decoding; "always": every step.
+    speculative_policy: str = "adaptive"
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -310,8 +319,28 @@ class EngineConfig:
         if self.load_format not in ("auto", "random"):
             raise ValueError(f"unknown load format {self.load_format!r}")
         check_quantization(self.quantization)
+        self._check_speculative()
         if self.kv_cache_dtype not in ("auto", "fp8"):
             raise ValueError(f"unknown KV cache dtype {self.kv_cache_dtype!r} (auto or fp8)")
+
+    def _check_speculative(self) -> None:
+        if self.draft_model is not None and self.speculative != "draft":
+            raise ValueError("--draft-model needs --speculative draft, which is not available yet")
+        if self.speculative is None:
+            return
+        if self.speculative == "draft":
+            raise ValueError("--speculative draft is not available yet; use --speculative ngram")
+        if self.speculative not in (None, "ngram"):
+            raise ValueError(f"unknown speculative method {self.speculative!r} (supported: ngram)")
+        if not 1 <= self.num_speculative_tokens < self.block_size:
+            raise ValueError(
+                f"num_speculative_tokens must be in [1, block_size - 1 = {self.block_size - 1}], "
+                f"got {self.num_speculative_tokens}"
+            )
+        if not 1 <= self.ngram_min <= self.ngram_max:
+            raise ValueError(f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min} and {self.ngram_max}")
+        if self.speculative_policy not in ("adaptive", "always"):
+            raise ValueError(f"unknown speculative policy {self.speculative_policy!r} (adaptive or always)")
 
 
 def check_quantization(quantization: str | None) -> None:

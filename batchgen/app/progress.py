@@ -218,7 +218,18 @@ def summary_text(s: dict[str, Any]) -> str:
     return (
         f"{s['status']}: {s['rows']} rows, {s['records']} records, {s['errors']} errors{skipped}{total}; "
         f"tokens {s['prompt_tokens']} in / {s['completion_tokens']} out; wall {s['wall_s']:.1f} s, "
-        f"{s['tokens_per_s']:.1f} tok/s; finish reasons: {reasons}"
+        f"{s['tokens_per_s']:.1f} tok/s; finish reasons: {reasons}{_speculation_text(s.get('engine'))}"
+    )
+
+
+def _speculation_text(engine: Any) -> str:
+    """The guesses verified and accepted, when the run speculated (engine/speculative)."""
+    if not isinstance(engine, dict) or not engine.get("verify_steps"):
+        return ""
+    return (
+        f"; speculation: {engine['accepted_tokens']} of {engine['draft_tokens']} guessed tokens accepted "
+        f"({100 * engine['acceptance_rate']:.0f} %), {engine['accepted_per_verify_step']:.2f} a verify step "
+        f"in {engine['verify_steps']} of {engine['steps']} steps"
     )
 
 

@@ -67,7 +67,8 @@ class StepInputs(NamedTuple):
 def build_step(step: ScheduledStep, block_size: int, rows: RowState) -> StepInputs:
     """Gather the step's rows of the persistent batch: the decodes' inputs with array operations over
     their rows, the prefill chunks' one by one."""
-    scan = _concat(_scan_decodes(step, rows), _scan_items(step, len(step.decodes.requests)))
+    decodes = _scan_decodes(step, rows) if step.decodes.drafts is None else _scan_verify(step, rows)
+    scan = _concat(decodes, _scan_items(step, len(decodes.starts), len(decodes.sampled)))
     num_seqs, counts = step.num_seqs, scan.counts
     seq_lens = scan.starts + counts
     max_seq_len = int(seq_lens.max())
@@ -141,8 +142,9 @@ class _Scan(NamedTuple):
     rows: np.ndarray  # [B] each one's row of the persistent batch
     ids: np.ndarray  # [T] input tokens, 0 where carried over
     carry_rows: np.ndarray  # [T] row of the previous step's sampled tokens holding the input, else -1
-    sampled: np.ndarray  # [S] sequences that sample
+    sampled: np.ndarray  # [S] sequences that sample (a verify step's decodes: once per position)
     rng_steps: np.ndarray  # [S] index of the output token each sampled row draws
+    back: np.ndarray  # [S] how many positions before its sequence's last each sampled row is
 
 
 def _scan_decodes(step: ScheduledStep, rs: RowState) -> _Scan:
@@ -164,11 +166,36 @@ def _scan_decodes(step: ScheduledStep, rs: RowState) -> _Scan:
     rs.carry_step[rows] = step_id
     rs.carry_row[rows] = np.arange(n)
     rng_steps = rs.known[rows] + rs.num_pending[rows] - rs.prompt[rows] - 1  # outputs incl. this one
-    return _Scan(starts, np.ones(n, np.int64), rows, ids, carry_rows, np.arange(n), rng_steps)
+    zeros = np.zeros(n, np.int64)
+    return _Scan(starts, np.ones(n, np.int64), rows, ids, carry_rows, np.arange(n), rng_steps, zeros)
 
 
-def _scan_items(step: ScheduledStep, first: int) -> _Scan:
-    """The prefill chunks (a few a step), one by one; sequence numbers start at ``first``."""
+def _scan_verify(step: ScheduledStep, rs: RowState) -> _Scan:
+    """A verify step's decodes (engine/speculative): each computes its known input token and its
+    guesses, and samples at every one of those positions, drawing the output index it would draw there
+    in plain decoding."""
+    decodes = step.decodes
+    rows, starts, n = decodes.rows, decodes.starts, len(decodes.rows)
+    if not (rs.known[rows] > starts).all():
+        raise RuntimeError("a verify step's input tokens must all be known (nothing carried over)")
+    counts = decodes.counts  # [D]
+    ids = [t for req, s, g in zip(decodes.requests, starts.tolist(), decodes.drafts, strict=True)
+           for t in (req.tokens[s], *g)]  # fmt: skip
+    seq = np.repeat(np.arange(n), counts)  # [S] each sampled position's decode
+    first = np.cumsum(counts) - counts  # [D] its first sampled row
+    offset = np.arange(len(seq)) - first[seq]  # [S] position within its decode
+    rs.carry_step[rows] = step.step_id
+    rs.carry_row[rows] = first + counts - 1
+    rng_steps = (rs.known[rows] + rs.num_pending[rows] - rs.prompt[rows] - 1)[seq] + offset
+    carry = np.full(len(seq), -1, np.int64)
+    return _Scan(
+        starts, counts, rows, np.array(ids, np.int64), carry, seq, rng_steps, counts[seq] - 1 - offset
+    )
+
+
+def _scan_items(step: ScheduledStep, first: int, first_sample: int) -> _Scan:
+    """The prefill chunks (a few a step), one by one; sequence numbers start at ``first``, their sampled
+    rows at ``first_sample``."""
     starts, counts, rows, ids, carry, sampled, rng_steps = [], [], [], [], [], [], []
     step_id = step.step_id
     for i, (req, start, n, samples) in enumerate(step.items, first):
@@ -189,10 +216,13 @@ def _scan_items(step: ScheduledStep, first: int) -> _Scan:
             carry.append(req.carry_row)
             ids.append(0)
         if samples:
-            req.carry_step, req.carry_row = step_id, first + len(sampled)
+            req.carry_step, req.carry_row = step_id, first_sample + len(sampled)
             sampled.append(i)
             rng_steps.append(len(tokens) - req.num_prompt + req.num_pending - 1)
-    return _Scan(*(np.array(x, np.int64) for x in (starts, counts, rows, ids, carry, sampled, rng_steps)))
+    back = [0] * len(sampled)
+    return _Scan(
+        *(np.array(x, np.int64) for x in (starts, counts, rows, ids, carry, sampled, rng_steps, back))
+    )
 
 
 def _concat(decodes: _Scan, items: _Scan) -> _Scan:
@@ -227,7 +257,7 @@ def _sampling_rows(rows: RowState, sampled_rows: np.ndarray, cu: np.ndarray, sca
         adjustments=some("adjusted"),
     )
     return (
-        cu[scan.sampled + 1].astype(np.int64) - 1,
+        cu[scan.sampled + 1].astype(np.int64) - 1 - scan.back,
         temperature,
         column("top_p"),
         column("top_k", np.int64),

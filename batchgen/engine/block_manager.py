@@ -59,6 +59,19 @@ class BlockManager:
         req.block_table = []
         req.num_cached_blocks = 0
 
+    def shrink(self, req: Request, num_tokens: int) -> int:
+        """Return ``req``'s blocks past the first ``num_tokens`` positions (rejected guesses' blocks: never
+        registered, as their tokens were not known), newest first; how many were returned."""
+        keep = self.blocks_for(num_tokens)
+        returned = max(0, len(req.block_table) - keep)
+        while len(req.block_table) > keep:
+            block = req.block_table.pop()
+            self._ref[block] -= 1
+            if self._ref[block] == 0:
+                self._free[block] = None
+                self._free.move_to_end(block, last=False)  # handed out first: nothing cached in it
+        return returned
+
     def _pop_free(self) -> int:
         block, _ = self._free.popitem(last=False)
         key = self._key_of.pop(block, None)

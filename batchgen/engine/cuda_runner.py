@@ -28,6 +28,7 @@ one logits buffer serves both slots.
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections.abc import Callable
 from typing import NamedTuple
@@ -43,6 +44,7 @@ from batchgen.engine.cuda_slots import (
     decode_buckets,
     fill_host,
     step_layout,
+    verify_buckets,
 )
 from batchgen.engine.graph_capture import GraphCaptures
 from batchgen.engine.idle_gaps import IdleGaps
@@ -69,6 +71,7 @@ class CudaHandle(NamedTuple):
     mixed: bool = False  # new prompts or prefill chunks, padded to a token bucket
     captured: bool = False  # its launch captured a graph: its times are not a step's
     prompt: PromptScores | None = None  # its scored prompt positions (an eager step)
+    verify: bool = False  # a verify step (engine/speculative) padded to a token bucket
 
 
 class CudaRunner(GraphCaptures, Runner):
@@ -90,6 +93,7 @@ class CudaRunner(GraphCaptures, Runner):
         capture_after: int = 0,
         mixed_graphs: bool | None = None,
         vocab_size: int = 0,  # the logits' width: the size of the per-row statistics (RowTokens)
+        max_samples: int = 0,  # sampled rows a step may have, when more than max_num_seqs (verify steps)
     ) -> None:
         self.forward, self.kv_caches, self.backend, self.device = forward, kv_caches, backend, device
         self.sampler = sampler
@@ -98,7 +102,12 @@ class CudaRunner(GraphCaptures, Runner):
         self.max_model_len = max_model_len
         max_blocks = -(-max_model_len // block_size)
         max_tokens = max(max_batch_tokens, max_num_seqs)
-        self.slots = [Slot(device, max_tokens, max_num_seqs, max_blocks) for _ in range(num_slots)]
+        # Verify steps (engine/speculative) pad to a token bucket, each token a sample: as many sample rows
+        self.verify_buckets = verify_buckets(max_tokens, max_samples) if cuda_graphs and max_samples else []
+        max_samples = max([max_samples, *self.verify_buckets])
+        self.slots = [
+            Slot(device, max_tokens, max_num_seqs, max_blocks, max_samples) for _ in range(num_slots)
+        ]
         self.h2d, self.compute, self.d2h = (torch.cuda.Stream(device) for _ in range(3))
         self.buckets = decode_buckets(max_num_seqs) if cuda_graphs else []
         # Steps with new prompts: graphs per token bucket where measured host-bound (None), always, never.
@@ -128,8 +137,9 @@ class CudaRunner(GraphCaptures, Runner):
         slot_id = inputs.step_id % len(self.slots)
         slot = self.slots[slot_id]
         bucket, part, shape, bounds = step_layout(
-            inputs, self.buckets, self.mixed.bucket, self.slots[0].max_seqs, self.max_model_len
-        )
+            inputs, self.buckets, self.mixed.bucket, self.slots[0].max_seqs, self.max_model_len,
+            self._verify_bucket,
+        )  # fmt: skip
         features = inputs.features
         if inputs.row_inits or features.stateful:
             self._ready_row_tokens(inputs.rows_capacity)  # before a graph that reads them is chosen
@@ -161,8 +171,13 @@ class CudaRunner(GraphCaptures, Runner):
         samples, masked = len(inputs.logits_indices), inputs.masked
         return CudaHandle(
             inputs.step_id, slot_id, samples, features, masked, shape, bucket, graph is not None,
-            1e3 * took, part == "mixed", len(self.graphs) > graphs, prompt,
+            1e3 * took, part == "mixed", len(self.graphs) > graphs, prompt, part == "verify",
         )  # fmt: skip
+
+    def _verify_bucket(self, num_tokens: int) -> int:
+        """The token bucket a verify step of ``num_tokens`` pads to (0: eager at its own shape)."""
+        i = bisect.bisect_left(self.verify_buckets, num_tokens)
+        return self.verify_buckets[i] if i < len(self.verify_buckets) else 0
 
     def _init_rows(self, inputs: StepInputs) -> None:
         """Rebuild the device statistics of the rows the step's new requests took (on the compute stream:
@@ -221,6 +236,10 @@ class CudaRunner(GraphCaptures, Runner):
         """Nothing to forget: carry-over reads the other slot's outputs, and a fresh stream's first
         step carries nothing over."""
 
+    def warming(self, handle: CudaHandle) -> bool:
+        """A graph key's eager use before its capture, or the capture itself."""
+        return handle.captured or (handle.bucket > 0 and not handle.replayed)
+
     def ready(self, handle: CudaHandle) -> bool:
         """Whether ``fetch(handle)`` would return without waiting for the device."""
         return bool(self.slots[handle.slot].d2h_done.query())
@@ -235,9 +254,9 @@ class CudaRunner(GraphCaptures, Runner):
             busy = slot.compute_start.elapsed_time(slot.compute_done)
         self.gpu_busy_s += busy / 1000.0
         decode = handle.bucket > 0 and not handle.mixed
-        kind = "graph" if decode else "mixed" if handle.replayed else "eager"
+        kind = "verify" if handle.verify else "graph" if decode else "mixed" if handle.replayed else "eager"
         gap = self.idle.fetched(handle.step_id, kind, handle.samples, busy)
-        if not handle.masked and not handle.captured:
+        if not handle.masked and not handle.captured and not handle.verify:
             self._measured(handle, kind, busy, gap)
         outputs = (
             out[: handle.samples].tolist() if copied else None

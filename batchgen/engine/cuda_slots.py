@@ -20,6 +20,7 @@ import torch
 
 from batchgen.config import MAX_LOGPROBS
 from batchgen.engine.batch import StepInputs
+from batchgen.engine.mixed_graphs import token_buckets
 from batchgen.engine.sampler import SamplingTensors
 
 TOKEN_FIELDS = ("input_ids", "carry_rows", "positions", "slot_mapping")  # [T]
@@ -38,6 +39,13 @@ _KEPT_LAYOUTS = 256  # views kept per slot: decode shapes, then recent others (r
 def decode_buckets(max_num_seqs: int) -> list[int]:
     sizes = [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512]
     return sorted({s for s in sizes if s < max_num_seqs} | {max_num_seqs})
+
+
+def verify_buckets(max_tokens: int, max_samples: int) -> list[int]:
+    """Token counts a verify step pads to: mixed_graphs' token buckets, up to the first that holds
+    ``max_samples`` (every decode row's guesses) or the token budget."""
+    buckets = token_buckets(max_tokens)
+    return buckets[: bisect.bisect_left(buckets, max_samples) + 1]
 
 
 def decode_shape(rows: int) -> Shape:
@@ -65,23 +73,35 @@ class Layout(NamedTuple):
     bounds: tuple[int, int, int]
 
 
+def verify_shape(tokens: int, max_seqs: int) -> Shape:
+    """A verify step (engine/speculative) padded to a token bucket: mixed_shape's rows, and a sample for
+    every token (each decode samples all its positions)."""
+    return Shape(tokens, min(tokens, max_seqs), tokens)
+
+
 def graph_layout(bucket: int, part: str, max_seqs: int, max_model_len: int) -> Layout:
     """A graph's shape and bounds: the same for its eager uses, its capture and every replay."""
     if part == "mixed":
         return Layout(bucket, part, mixed_shape(bucket, max_seqs), (bucket, max_model_len, 0))
+    if part == "verify":
+        return Layout(bucket, part, verify_shape(bucket, max_seqs), (bucket, max_model_len, 0))
     return Layout(bucket, part, decode_shape(bucket), (1, max_model_len, 0))
 
 
 def step_layout(
     inputs: StepInputs, decode_buckets: list[int], mixed_bucket: Callable[[int], int], max_seqs: int,
-    max_model_len: int,
+    max_model_len: int, verify_bucket: Callable[[int], int] = lambda tokens: 0,
 ) -> Layout:  # fmt: skip
     """A decode pads to its row bucket; a step with new prompts to the token bucket ``mixed_bucket``
-    gives (0: eager at its own shape); a masked step with new prompts runs at its own shape."""
+    gives (0: eager at its own shape); a verify step (engine/speculative: more samples than sequences) to
+    ``verify_bucket``'s; a masked step with new prompts runs at its own shape."""
     part = "logits" if inputs.masked else "step"
     if inputs.decode_only:
         i = bisect.bisect_left(decode_buckets, len(inputs.seq_lens))
         bucket = decode_buckets[i] if i < len(decode_buckets) else 0
+    elif len(inputs.logits_indices) > len(inputs.seq_lens):
+        bucket = 0 if inputs.masked or inputs.prompt_rows is not None else verify_bucket(inputs.num_tokens)
+        part = "verify" if bucket else part
     else:
         eager = inputs.masked or inputs.prompt_rows is not None  # (prompt scores: extra logits rows)
         bucket = 0 if eager else mixed_bucket(inputs.num_tokens)
@@ -104,14 +124,17 @@ def leading_decodes(inputs: StepInputs) -> int:
 class Slot:
     """Pinned host and device buffers of one slot, and the events that guard their reuse."""
 
-    def __init__(self, device: torch.device, max_tokens: int, max_seqs: int, max_blocks: int) -> None:
+    def __init__(
+        self, device: torch.device, max_tokens: int, max_seqs: int, max_blocks: int, max_samples: int = 0
+    ) -> None:
         self.max_blocks = max_blocks
-        size = packed_layout(Shape(max_tokens, max_seqs, max_seqs), max_blocks).nbytes
+        max_samples = max(max_samples, max_seqs)  # more than one a sequence: verify steps' positions
+        size = packed_layout(Shape(max_tokens, max_seqs, max_samples), max_blocks).nbytes
         self.host_bytes = torch.zeros(size, dtype=torch.uint8, pin_memory=True)
         self.dev_bytes = torch.zeros(size, dtype=torch.uint8, device=device)
         self._views: dict[Shape, PackedViews] = {}
         # the sampler's outputs (sampler.SampleOutput): tokens, their log-probabilities, the top ones'
-        shapes = ((max_seqs,), (max_seqs,), (max_seqs, MAX_LOGPROBS), (max_seqs, MAX_LOGPROBS))
+        shapes = ((max_samples,), (max_samples,), (max_samples, MAX_LOGPROBS), (max_samples, MAX_LOGPROBS))
         dtypes = (torch.int64, torch.float32, torch.int64, torch.float32)
         self.outputs = [torch.zeros(s, dtype=d, device=device) for s, d in zip(shapes, dtypes, strict=True)]
         self.host_outputs = [
@@ -132,7 +155,7 @@ class Slot:
 
     @property
     def out_tokens(self) -> torch.Tensor:
-        """[max_seqs] int64: the sampled tokens (a decode's carry-over reads them)."""
+        """[max_samples] int64: the sampled tokens (a decode's carry-over reads them)."""
         return self.outputs[0]
 
     def views(self, shape: Shape) -> PackedViews:

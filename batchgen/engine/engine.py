@@ -21,18 +21,18 @@ from collections import defaultdict, deque
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from batchgen.engine.batch import build_step, prompt_spans
+from batchgen.engine.batch import build_step
 from batchgen.engine.block_manager import BlockManager
 from batchgen.engine.completions import CompletionOutput, GenerationRequest
 from batchgen.engine.grammar import GrammarCompiler
 from batchgen.engine.intake import Intake
 from batchgen.engine.request import Request, Status
-from batchgen.engine.rows import COLUMN
 from batchgen.engine.runner_protocol import Runner, StepResult
-from batchgen.engine.scheduler import Decodes, ScheduledStep, Scheduler
+from batchgen.engine.scheduler import ScheduledStep, Scheduler
+from batchgen.engine.speculative.accept import VerifiedRows
+from batchgen.engine.speculative.speculator import Speculator
 from batchgen.engine.stats import EngineStats
+from batchgen.engine.step_results import advance_decodes, record_prompt_scores, rows_to_check, top_of
 from batchgen.engine.stops import StopChecker
 
 if TYPE_CHECKING:
@@ -50,6 +50,7 @@ class Engine:
         async_mode: bool,
         grammars: GrammarCompiler | None = None,
         vocab_size: int | None = None,  # token ids a row may name (logit_bias, stop_token_ids)
+        speculator: Speculator | None = None,  # speculative decoding (engine/speculative)
     ) -> None:
         self.runner = runner
         self.blocks = blocks
@@ -69,6 +70,10 @@ class Engine:
         self._unsampled: tuple | None = None  # the newest step when it is masked and not yet sampled
         self._masked: set[int] = set()  # ids of in-flight masked steps (their tokens advance grammars)
         self._costs = runner.step_costs  # CUDA: what admitting new rows costs
+        self.speculator = speculator
+        self._verified = VerifiedRows(blocks, scheduler.rows, self._eos_ids)
+        self._done_at = 0.0  # when the last step's tokens were taken (the speculation policy's clock)
+        self._speculated: set[int] = set()  # launched when the policy chose to speculate
 
     def drain(self) -> None:
         """Stop admitting: rows not yet started are dropped (never yielded), started ones finish.
@@ -110,6 +115,7 @@ class Engine:
         self._detokenize = detokenize
         self._turns = turns if self.tells_waits else None
         started = time.perf_counter()
+        self._done_at = 0.0
         finished = False
         try:
             yield from self._loop(iter(requests))
@@ -124,6 +130,14 @@ class Engine:
             self.stats.replay_s = self.runner.replay_s
             idle = self.runner.idle
             self.stats.gpu_idle = idle.summary() if idle is not None else {}
+            self._speculation_stats()
+
+    def _speculation_stats(self) -> None:
+        stats = self.stats
+        if self.speculator is not None:
+            stats.acceptance_rate = round(stats.accepted_tokens / max(1, stats.draft_tokens), 4)
+            stats.accepted_per_verify_step = round(stats.accepted_tokens / max(1, stats.verify_steps), 3)
+            stats.speculation_rates = self.speculator.policy.summary()
 
     def _abandon(self) -> None:
         self._sample_pending(fill=False)  # its tokens are never used, but fetch needs it sampled
@@ -135,6 +149,7 @@ class Engine:
         self.scheduler.clear()
         self._deferred.clear()
         self._masked.clear()
+        self._speculated.clear()
         self._done.clear()
         self.runner.reset()
 
@@ -151,9 +166,10 @@ class Engine:
                 if exhausted:
                     return
                 continue
-            if len(inflight) > self.lag:  # every slot busy: the oldest step's tokens first
+            speculate = self.speculator is not None and self.speculator.wants(self.scheduler.running)
+            while len(inflight) > self._lag(speculate):  # every slot busy: the oldest step's tokens first
                 self._postprocess(*inflight.popleft())
-            if not self._launch_next(inflight):
+            if not self._launch_next(inflight, speculate):
                 if inflight:
                     self._postprocess(*inflight.popleft())  # nothing to run until its tokens are known
                 elif self.scheduler.has_work():
@@ -199,11 +215,21 @@ class Engine:
 
     # --- stepping ---------------------------------------------------------------------------------
 
-    def _launch_next(self, inflight: deque) -> bool:
+    def _lag(self, speculate: bool) -> int:
+        """Steps left in flight when the next launches: none before or after a verify step (its guesses
+        continue every known token, and its accepted count moves the next step's positions)."""
+        verifying = self._inflight and self._inflight[-1][0].decodes.drafts is not None
+        return 0 if speculate or verifying else self.lag
+
+    def _launch_next(self, inflight: deque, speculate: bool = False) -> bool:
         t0 = time.perf_counter()
-        step = self.scheduler.schedule()
+        drafts = self.speculator.drafts(self.scheduler.running) if speculate and not inflight else None
+        step = self.scheduler.schedule(drafts)
         if not step.num_seqs:
             return False
+        if speculate:
+            self._speculated.add(step.step_id)
+        self.stats.verify_steps += step.decodes.drafts is not None
         inputs = build_step(step, self.blocks.block_size, self.scheduler.rows)
         self.stats.schedule_s += time.perf_counter() - t0
         if inflight:
@@ -264,22 +290,30 @@ class Engine:
         self._sample_pending()  # the next step waited for these tokens: start its sampling first
         t0 = time.perf_counter()
         if result.prompt is not None:
-            self._record_prompt_scores(step, result.prompt)
-        sampled, tokens, logprobs = step.sampled(), result.tokens, result.logprobs
-        held, ends = self._advance_decodes(step.decodes, result)
-        for row in self._rows_to_check(held, ends, len(sampled)):
-            req = sampled[row]
-            if row >= len(held) or not held[row]:  # not advanced with the held rows
+            record_prompt_scores(step, result.prompt)
+        sampled, num_decodes = step.sampled(), len(step.decodes.requests)
+        if step.decodes.drafts is None:
+            held, ends = advance_decodes(self.scheduler.rows, step.decodes, result, self._eos_ids)
+            look = [
+                (sampled[r], r, r < len(held) and held[r]) for r in rows_to_check(held, ends, len(sampled))
+            ]
+            made = len(held)
+        else:
+            made, at = self._verified.take(
+                step.decodes, result, lambda req, row: self._take(req, result, row),
+                lambda req: self._check(req, step.step_id),
+                lambda req, proposed, kept: self.speculator.accepted(req, proposed, kept, self.stats),
+            )  # fmt: skip
+            look = [(req, at + i, False) for i, req in enumerate(sampled[num_decodes:])]
+        for req, row, advanced in look:
+            if not advanced:  # not advanced with the held rows
                 req.num_pending -= 1
                 if req.status is Status.FINISHED:
                     self.stats.discarded_tokens += 1  # finished a step earlier: past its end
                     continue
-                req.add_token(tokens[row])
-                if req.logprobs is not None:
-                    req.logprobs.append(logprobs[row])
-                if req.top_logprobs is not None:
-                    req.top_logprobs.append(_top(result, row, req.params.logprobs))
+                self._take(req, result, row)
             self._check(req, step.step_id)
+        self._time_step(step, made, self.runner.warming(handle))
         for req in self._deferred.pop(step.step_id, ()):
             self.blocks.release(req)
         self.stats.preemptions = self.scheduler.num_preemptions
@@ -287,56 +321,22 @@ class Engine:
         self.stats.prefix_hit_rate = self.blocks.hit_rate
         self.stats.postprocess_s += time.perf_counter() - t0
 
-    @staticmethod
-    def _record_prompt_scores(step: ScheduledStep, scores: tuple[list, list, list]) -> None:
-        """The step's scored prompt positions (batch.prompt_spans, in order): each scored token's
-        log-probability, and its N most likely alternatives when the row asked for them."""
-        logprobs, top_ids, top_logprobs = scores
-        at = 0
-        for span in prompt_spans(step):
-            req, count = span.request, span.stop - span.start
-            n = req.params.prompt_logprobs
-            for k in range(at, at + count):
-                position = span.start + 1 + k - at  # the scored token's
-                req.prompt_logprobs[position] = logprobs[k]
-                if n:
-                    req.prompt_top_logprobs[position] = tuple(
-                        zip(top_ids[k][:n], top_logprobs[k][:n], strict=True)
-                    )
-            at += count
+    def _take(self, req: Request, result: StepResult, row: int) -> None:
+        """Append the token of sampled row ``row`` to ``req``, with its log-probabilities if asked."""
+        req.add_token(result.tokens[row])
+        if req.logprobs is not None:
+            req.logprobs.append(result.logprobs[row])
+        if req.top_logprobs is not None:
+            req.top_logprobs.append(top_of(result, row, req.params.logprobs))
 
-    def _advance_decodes(self, decodes: Decodes, result: StepResult) -> tuple[np.ndarray, np.ndarray]:
-        """Give the decodes that still hold their rows (not finished or preempted since they were
-        scheduled: the common case) their tokens at once. Returns that mask [D] and which of them may
-        have ended (EOS, length, a watched row: checked one by one)."""
-        rs, rows, n = self.scheduler.rows, decodes.rows, len(decodes.rows)
-        held = rs.owner[rows] == decodes.ids  # [D]
-        every = bool(held.all())
-        at = np.arange(n) if every else np.flatnonzero(held)
-        rows = rows if every else rows[at]
-        tokens = np.array(result.tokens[:n], np.int64)[at]  # [H]
-        rs.num_pending[rows] -= 1
-        rs.known[rows] += 1
-        reqs = decodes.requests if every else [decodes.requests[i] for i in at.tolist()]
-        for req, token in zip(reqs, tokens.tolist(), strict=True):
-            req.tokens.append(token)
-        if result.logprobs is not None:
-            for i in at[rs.sampling[rows, COLUMN["logprobs"]] > 0].tolist():
-                req = decodes.requests[i]
-                req.logprobs.append(result.logprobs[i])
-                if req.top_logprobs is not None:
-                    req.top_logprobs.append(_top(result, i, req.params.logprobs))
-        ends = (rs.known[rows] >= rs.limit[rows]) | rs.watched[rows]
-        for eos in self._eos_ids:  # one or a few ids: cheaper than np.isin's sort
-            ends |= rs.check_eos[rows] & (tokens == eos)
-        return held, at[ends]
-
-    @staticmethod
-    def _rows_to_check(held: np.ndarray, ends: np.ndarray, num_sampled: int) -> list[int]:
-        """Sampled rows to look at one by one, in order: decodes that may have ended or were not
-        advanced at once, then the prefill chunks'."""
-        look = np.union1d(ends, np.flatnonzero(~held))
-        return [*look.tolist(), *range(len(held), num_sampled)]
+    def _time_step(self, step: ScheduledStep, made: int, warming: bool) -> None:
+        """The speculation policy's measure: a decode step's tokens and the time since the last step's
+        (not a step that warmed up or captured a graph: a one-time cost)."""
+        now, speculated = time.perf_counter(), step.step_id in self._speculated
+        self._speculated.discard(step.step_id)
+        if self.speculator is not None and not step.items and not warming and self._done_at:
+            self.speculator.policy.timed(len(step.decodes.requests), speculated, made, now - self._done_at)
+        self._done_at = now
 
     def _check(self, req: Request, step_id: int) -> None:
         reason = "error" if req.error else self.stops.check(req)
@@ -368,10 +368,3 @@ class Engine:
     def _drain_done(self) -> Iterator[CompletionOutput]:
         while self._done:
             yield self._done.pop(0)
-
-
-def _top(result: StepResult, row: int, n: int) -> tuple[tuple[int, float], ...]:
-    """Sampled row ``row``'s ``n`` most likely tokens and their log-probabilities, the best first. A
-    tuple of tuples of numbers, which the garbage collector stops tracking: a run that keeps these for
-    every token of every row in flight would otherwise make each full collection a long stall."""
-    return tuple(zip(result.top_ids[row][:n], result.top_logprobs[row][:n], strict=True))

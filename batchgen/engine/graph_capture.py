@@ -2,8 +2,9 @@
 all decode graphs up front (tensor parallelism, the bench).
 
 A graph's key is (slot, bucket, part, SamplingFeatures): part "step" is a decode step of
-``bucket`` rows, "mixed" a step with new prompts padded to ``bucket`` tokens (mixed_graphs.py), "logits"
-and "sample" a masked step's two parts. Replays read whatever the slot's buffers hold, at the layout of
+``bucket`` rows, "mixed" a step with new prompts padded to ``bucket`` tokens (mixed_graphs.py), "verify"
+a speculative verify step padded to ``bucket`` tokens, each a sample, "logits" and "sample" a masked
+step's two parts. Replays read whatever the slot's buffers hold, at the layout of
 the key's shape, so a graph serves every step of its key.
 """
 
@@ -39,7 +40,7 @@ class GraphCaptures:
         if graph is None:
             uses = self._eager_uses[key] = self._eager_uses.get(key, 0) + 1
             if uses > self.capture_after and (part != "mixed" or self.mixed.may_capture(bucket)):
-                self._room_for_capture(bucket if part == "mixed" else 0)
+                self._room_for_capture(bucket if part in ("mixed", "verify") else 0)
                 graph = self.graphs[key] = self._capture(slot_id, bucket, part, key[3], warm=uses == 1)
         return graph
 

@@ -25,9 +25,10 @@ class IdleGaps:
         make_event = make_event or (lambda: torch.cuda.Event(enable_timing=True))
         self._marks = [(make_event(), make_event()) for _ in range(RING)]
         self._last_fetched: int | None = None
-        self.idle_ms = {"graph": 0.0, "eager": 0.0, "mixed": 0.0}
-        self.steps = {"graph": 0, "eager": 0, "mixed": 0}
-        self.busy_ms = {"graph": 0.0, "eager": 0.0, "mixed": 0.0}  # compute time, by the same kinds
+        kinds = ("graph", "eager", "mixed", "verify")  # verify: a speculative verify step's graph
+        self.idle_ms = dict.fromkeys(kinds, 0.0)
+        self.steps = dict.fromkeys(kinds, 0)
+        self.busy_ms = dict.fromkeys(kinds, 0.0)  # compute time, by the same kinds
         self.long_gaps = 0  # gaps over LONG_GAP_MS
         self._largest: list[tuple[float, int, str, int]] = []  # min-heap of (ms, step, kind, samples)
 

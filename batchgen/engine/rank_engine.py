@@ -183,6 +183,7 @@ def _runner(
         # Steps with new prompts: graphs where measured launch-bound; ranks could measure apart.
         mixed_graphs=False if group.is_parallel else None,
         vocab_size=vocab,
+        max_samples=options.max_num_seqs * (1 + options.num_speculative_tokens) if options.speculative else 0,
     )  # fmt: skip
     if group.is_parallel:
         runner.capture_all(progress=progress)

@@ -66,6 +66,7 @@ class Request:
     text: str | None = None  # final text once a stop string matched
     guide: Any = None  # structured output: the row's grammar matcher (engine/grammar.py Guide)
     thinking: Any = None  # the row's reasoning parser and output start (model/reasoning.py Thinking)
+    draft: Any = None  # speculative decoding: the row's proposer and guess count (engine/speculative)
     error: str | None = None  # why the row failed mid-generation (finish reason "error")
     # (token id, added to its logit, only before min_tokens): its logit bias and held-back stop ids
     adjustments: tuple[tuple[int, float, bool], ...] = ()

@@ -108,6 +108,12 @@ class RowState:
         self.tables[row, done:n] = table[done:]
         self.synced[row] = n
 
+    def trim_table(self, req: Request) -> None:
+        """Forget the table entries past ``req.block_table``'s end (blocks it gave back)."""
+        row, n = req.row, len(req.block_table)
+        self.tables[row, n : self.synced[row]] = 0
+        self.synced[row] = min(int(self.synced[row]), n)
+
     def append_blocks(self, rows: np.ndarray, blocks: list[int]) -> None:
         """One new block at the end of each of ``rows``' tables (distinct rows; their requests' lists
         were appended to by the caller)."""

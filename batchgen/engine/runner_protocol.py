@@ -78,6 +78,11 @@ class Runner(Protocol):
         """Whether ``fetch(handle)`` would return without waiting."""
         return True
 
+    def warming(self, handle: Any) -> bool:
+        """Whether the step ran a graph's warm-up or capture: its time is not a step's (the speculation
+        policy's measure leaves it out)."""
+        return False
+
     def capture_all(
         self, features: SamplingFeatures = GREEDY, progress: bool = True, mask_width: int | None = None
     ) -> None:

@@ -41,6 +41,20 @@ class Decodes(NamedTuple):
     rows: np.ndarray  # [D] int64: their rows of the persistent batch
     starts: np.ndarray  # [D] int64: the position each computes
     ids: np.ndarray  # [D] int64: their request ids (a row still holding its request: ``rows.owner``)
+    # A verify step (engine/speculative): each decode's guessed tokens, computed after its input token
+    # ([] for a row without guesses). None: one token each.
+    drafts: list[list[int]] | None = None
+
+    @property
+    def counts(self) -> np.ndarray:
+        """[D] int64: the positions each decode computes."""
+        return positions_per_decode(self.drafts, len(self.rows))
+
+
+def positions_per_decode(drafts: list[list[int]] | None, num_decodes: int) -> np.ndarray:
+    """[D] int64: each decode's input token and its guesses."""
+    ones = np.ones(num_decodes, np.int64)
+    return ones if drafts is None else ones + [len(d) for d in drafts]
 
 
 NO_DECODES = Decodes([], np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
@@ -117,7 +131,9 @@ class Scheduler:
 
     # --- one step ---------------------------------------------------------------------------------
 
-    def schedule(self) -> ScheduledStep:
+    def schedule(self, drafts: dict[int, list[int]] | None = None) -> ScheduledStep:
+        """The next step. ``drafts``: guesses by row of the persistent batch (a verify step; every token
+        of the running requests must be known): each decode computes its guesses after its token."""
         step_id = self._next_step
         if self.one_by_one:  # the reference: decodes as one-token items, built and postprocessed so
             reqs, starts, budget, prefills = self._decodes_in_order(step_id, self.max_batch_tokens)
@@ -125,7 +141,7 @@ class Scheduler:
                 step_id, [ScheduledItem(r, s, 1, True) for r, s in zip(reqs, starts, strict=True)]
             )
         else:
-            decodes, budget, prefills = self._decodes_at_once(step_id, self.max_batch_tokens)
+            decodes, budget, prefills = self._decodes_at_once(step_id, self.max_batch_tokens, drafts)
             step = ScheduledStep(step_id, [], decodes)
         decoding = step.num_seqs
         for req in prefills:  # then chunks of prefills already under way
@@ -139,9 +155,11 @@ class Scheduler:
             self._next_step += 1
         return step
 
-    def _decodes_at_once(self, step_id: int, budget: int) -> tuple[Decodes, int, list[Request]]:
-        """One token for each decoding request, in admission order, up to the budget and the row limit.
-        Returns the decodes, the budget left and the prefills under way."""
+    def _decodes_at_once(
+        self, step_id: int, budget: int, drafts: dict[int, list[int]] | None = None
+    ) -> tuple[Decodes, int, list[Request]]:
+        """One token for each decoding request (and its guesses), in admission order, up to the budget and
+        the row limit. Returns the decodes, the budget left and the prefills under way."""
         running, rs, size = self.running, self.rows, self.blocks.block_size
         if not running:
             return NO_DECODES, budget, []
@@ -153,21 +171,27 @@ class Scheduler:
         # [D] their places in ``running``. When the decodes fill the step, no prefill chunk fits.
         at = np.flatnonzero(decoding)[: min(budget, self.max_num_seqs)]
         rows, starts = order[at], computed[at]
-        grows = starts >= rs.synced[rows] * size  # [D] the current block is full: a new one
+        guesses = _guesses(drafts, rows, budget, size)
+        ends = starts + positions_per_decode(guesses, len(rows))  # [D]
+        grows = ends > rs.synced[rows] * size  # [D] past the last block: a new one (guesses < block_size)
+        if guesses is not None and np.count_nonzero(grows) > self.blocks.num_free:
+            return self._decodes_at_once(step_id, budget)  # no room for the guesses: a plain step
         if np.count_nonzero(grows) > self.blocks.num_free:  # someone is preempted: order matters
             reqs, starts, budget, prefills = self._decodes_in_order(step_id, budget)
             return decodes_of(reqs, starts, rs), budget, prefills
         reqs = running[:] if len(at) == len(running) else [running[i] for i in at.tolist()]
-        full = np.minimum(starts + 1, rs.known[rows]) // size  # [D] blocks whose tokens are all known
-        self._blocks_in_order(reqs, rows, starts, grows, full)
-        rs.num_computed[rows] = starts + 1
+        # [D] blocks whose tokens are all known and computed (never a guess's: it may be rolled back)
+        full = np.minimum(starts + 1, rs.known[rows]) // size
+        self._blocks_in_order(reqs, rows, ends, grows, full)
+        rs.num_computed[rows] = ends
         rs.num_pending[rows] += 1
         rs.last_step[rows] = step_id
         prefills = [running[i] for i in np.flatnonzero(live & ~decoding).tolist()]
-        return Decodes(reqs, rows, starts, rs.owner[rows]), budget - len(at), prefills
+        decodes = Decodes(reqs, rows, starts, rs.owner[rows], guesses)
+        return decodes, budget - int(ends.sum() - starts.sum()), prefills
 
     def _blocks_in_order(
-        self, reqs: list[Request], rows: np.ndarray, starts: np.ndarray, grows: np.ndarray, full: np.ndarray
+        self, reqs: list[Request], rows: np.ndarray, ends: np.ndarray, grows: np.ndarray, full: np.ndarray
     ) -> None:
         """A new block for each decode whose block is full (the caller checked that they fit), and the
         blocks the decodes filled made findable by prefix: about one row in ``block_size`` each. Row by
@@ -180,7 +204,7 @@ class Scheduler:
         for i in np.flatnonzero(grows | fills).tolist():
             req = reqs[i]
             if grows[i]:
-                self.blocks.grow(req, int(starts[i]) + 1)  # one block, as ``_reserve`` grows it
+                self.blocks.grow(req, int(ends[i]))  # one block, as ``_reserve`` grows it
                 grown.append(i)
                 new.append(req.block_table[-1])
             if fills[i]:
@@ -316,3 +340,14 @@ class Scheduler:
         self.running.append(req)
         self._order = None
         return True
+
+
+def _guesses(
+    drafts: dict[int, list[int]] | None, rows: np.ndarray, budget: int, size: int
+) -> list[list[int]] | None:
+    """The decodes' guesses in their order, or None when none has one or they exceed the token budget."""
+    if not drafts:
+        return None
+    guesses = [drafts.get(row, [])[: size - 1] for row in rows.tolist()]  # at most one new block a row
+    tokens = len(guesses) + sum(len(g) for g in guesses)
+    return guesses if tokens <= budget and tokens > len(guesses) else None

@@ -21,6 +21,13 @@ class EngineStats:
     discarded_tokens: int = 0  # tokens sampled for a request that had finished a step earlier (async)
     dropped: int = 0  # (row, sample) requests a drain dropped before they started: not yielded
     prefix_hit_rate: float = 0.0
+    # speculative decoding: steps that verified guesses, the guesses and how many were accepted
+    verify_steps: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    acceptance_rate: float = 0.0  # accepted / draft tokens
+    accepted_per_verify_step: float = 0.0
+    speculation_rates: dict[str, Any] = field(default_factory=dict)  # tokens/s by width and kind of step
     schedule_s: float = 0.0  # host time: scheduling + batch building
     prep_s: float = 0.0  # host time: filling step buffers and launching (CUDA runner)
     replay_s: float = 0.0  # of prep_s: launching decode graphs (graph.replay)

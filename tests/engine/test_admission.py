@@ -130,8 +130,8 @@ def test_the_engine_prices_admission_from_its_runner(tiny_llama):
         scheduler = llm._engine.scheduler
         schedule, prompt_steps = scheduler.schedule, []
 
-        def counted():
-            step = schedule()
+        def counted(drafts=None):
+            step = schedule(drafts)
             prompt_steps.append(any(item.num_tokens > 1 for item in step.items))
             return step
 

@@ -95,3 +95,17 @@ def test_an_eager_step_bounds_its_leading_decode_rows():
     assert cuda_slots.leading_decodes(decode) == 0  # decode-only: the decode kernel runs it whole
     assert cuda_slots.graph_layout(8, "mixed", MAX_SEQS, 16).bounds[2] == 0
     assert cuda_slots.step_layout(inputs, [1, 2, 4, 8], lambda tokens: 16, MAX_SEQS, 16).bounds[2] == 0
+
+
+def test_a_verify_step_pads_to_a_token_bucket_with_a_sample_per_token():
+    """A verify step (more samples than sequences) takes the verify bucket, not a mixed graph's layout
+    (whose sample rows stop at its sequence rows); with none it runs at its own shape."""
+    inputs = _step()  # 9 tokens, 3 sequences
+    verify = inputs._replace(logits_indices=np.arange(7, dtype=np.int64))  # 7 samples
+    never = lambda tokens: 0  # noqa: E731
+    layout = cuda_slots.step_layout(verify, [1, 2, 4, 8], lambda tokens: 16, MAX_SEQS, 16, lambda tokens: 16)
+    assert (layout.bucket, layout.part, layout.shape) == (16, "verify", cuda_slots.Shape(16, MAX_SEQS, 16))
+    eager = cuda_slots.step_layout(verify, [1, 2, 4, 8], lambda tokens: 16, MAX_SEQS, 16, never)
+    assert (eager.bucket, eager.shape) == (0, cuda_slots.Shape(9, 3, 7))
+    assert cuda_slots.verify_buckets(8192, 160) == [16, 24, 32, 48, 64, 96, 128, 192]
+    assert cuda_slots.verify_buckets(128, 4096)[-1] == 128  # never past the token budget

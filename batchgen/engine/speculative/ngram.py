@@ -1,0 +1,60 @@
+"""Prompt lookup: guess a row's next tokens by finding its newest n-gram earlier in its prompt + output.
+
+A row's index maps each n-gram (n from ``n_min`` to ``n_max``) to the position of the token that last
+followed it; it grows with the row's tokens, so a lookup costs the same at the 10th token as at the 10 000th
+(a scan of the whole sequence every step would grow with it). The newest occurrence is preferred: text
+being copied continues where it was last seen.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from batchgen.engine.request import Request
+
+
+class NgramIndex:
+    """One row's n-gram positions, built incrementally from its token list."""
+
+    def __init__(self, n_min: int, n_max: int) -> None:
+        self.n_min, self.n_max = n_min, n_max
+        self._next: dict[tuple[int, ...], int] = {}  # n-gram -> position of the token after its newest copy
+        self._indexed = 0  # positions whose preceding n-grams are in ``_next``
+
+    def _index(self, tokens: list[int]) -> None:
+        """Register the n-gram ending just before each known position not yet indexed (the suffix being
+        looked up is never its own match: nothing follows it yet)."""
+        for pos in range(max(self._indexed, 1), len(tokens)):
+            for n in range(self.n_min, min(self.n_max, pos) + 1):
+                self._next[tuple(tokens[pos - n : pos])] = pos
+        self._indexed = max(self._indexed, len(tokens))
+
+    def propose(self, tokens: list[int], k: int) -> list[int]:
+        """Up to ``k`` tokens that followed the newest earlier copy of the longest matching suffix
+        (n from ``n_max`` down to ``n_min``); [] when no suffix has been seen before."""
+        if k <= 0:
+            return []
+        self._index(tokens)
+        length = len(tokens)
+        for n in range(min(self.n_max, length - 1), self.n_min - 1, -1):
+            at = self._next.get(tuple(tokens[length - n :]))
+            if at is not None:
+                return tokens[at : at + k]
+        return []
+
+
+class NgramProposer:
+    """Prompt lookup for a step's rows (``speculator.Proposer``): each row's index lives in its
+    ``RowDrafts.state``, made on its first guess."""
+
+    def __init__(self, n_min: int, n_max: int) -> None:
+        self.n_min, self.n_max = n_min, n_max
+
+    def propose(self, requests: list[Request], ks: list[int]) -> list[list[int]]:
+        guesses = []
+        for req, k in zip(requests, ks, strict=True):
+            if req.draft.state is None:
+                req.draft.state = NgramIndex(self.n_min, self.n_max)
+            guesses.append(req.draft.state.propose(req.tokens, k))
+        return guesses

@@ -1,0 +1,111 @@
+"""When speculation pays: measured, per batch width, never assumed.
+
+A verify step computes K + 1 positions a row and cannot overlap the host's next step with the device's
+(the next step's inputs depend on how many guesses were accepted), so at a large width, or with guesses
+that fail, it costs more than it gains. The policy times both kinds of step at each width (a power of two
+of decoding rows; plain steps first) and runs the faster, timing the slower again now and then, less
+often each time it stays slower: turning speculation on then costs the first probes where it cannot help,
+and a share of steps that shrinks as the run goes on.
+
+Each row also proposes fewer tokens after its guesses fail (its ``RowDrafts.k``): one accepted guess out
+of four costs three wasted positions a step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+WINDOW = 8  # steps of one kind timed in a row when a width is new (the first of them pays the switch)
+PROBE = 4  # steps of the slower kind timed again, now and then
+EXPLOIT = 96  # steps of the faster kind before the first probe of the slower; doubled after each probe
+MAX_EXPLOIT = 4096  # ... that confirms it, up to this
+SMOOTHING = 0.25  # weight of a new window's rate in a kind's running rate
+
+
+@dataclass
+class RowDrafts:
+    """A request's speculation state: how many tokens it guesses, and its proposer's own (an n-gram
+    index; None until the proposer first sees the row)."""
+
+    k: int
+    state: object = None
+
+
+@dataclass
+class _Width:
+    """Both kinds of step at one batch width: their output rates (tokens/s) and the current run."""
+
+    rate: dict[bool, float] = field(default_factory=dict)
+    window: dict[bool, list[float]] = field(default_factory=lambda: {True: [0.0, 0.0], False: [0.0, 0.0]})
+    speculate: bool = False  # the kind being run
+    left: int = 0  # steps left in this run
+    probing: bool = True
+    confirmed: int = 0  # probes in a row that found the slower kind still slower
+
+
+class SpecPolicy:
+    """``speculate(rows)`` before a step; ``timed(rows, speculated, tokens, seconds)`` after it."""
+
+    def __init__(self, k_max: int, adaptive: bool = True) -> None:
+        self.k_max = k_max
+        self.adaptive = adaptive
+        self._widths: dict[int, _Width] = {}
+
+    def speculate(self, rows: int) -> bool:
+        """Whether the next step with ``rows`` decoding rows verifies guesses."""
+        if not self.adaptive:
+            return True
+        width = self._widths.setdefault(_bucket(rows), _Width())
+        if width.left <= 0:
+            self._next_run(width)
+        width.left -= 1
+        return width.speculate
+
+    def timed(self, rows: int, speculated: bool, tokens: int, seconds: float) -> None:
+        """A decode step's output tokens and wall time (from the previous step's tokens to its own)."""
+        width = self._widths.get(_bucket(rows))
+        if width is None or seconds <= 0:
+            return
+        sums = width.window[speculated]
+        sums[0] += tokens
+        sums[1] += seconds
+
+    def _next_run(self, width: _Width) -> None:
+        """Close the run just ended (its rate joins the kind's) and pick the next: each kind is timed once
+        first, then the faster runs long and the slower is timed again between."""
+        for kind, (tokens, seconds) in width.window.items():
+            if seconds > 0:
+                rate = tokens / seconds
+                old = width.rate.get(kind)
+                width.rate[kind] = rate if old is None else (1 - SMOOTHING) * old + SMOOTHING * rate
+                width.window[kind] = [0.0, 0.0]
+        unmeasured = [kind for kind in (False, True) if kind not in width.rate]  # plain first: it is free
+        if unmeasured:
+            width.speculate, width.left, width.probing = unmeasured[0], WINDOW, True
+            return
+        best = width.rate[True] >= width.rate[False]
+        if width.probing:  # a probe ended: run the faster, longer each time a probe confirmed it
+            width.confirmed = width.confirmed + 1 if best != width.speculate else 0
+            exploit = min(MAX_EXPLOIT, EXPLOIT << max(0, width.confirmed - 1))
+            width.speculate, width.left, width.probing = best, exploit, False
+        else:  # time the slower again
+            width.speculate, width.left, width.probing = not best, PROBE, True
+
+    def next_k(self, drafts: RowDrafts, proposed: int, accepted: int) -> None:
+        """A row's guesses after a verify: one more after all were accepted, else one past the accepted."""
+        if proposed:
+            drafts.k = min(self.k_max, drafts.k + 1) if accepted == proposed else max(1, accepted + 1)
+
+    def summary(self) -> dict[str, dict[str, float]]:
+        """Each width's measured rates (tokens/s), for the stats file."""
+        return {
+            str(bucket): {
+                ("speculative" if kind else "plain"): round(rate, 1) for kind, rate in w.rate.items()
+            }
+            for bucket, w in sorted(self._widths.items())
+        }
+
+
+def _bucket(rows: int) -> int:
+    """The power of two at or above ``rows``."""
+    return 1 << max(0, rows - 1).bit_length()

@@ -1,0 +1,90 @@
+"""The engine's speculation: guesses for a step's decoding rows, and what the verify step accepted.
+
+No torch. A verify step is a decode step whose rows carry their guesses as extra query tokens: the batch
+builder packs them like a prefill chunk and samples every position of the row (``batch.py``), each with
+the row's own noise for that output index. A guess is accepted while it equals the token sampled at its
+position, so the output is the one plain decoding gives, greedy or sampled, token for token: for a guess
+that is one token (prompt lookup) this is the standard rejection rule, accepting the guess with its
+probability under the target and otherwise drawing from the rest, with the draw fixed by the row's seed.
+Rejected positions are rolled back by moving the row's computed count back; their KV slots are written
+again by the next steps (no copies), and the blocks they used stay with the row.
+
+Rows that speculate: those whose next tokens depend only on the model and the row's own seed. Penalised
+rows (their counts would include guesses not yet accepted) and constrained rows (their masks follow the
+grammar token by token) decode one token a step beside them; a step with a constrained row does not
+speculate at all (its masks are filled per sampled row).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+from batchgen.engine.speculative.ngram import NgramProposer
+from batchgen.engine.speculative.policy import RowDrafts, SpecPolicy
+
+if TYPE_CHECKING:
+    from batchgen.engine.request import Request
+    from batchgen.engine.stats import EngineStats
+
+METHODS = ("ngram",)
+
+
+class Proposer(Protocol):
+    """Guesses for a step's rows, all at once (a draft model or an EAGLE-style head runs one batched
+    forward a guessed position). Each row's own state lives in its ``RowDrafts.state``."""
+
+    def propose(self, requests: list[Request], ks: list[int]) -> list[list[int]]:
+        """Up to ``ks[i]`` guessed tokens to follow ``requests[i].tokens``, for each row."""
+        ...
+
+
+class Speculator:
+    def __init__(
+        self, method: str, k_max: int, ngram_min: int, ngram_max: int, adaptive: bool = True
+    ) -> None:
+        if method not in METHODS:
+            raise ValueError(f"unknown speculative method {method!r} (supported: {', '.join(METHODS)})")
+        self.k_max = k_max
+        self.proposer: Proposer = NgramProposer(ngram_min, ngram_max)
+        self.policy = SpecPolicy(k_max, adaptive)
+
+    def wants(self, running: list[Request]) -> bool:
+        """Whether the next step should verify guesses (the engine then waits for every step in flight,
+        whose tokens the guesses continue)."""
+        return bool(running) and self.policy.speculate(len(running))
+
+    def drafts(self, running: list[Request]) -> dict[int, list[int]] | None:
+        """Each decoding row's guesses, by its row of the persistent batch (rows without a guess left
+        out); None: the step runs plain. Every token of ``running`` is known (nothing in flight)."""
+        if any(req.guide is not None for req in running):
+            return None
+        rows, ks = [], []
+        for req in running:
+            if req.num_computed != len(req.tokens) - 1 or req.params.penalized:
+                continue  # not decoding this step (a prefill under way), or penalised
+            if req.draft is None:
+                req.draft = RowDrafts(self.k_max)
+            k = min(req.draft.k, req.max_tokens - req.num_output - 1)  # the last token is never a guess
+            if k > 0:
+                rows.append(req)
+                ks.append(k)
+        guesses = {req.row: g for req, g in zip(rows, self.proposer.propose(rows, ks), strict=True) if g}
+        return guesses or None
+
+    def accepted(self, req: Request, proposed: int, accepted: int, stats: EngineStats) -> None:
+        """Account a verified row: the acceptance statistics and its next number of guesses."""
+        stats.draft_tokens += proposed
+        stats.accepted_tokens += accepted
+        if req.draft is not None:
+            self.policy.next_k(req.draft, proposed, accepted)
+
+
+def accepted_length(guess: list[int], sampled: list[int]) -> int:
+    """How many leading guesses equal the tokens sampled at their positions (``sampled`` has one more
+    entry than ``guess``: the token after the last guess)."""
+    n = 0
+    for want, got in zip(guess, sampled, strict=False):
+        if want != got:
+            break
+        n += 1
+    return n

@@ -1,0 +1,119 @@
+"""Speculative decoding against plain decoding, side by side on one engine (docs/results.md, issue 45).
+
+One LLM is built with ``--speculative ngram``; its plain runs detach the speculator, so both kinds share
+the model, the KV cache and the graphs, and alternate (plain, speculative, plain, ...) to share the
+machine's state. Workloads:
+- ``rewrite``: B8, the embedded model (real weights) copying or lightly editing paragraphs
+  (bench/rewrite.py), EOS on, ``--new-tokens`` at most;
+- ``B1s``, ``B2``, ``B3``: the bench's random-weight workloads (guesses nearly always fail: what turning
+  speculation on costs where it cannot help), ``--rows`` / ``--new-tokens`` to shorten them.
+Each kind is also run with the policy forced on (``always``): the verify step's own cost.
+
+    python scripts/spec_bench.py --workload rewrite --rows 32 --out spec.json
+    python scripts/spec_bench.py --workload rewrite --rows 8 --new-tokens 128 --repeats 1   (the CPU)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+from batchgen import LLM, SamplingParams
+from batchgen.bench.harness import prepare
+from batchgen.bench.rewrite import rewrite_messages
+from batchgen.bench.workloads import get_workload
+
+
+def _engine(args: argparse.Namespace):
+    """(llm, prompts, params) for the workload."""
+    spec = dict(speculative="ngram", num_speculative_tokens=args.k, ngram_min=args.ngram_min)
+    width = {"max_num_seqs": args.max_num_seqs} if args.max_num_seqs else {}
+    if args.workload == "rewrite":
+        llm = LLM(args.model, **spec, **width)
+        prompts = [llm.encode(m) for m in rewrite_messages(args.rows or 32, seed=0)]
+        return llm, prompts, SamplingParams(max_new_tokens=args.new_tokens or 512)
+    w = get_workload(args.workload)
+    p = prepare(w, baselines=False)
+    rows = args.rows or w.num_requests
+    prompts = p.prompts[:rows]
+    llm = p.make_llm(**spec, **width)
+    return llm, prompts, SamplingParams(max_new_tokens=args.new_tokens or w.max_new_tokens, ignore_eos=True)
+
+
+def _timed(llm: LLM, prompts, params, kind: str) -> dict:
+    engine = llm._engine
+    speculator = engine.speculator
+    if kind == "plain":
+        engine.speculator = None
+    else:
+        speculator.policy.adaptive = kind == "adaptive"
+    before = dict(vars(llm.stats))
+    _sync()
+    t0 = time.perf_counter()
+    outs = llm.generate_samples(prompts, params)
+    _sync()
+    wall = time.perf_counter() - t0
+    engine.speculator = speculator
+    stats = vars(llm.stats)
+    delta = {k: stats[k] - before[k] for k in ("steps", "verify_steps", "draft_tokens", "accepted_tokens")}
+    tokens = sum(len(o.token_ids) for o in outs)
+    busy = stats["gpu_busy_s"] - before["gpu_busy_s"]
+    return {
+        "kind": kind,
+        "wall_s": round(wall, 3),
+        "output_tokens": tokens,
+        "tok_per_s": round(tokens / wall, 1),
+        "gpu_active_pct": round(100 * busy / wall, 1),
+        "ms_per_step": round(1000 * wall / max(1, delta["steps"]), 3),
+        "gpu_ms_per_step": round(1000 * busy / max(1, delta["steps"]), 3),
+        "acceptance_rate": round(delta["accepted_tokens"] / max(1, delta["draft_tokens"]), 4),
+        **delta,
+    }
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workload", default="rewrite", choices=["rewrite", "B1s", "B2", "B3"])
+    ap.add_argument("--model", help="rewrite: the model directory [the embedded model]")
+    ap.add_argument("--rows", type=int)
+    ap.add_argument("--new-tokens", type=int)
+    ap.add_argument("--max-num-seqs", type=int)
+    ap.add_argument("--k", type=int, default=4, help="--num-speculative-tokens")
+    ap.add_argument("--ngram-min", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    llm, prompts, params = _engine(args)
+    llm.generate_samples(prompts[:4], params.with_overrides(max_new_tokens=8))  # compiles, first graphs
+    runs = []
+    for _ in range(args.repeats):
+        for kind in ("plain", "adaptive", "always"):
+            runs.append(_timed(llm, prompts, params, kind))
+            print(json.dumps(runs[-1]), flush=True)
+    best = {k: max(r["tok_per_s"] for r in runs if r["kind"] == k) for k in ("plain", "adaptive", "always")}
+    summary = {
+        "workload": args.workload,
+        "rows": len(prompts),
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        "best_tok_per_s": best,
+        "adaptive_vs_plain": round(best["adaptive"] / best["plain"], 3),
+        "always_vs_plain": round(best["always"] / best["plain"], 3),
+        "speculation_rates": llm.stats.speculation_rates,
+        "runs": runs,
+    }
+    print(json.dumps({k: v for k, v in summary.items() if k != "runs"}), flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(summary, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

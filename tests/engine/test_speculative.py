@@ -1,0 +1,131 @@
+"""Speculative decoding in the engine, against plain decoding as the oracle: a model stand-in whose next
+token is a pure function of the input token, its position and the row's sampling (so a verify step's
+accepted positions must give what plain decoding gives), mostly copying a cycle (so prompt lookup guesses
+right often, and wrong where the position breaks the cycle). The engine runs with and without guesses
+through preemption, chunked prefills, stops, length limits, sibling samples and the asynchronous loop;
+the completions must be identical and every block released."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from batchgen.config import SamplingParams
+from batchgen.engine.block_manager import BlockManager
+from batchgen.engine.completions import GenerationRequest
+from batchgen.engine.engine import Engine
+from batchgen.engine.runner_protocol import Runner, StepResult
+from batchgen.engine.scheduler import Scheduler
+from batchgen.engine.speculative.speculator import Speculator
+from batchgen.engine.stops import StopChecker
+from tests.engine.scheduler_cases import EOS, VOCAB, Letters
+
+BREAK_EVERY = 11  # positions where the stand-in leaves its cycle: guesses there are rejected
+
+
+class Copier(Runner):
+    """Next token = a fixed permutation of the input token (a cycle prompt lookup can follow), except at
+    every BREAK_EVERY-th position; sampled rows shift it by their key. Records each step's inputs."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+        self.perm = np.random.default_rng(0).permutation(np.arange(3, VOCAB))  # never EOS (2) by the cycle
+        self.steps: list[dict] = []
+        self._prev: np.ndarray | None = None
+
+    def launch(self, inputs):
+        ids = inputs.input_ids.copy()
+        carried = inputs.carry_rows >= 0
+        if carried.any():
+            ids[carried] = self._prev[inputs.carry_rows[carried]]
+        self.steps.append({k: v.copy() for k, v in inputs._asdict().items() if isinstance(v, np.ndarray)})
+        rows = inputs.logits_indices
+        token, pos = ids[rows], inputs.positions[rows]
+        shift = np.where(inputs.temperature > 0, inputs.rng_keys % 3, 0)
+        cycle = self.perm[(token + shift) % len(self.perm)]
+        tokens = np.where(pos % BREAK_EVERY == 0, (token * 7 + pos) % VOCAB, cycle)
+        self._prev = tokens
+        logprobs = (-tokens / VOCAB).tolist() if inputs.features.logprobs else None
+        return inputs.step_id, tokens.tolist(), logprobs
+
+    def fetch(self, handle) -> StepResult:
+        return StepResult(*handle)
+
+    def reset(self) -> None:
+        self._prev = None
+
+
+def _rows(count: int, seed: int) -> list[GenerationRequest]:
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(count):
+        params = SamplingParams(
+            max_new_tokens=int(rng.integers(1, 60)),
+            temperature=float(rng.choice([0.0, 0.0, 0.8])),
+            ignore_eos=bool(rng.random() < 0.7),
+            stop=("qk",) if rng.random() < 0.2 else (),
+            n=int(rng.choice([1, 1, 2])),
+            logprobs=bool(rng.random() < 0.3),
+            repetition_penalty=1.3 if rng.random() < 0.15 else 1.0,
+            seed=i,
+        )
+        rows.append(GenerationRequest(i, rng.integers(3, VOCAB, int(rng.integers(2, 40))).tolist(), params))
+    return rows
+
+
+def _run(case: tuple[int, int, int], async_mode: bool, speculate: bool, k: int = 4):
+    num_blocks, max_num_seqs, max_batch_tokens = case
+    blocks = BlockManager(num_blocks, block_size=8)  # guesses stay under a block
+    scheduler = Scheduler(blocks, max_num_seqs, max_batch_tokens)
+    runner = Copier(scheduler)
+    speculator = Speculator("ngram", k, 1, 3, adaptive=False) if speculate else None
+    stops = StopChecker(Letters(), {EOS})
+    engine = Engine(runner, blocks, scheduler, stops, 256, async_mode=async_mode, speculator=speculator)
+    outs = sorted(
+        tuple(o) for o in engine.stream(_rows(50, max_num_seqs), detokenize=True)
+    )  # rows end sooner
+    assert blocks.num_free == num_blocks, "every block is released"
+    return outs, runner.steps, engine.stats
+
+
+# (num_blocks, max_num_seqs, max_batch_tokens): roomy; preempting; a token budget that cuts prompts
+# and leaves some steps no room for every row's guesses.
+CASES = [(400, 16, 256), (40, 12, 96), (400, 8, 20)]
+
+
+@pytest.mark.parametrize("async_mode", [False, True])
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("k", [2, 7])
+def test_verified_guesses_give_plain_decoding_output(case, async_mode, k):
+    want, _, plain = _run(case, async_mode, speculate=False)
+    got, steps, stats = _run(case, async_mode, speculate=True, k=k)
+    assert got == want
+    assert stats.verify_steps > 0 and 0 < stats.accepted_tokens < stats.draft_tokens  # some of each
+    assert stats.steps < plain.steps  # accepted guesses saved steps
+    if case[0] < 100:
+        assert stats.preemptions > 0
+    if case[2] < 30:
+        assert stats.partial_prefills > 0
+    verify = [s for s in steps if len(s["logits_indices"]) > len(s["seq_lens"])]
+    assert verify
+    for s in verify:  # a row's sampled positions draw consecutive output indices, as plain decoding would
+        seq = np.searchsorted(s["cu_seqlens_q"], s["logits_indices"], side="right") - 1  # [S]
+        assert np.bincount(seq).max() <= k + 1
+        same = seq[1:] == seq[:-1]
+        assert same.any()
+        np.testing.assert_array_equal(np.diff(s["rng_steps"])[same], 1)
+        np.testing.assert_array_equal(np.diff(s["logits_indices"])[same], 1)
+
+
+def test_penalised_rows_guess_nothing():
+    """Their penalty counts would include guesses not accepted yet: they decode one token a step."""
+    _, steps, stats = _run(CASES[0], False, speculate=True)
+    assert stats.verify_steps > 0
+    penalised_seen = 0
+    for s in steps:
+        seq = np.searchsorted(s["cu_seqlens_q"], s["logits_indices"], side="right") - 1  # [S]
+        samples = np.bincount(seq)[seq]  # [S] how many rows its sequence samples
+        penalised = s["repetition_penalty"] != 1
+        assert (samples[penalised] == 1).all()
+        penalised_seen += int(penalised.sum())
+    assert penalised_seen > 0

@@ -1,0 +1,129 @@
+"""The parts of speculative decoding on their own: prompt lookup, the acceptance rule, the policy that
+decides when a verify step runs, and giving back the blocks of rejected guesses."""
+
+from __future__ import annotations
+
+import pytest
+
+from batchgen.config import EngineConfig, SamplingParams
+from batchgen.engine.block_manager import BlockManager
+from batchgen.engine.request import Request
+from batchgen.engine.speculative import policy as policy_module
+from batchgen.engine.speculative.ngram import NgramIndex
+from batchgen.engine.speculative.policy import RowDrafts, SpecPolicy
+from batchgen.engine.speculative.speculator import accepted_length
+
+
+def _naive(tokens: list[int], k: int, n_min: int, n_max: int) -> list[int]:
+    """Prompt lookup by scanning: the newest earlier copy of the longest suffix, its next k tokens."""
+    for n in range(min(n_max, len(tokens) - 1), n_min - 1, -1):
+        suffix = tokens[-n:]
+        for end in range(len(tokens) - 1, n - 1, -1):  # the copy ends before position `end`
+            if tokens[end - n : end] == suffix:
+                return tokens[end : end + k]
+    return []
+
+
+def test_lookup_follows_the_newest_copy_of_the_longest_suffix():
+    index = NgramIndex(1, 3)
+    tokens = [1, 2, 3, 9, 1, 2, 3, 7, 8, 5, 2, 3]
+    # "2 3" last seen before 7: the 3-gram "5 2 3" never, so the 2-gram's newest copy wins
+    assert index.propose(tokens, 3) == [7, 8, 5]
+    assert index.propose([4, 5, 6], 2) == []  # no n-gram seen twice (a fresh index of another row)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_incremental_index_equals_a_full_scan(seed):
+    import random
+
+    rng = random.Random(seed)
+    tokens = [rng.randrange(6) for _ in range(8)]
+    index = NgramIndex(2, 4)
+    for _ in range(60):  # the row grows by one to three tokens between lookups, as accepted guesses do
+        assert index.propose(tokens, 4) == _naive(tokens, 4, 2, 4), tokens
+        tokens += [rng.randrange(6) for _ in range(rng.randint(1, 3))]
+
+
+def test_accepted_length_stops_at_the_first_difference():
+    assert accepted_length([5, 6, 7], [5, 6, 7, 8]) == 3
+    assert accepted_length([5, 6, 7], [5, 9, 7, 8]) == 1
+    assert accepted_length([5], [4, 1]) == 0
+    assert accepted_length([], [3]) == 0
+
+
+def test_rows_guess_less_after_rejections_and_more_after_full_acceptance():
+    policy = SpecPolicy(k_max=5)
+    drafts = RowDrafts(5)
+    policy.next_k(drafts, proposed=5, accepted=1)
+    assert drafts.k == 2
+    policy.next_k(drafts, proposed=2, accepted=0)
+    assert drafts.k == 1
+    policy.next_k(drafts, proposed=1, accepted=1)
+    assert drafts.k == 2
+    policy.next_k(drafts, proposed=0, accepted=0)  # no guess this step: nothing learnt
+    assert drafts.k == 2
+
+
+def _drive(policy: SpecPolicy, steps: int, speculative_rate: float, plain_rate: float, rows: int = 8) -> list:
+    """Run ``steps`` steps where a verify step makes ``speculative_rate`` tokens/s and a plain one
+    ``plain_rate``; the kinds the policy chose."""
+    kinds = []
+    for _ in range(steps):
+        speculate = policy.speculate(rows)
+        kinds.append(speculate)
+        policy.timed(rows, speculate, 10, 10 / (speculative_rate if speculate else plain_rate))
+    return kinds
+
+
+def test_policy_runs_the_faster_kind_and_probes_the_slower_ever_less_often():
+    window, probe, exploit = policy_module.WINDOW, policy_module.PROBE, policy_module.EXPLOIT
+    steps = 2 * window + 16 * exploit
+    slow = _drive(SpecPolicy(4), steps, speculative_rate=50.0, plain_rate=100.0)
+    assert slow[:window] == [False] * window and slow[window : 2 * window] == [True] * window  # plain first
+    rest = slow[2 * window :]
+    probes = [i for i in range(len(rest)) if rest[i] and (i == 0 or not rest[i - 1])]
+    assert sum(rest) == probe * len(probes) and len(probes) >= 3
+    gaps = [b - a for a, b in zip(probes, probes[1:], strict=False)]
+    assert gaps == sorted(gaps) and gaps[-1] > gaps[0]  # each confirming probe waits longer
+    assert sum(rest) / len(rest) < 0.02  # speculation that cannot help costs a sliver of the steps
+    fast = _drive(SpecPolicy(4), steps, speculative_rate=200.0, plain_rate=100.0)
+    assert sum(fast[2 * window :]) / len(fast[2 * window :]) > 0.97
+
+
+def test_policy_measures_each_width_apart():
+    policy = SpecPolicy(4)
+    _drive(policy, 100, speculative_rate=200.0, plain_rate=100.0, rows=4)
+    assert not policy.speculate(256)  # a new width starts by timing plain steps
+    rates = policy.summary()
+    assert rates["4"]["speculative"] == pytest.approx(200.0) and rates["4"]["plain"] == pytest.approx(100.0)
+
+
+def test_always_policy_never_asks_the_clock():
+    assert all(_drive(SpecPolicy(4, adaptive=False), 50, speculative_rate=1.0, plain_rate=100.0))
+
+
+def test_shrink_gives_back_the_tail_blocks_first_in_line():
+    blocks = BlockManager(8, block_size=4)
+    req = Request(0, 0, 0, None, SamplingParams(), list(range(5)), 5, 16, 1)
+    blocks.grow(req, 13)  # four blocks
+    returned = req.block_table[2:]
+    blocks.shrink(req, 6)  # positions 0..5: two blocks
+    assert len(req.block_table) == 2 and blocks.num_free == 6
+    other = Request(1, 1, 0, None, SamplingParams(), [1], 1, 16, 1)
+    blocks.grow(other, 1)
+    assert other.block_table[0] in returned  # handed out before blocks whose cached content may be found
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (dict(speculative="draft"), "not available yet"),
+        (dict(speculative="medusa"), "unknown speculative method"),
+        (dict(speculative="ngram", num_speculative_tokens=16), "block_size - 1 = 15"),
+        (dict(speculative="ngram", ngram_min=3, ngram_max=2), "ngram_min <= ngram_max"),
+        (dict(draft_model="x"), "needs --speculative draft"),
+    ],
+)
+def test_config_refuses_what_cannot_run(options, message):
+    with pytest.raises(ValueError, match=message):
+        EngineConfig(**options)
