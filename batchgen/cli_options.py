@@ -286,27 +286,20 @@ def _speculative_options() -> list[Callable]:
             help="Guess tokens and verify them in one step: ngram = prompt lookup (the row's own prompt "
             "and output). Verify steps run only where measured faster [default: off].",
         ),
-        click.option(
-            "--num-speculative-tokens",
-            type=click.IntRange(min=1),
-            default=EngineConfig.num_speculative_tokens,
-            show_default=True,
-            help="Most tokens a row guesses a step.",
+        *(
+            click.option(
+                f"--{name.replace('_', '-')}",
+                type=click.IntRange(min=1),
+                default=getattr(EngineConfig, name),
+                show_default=True,
+                help=help,
+            )
+            for name, help in (
+                ("num_speculative_tokens", "Most tokens a row guesses a step."),
+                ("ngram_max", "Longest suffix looked up."),
+                ("ngram_min", "Shortest suffix looked up."),
+            )
         ),
-        click.option(
-            "--ngram-max",
-            type=click.IntRange(min=1),
-            default=EngineConfig.ngram_max,
-            show_default=True,
-            help="Longest suffix looked up.",
-        ),  # fmt: skip
-        click.option(
-            "--ngram-min",
-            type=click.IntRange(min=1),
-            default=EngineConfig.ngram_min,
-            show_default=True,
-            help="Shortest suffix looked up.",
-        ),  # fmt: skip
         click.option("--draft-model", help="The draft model of --speculative draft."),
         click.option("--speculative-policy", type=click.Choice(["adaptive", "always"]), hidden=True),
     ]

@@ -42,14 +42,20 @@ class Recorder(Runner):
         carried = inputs.carry_rows >= 0
         if carried.any():
             ids[carried] = self._prev[inputs.carry_rows[carried]]
-        self.steps.append({k: np.asarray(v).copy() for k, v in inputs._asdict().items()})
-        rows = inputs.logits_indices
-        mix = ids[rows] * 31 + inputs.positions[rows] * 7
-        mix = mix + inputs.rng_keys % 97 + inputs.rng_steps * 13 + (inputs.temperature * 10).astype(np.int64)
-        tokens = mix % VOCAB
+        self.steps.append(
+            {k: v.copy() if isinstance(v, np.ndarray) else v for k, v in inputs._asdict().items()}
+        )
+        tokens = self.tokens(inputs, ids)
         self._prev = tokens
         logprobs = (-tokens / VOCAB).tolist() if inputs.features.logprobs else None
         return inputs.step_id, tokens.tolist(), logprobs
+
+    def tokens(self, inputs, ids: np.ndarray) -> np.ndarray:
+        """[S] the step's sampled tokens, from its input ids (carry-over applied) and sampling rows."""
+        rows = inputs.logits_indices
+        mix = ids[rows] * 31 + inputs.positions[rows] * 7
+        mix = mix + inputs.rng_keys % 97 + inputs.rng_steps * 13 + (inputs.temperature * 10).astype(np.int64)
+        return mix % VOCAB
 
     def fetch(self, handle) -> StepResult:
         return StepResult(*handle)

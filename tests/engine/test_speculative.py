@@ -14,45 +14,29 @@ from batchgen.config import SamplingParams
 from batchgen.engine.block_manager import BlockManager
 from batchgen.engine.completions import GenerationRequest
 from batchgen.engine.engine import Engine
-from batchgen.engine.runner_protocol import Runner, StepResult
 from batchgen.engine.scheduler import Scheduler
 from batchgen.engine.speculative.speculator import Speculator
 from batchgen.engine.stops import StopChecker
-from tests.engine.scheduler_cases import EOS, VOCAB, Letters
+from tests.engine.scheduler_cases import EOS, VOCAB, Letters, Recorder
 
 BREAK_EVERY = 11  # positions where the stand-in leaves its cycle: guesses there are rejected
 
 
-class Copier(Runner):
+class Copier(Recorder):
     """Next token = a fixed permutation of the input token (a cycle prompt lookup can follow), except at
-    every BREAK_EVERY-th position; sampled rows shift it by their key. Records each step's inputs."""
+    every BREAK_EVERY-th position; sampled rows shift it by their key. Records each step's inputs and
+    checks the persistent batch against the running requests, as ``Recorder`` does."""
 
     def __init__(self, scheduler: Scheduler) -> None:
-        self.scheduler = scheduler
+        super().__init__(scheduler)
         self.perm = np.random.default_rng(0).permutation(np.arange(3, VOCAB))  # never EOS (2) by the cycle
-        self.steps: list[dict] = []
-        self._prev: np.ndarray | None = None
 
-    def launch(self, inputs):
-        ids = inputs.input_ids.copy()
-        carried = inputs.carry_rows >= 0
-        if carried.any():
-            ids[carried] = self._prev[inputs.carry_rows[carried]]
-        self.steps.append({k: v.copy() for k, v in inputs._asdict().items() if isinstance(v, np.ndarray)})
+    def tokens(self, inputs, ids: np.ndarray) -> np.ndarray:
         rows = inputs.logits_indices
         token, pos = ids[rows], inputs.positions[rows]
         shift = np.where(inputs.temperature > 0, inputs.rng_keys % 3, 0)
         cycle = self.perm[(token + shift) % len(self.perm)]
-        tokens = np.where(pos % BREAK_EVERY == 0, (token * 7 + pos) % VOCAB, cycle)
-        self._prev = tokens
-        logprobs = (-tokens / VOCAB).tolist() if inputs.features.logprobs else None
-        return inputs.step_id, tokens.tolist(), logprobs
-
-    def fetch(self, handle) -> StepResult:
-        return StepResult(*handle)
-
-    def reset(self) -> None:
-        self._prev = None
+        return np.where(pos % BREAK_EVERY == 0, (token * 7 + pos) % VOCAB, cycle)
 
 
 def _rows(count: int, seed: int) -> list[GenerationRequest]:
