@@ -284,7 +284,8 @@ def _speculative_options() -> list[Callable]:
             "--speculative",
             type=click.Choice(["ngram", "draft"]),
             help="Guess tokens and verify them in one step: ngram = prompt lookup (the row's own prompt "
-            "and output). Verify steps run only where measured faster [default: off].",
+            "and output), draft = a small model with the same tokenizer (--draft-model). Verify steps run "
+            "only where measured faster [default: off].",
         ),
         *(
             click.option(
@@ -300,7 +301,9 @@ def _speculative_options() -> list[Callable]:
                 ("ngram_min", "Shortest suffix looked up."),
             )
         ),
-        click.option("--draft-model", help="The draft model of --speculative draft."),
+        click.option(
+            "--draft-model", help="The draft model of --speculative draft: a directory or hub name."
+        ),
         click.option("--speculative-policy", type=click.Choice(["adaptive", "always"]), hidden=True),
     ]
 

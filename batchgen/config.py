@@ -285,7 +285,8 @@ class EngineConfig:
     kv_cache_dtype: str = "auto"  # "auto" (the model dtype) | "fp8"
     threads: int | None = None  # torch intra-op threads; None: on the CPU, the free cores (threads.py)
     # Speculative decoding (engine/speculative): "ngram" guesses a row's next tokens from its own prompt
-    # and output; up to num_speculative_tokens a step, from its last ngram_max .. ngram_min tokens.
+    # and output (from its last ngram_max .. ngram_min tokens), "draft" with draft_model (a small model
+    # with the same tokenizer); up to num_speculative_tokens a step.
     speculative: str | None = None
     num_speculative_tokens: int = 4
     ngram_min: int = 2
@@ -324,14 +325,14 @@ class EngineConfig:
             raise ValueError(f"unknown KV cache dtype {self.kv_cache_dtype!r} (auto or fp8)")
 
     def _check_speculative(self) -> None:
-        if self.draft_model is not None and self.speculative != "draft":
-            raise ValueError("--draft-model needs --speculative draft, which is not available yet")
+        if (self.draft_model is not None) != (self.speculative == "draft"):
+            raise ValueError("--speculative draft and --draft-model PATH go together")
         if self.speculative is None:
             return
-        if self.speculative == "draft":
-            raise ValueError("--speculative draft is not available yet; use --speculative ngram")
-        if self.speculative not in (None, "ngram"):
-            raise ValueError(f"unknown speculative method {self.speculative!r} (supported: ngram)")
+        if self.speculative not in ("ngram", "draft"):
+            raise ValueError(f"unknown speculative method {self.speculative!r} (supported: ngram, draft)")
+        if self.speculative == "draft" and self.tensor_parallel > 1:
+            raise ValueError("--speculative draft runs in one process: --tensor-parallel must be 1")
         if not 1 <= self.num_speculative_tokens < self.block_size:
             raise ValueError(
                 f"num_speculative_tokens must be in [1, block_size - 1 = {self.block_size - 1}], "

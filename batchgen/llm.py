@@ -21,6 +21,7 @@ from batchgen.engine.engine import Engine
 from batchgen.engine.grammar import GrammarCompiler
 from batchgen.engine.rank_engine import RankEngine, build_rank
 from batchgen.engine.scheduler import Scheduler
+from batchgen.engine.speculative.draft import DraftProposer, same_tokenizer
 from batchgen.engine.speculative.speculator import Speculator
 from batchgen.engine.stats import EngineStats
 from batchgen.engine.step_sampling import features_of
@@ -153,16 +154,25 @@ class LLM:
         vocab = self.hf_config.get_text_config().vocab_size
         # Structured output's compiler: xgrammar is imported on the first constraint, not here.
         self.grammars = GrammarCompiler(self.tokenizer, vocab, eos)
-        speculator = None
-        if cfg.speculative:
-            always = cfg.speculative_policy == "always"
-            speculator = Speculator(
-                cfg.speculative, cfg.num_speculative_tokens, cfg.ngram_min, cfg.ngram_max, not always
-            )
+        speculator = self._speculator(rank, vocab)
         return Engine(
             runner, blocks, scheduler, stops, self.max_model_len, self.async_mode, self.grammars, vocab,
             speculator,
         )  # fmt: skip
+
+    def _speculator(self, rank: RankEngine, vocab: int) -> Speculator | None:
+        cfg = self.config
+        if not cfg.speculative:
+            return None
+        proposer = None
+        if rank.draft is not None:
+            if not same_tokenizer(self.tokenizer, rank.draft.tokenizer):
+                raise ValueError(f"the draft model {cfg.draft_model} does not share the model's tokenizer")
+            proposer = DraftProposer(rank.draft, vocab, cfg.max_batch_tokens)
+        always = cfg.speculative_policy == "always"
+        return Speculator(
+            cfg.speculative, cfg.num_speculative_tokens, cfg.ngram_min, cfg.ngram_max, not always, proposer
+        )
 
     def close(self) -> None:
         """Stop the tensor-parallel workers and leave their process group (nothing to do in one

@@ -172,13 +172,20 @@ done
 # STAGES=spec: speculative decoding against plain on one engine (scripts/spec_bench.py): its GPU tests, then
 # SPEC_RUNS "WORKLOAD:ROWS:NEW_TOKENS ..." (rewrite = B8 on the embedded model's real weights, when this
 # machine has them; B1s/B2/B3: random weights, guesses fail: what speculation costs where it cannot help).
-# SPEC_ARGS adds spec_bench options (e.g. "--k 8").
+# SPEC_ARGS adds spec_bench options (e.g. "--k 8"). SPEC_DRAFT_RUNS: the same with --draft random (a 2-layer
+# random draft: acceptance near zero, what a failed draft model costs).
 has spec && stage spec-tests 200 "$RUN/spec-tests.log" "$PY" -m pytest -q -m gpu tests/engine/test_speculative_cuda.py \
     -p no:cacheprovider -s
 for run in ${SPEC_RUNS:-rewrite:32:512 B3:256:256 B1s:32:512}; do
     IFS=: read -r w rows new <<<"$run"
     has spec && stage "spec-$w" 300 "$RUN/spec-$w.log" "$PY" scripts/spec_bench.py --workload "$w" --rows "$rows" \
         --new-tokens "$new" --repeats "${SPEC_REPEATS:-2}" ${SPEC_ARGS:-} --out "$RUN/spec-$w.json"
+done
+for run in ${SPEC_DRAFT_RUNS:-B1s:32:512}; do
+    IFS=: read -r w rows new <<<"$run"
+    has spec && stage "spec-draft-$w" 300 "$RUN/spec-draft-$w.log" "$PY" scripts/spec_bench.py --workload "$w" \
+        --rows "$rows" --new-tokens "$new" --repeats "${SPEC_REPEATS:-2}" --draft random ${SPEC_ARGS:-} \
+        --out "$RUN/spec-draft-$w.json"
 done
 # STAGES=b2-why: B2's FP8 decode kernels in bench_step against the whole run, under nsys (a long stage).
 has b2-why && stage b2-why 560 "$RUN/b2-why.log" bash scripts/b2_why.sh "$RUN"

@@ -1,15 +1,18 @@
 """Speculative decoding against plain decoding, side by side on one engine (docs/results.md, issue 45).
 
-One LLM is built with ``--speculative ngram``; its plain runs detach the speculator, so both kinds share
-the model, the KV cache and the graphs, and alternate (plain, speculative, plain, ...) to share the
-machine's state. Workloads:
+One LLM is built with ``--speculative ngram`` (or ``draft``); its plain runs detach the speculator, so both
+kinds share the model, the KV cache and the graphs, and alternate (plain, speculative, plain, ...) to share
+the machine's state. Workloads:
 - ``rewrite``: B8, the embedded model (real weights) copying or lightly editing paragraphs
   (bench/rewrite.py), EOS on, ``--new-tokens`` at most;
 - ``B1s``, ``B2``, ``B3``: the bench's random-weight workloads (guesses nearly always fail: what turning
   speculation on costs where it cannot help), ``--rows`` / ``--new-tokens`` to shorten them.
-Each kind is also run with the policy forced on (``always``): the verify step's own cost.
+Each kind is also run with the policy forced on (``always``): the verify step's own cost. ``--draft PATH``
+guesses with a draft model instead of prompt lookup; ``--draft random``: a 2-layer random Llama with the
+workload's vocabulary and tokenizer (acceptance near zero: what a failed draft costs).
 
     python scripts/spec_bench.py --workload rewrite --rows 32 --out spec.json
+    python scripts/spec_bench.py --workload B1s --draft random --out spec-draft.json
     python scripts/spec_bench.py --workload rewrite --rows 8 --new-tokens 128 --repeats 1   (the CPU)
 """
 
@@ -17,7 +20,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
+import tempfile
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -32,6 +39,8 @@ def _engine(args: argparse.Namespace):
     spec = dict(speculative="ngram", num_speculative_tokens=args.k, ngram_min=args.ngram_min)
     width = {"max_num_seqs": args.max_num_seqs} if args.max_num_seqs else {}
     if args.workload == "rewrite":
+        if args.draft:
+            spec = _draft_options(args, *_model_vocab(args.model))
         llm = LLM(args.model, **spec, **width)
         prompts = [llm.encode(m) for m in rewrite_messages(args.rows or 32, seed=0)]
         return llm, prompts, SamplingParams(max_new_tokens=args.new_tokens or 512)
@@ -39,8 +48,40 @@ def _engine(args: argparse.Namespace):
     p = prepare(w, baselines=False)
     rows = args.rows or w.num_requests
     prompts = p.prompts[:rows]
+    if args.draft:
+        spec = _draft_options(args, p.model.config.vocab_size, p.tokenizer.save_pretrained)
     llm = p.make_llm(**spec, **width)
     return llm, prompts, SamplingParams(max_new_tokens=args.new_tokens or w.max_new_tokens, ignore_eos=True)
+
+
+def _model_vocab(model: str | None) -> tuple[int, Callable[[str], None]]:
+    """A model directory's vocabulary size, and how to copy its tokenizer files into a directory."""
+    from batchgen.config import EngineConfig
+    from batchgen.model.loader import local_model_dir, open_checkpoint
+
+    path = Path(local_model_dir(model))
+    vocab = open_checkpoint(str(path), EngineConfig(model=model)).config.get_text_config().vocab_size
+    files = [f for f in path.iterdir() if f.name.startswith(("tokenizer", "special_tokens"))]
+    return vocab, lambda out: [shutil.copy(f, out) for f in files]
+
+
+def _draft_options(args: argparse.Namespace, vocab: int, save_tokenizer: Callable[[str], None]) -> dict:
+    path = args.draft if args.draft != "random" else _random_draft(vocab, save_tokenizer)
+    return dict(speculative="draft", draft_model=path, num_speculative_tokens=args.k)
+
+
+def _random_draft(vocab: int, save_tokenizer: Callable[[str], None]) -> str:
+    """A 2-layer random Llama with the target's vocabulary and tokenizer, saved in a temporary directory."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    config = LlamaConfig(
+        hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=vocab, max_position_embeddings=16384, tie_word_embeddings=False,
+    )  # fmt: skip
+    path = tempfile.mkdtemp(prefix="random-draft-")
+    AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).save_pretrained(path)
+    save_tokenizer(path)
+    return path
 
 
 def _timed(llm: LLM, prompts, params, kind: str) -> dict:
@@ -87,6 +128,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int)
     ap.add_argument("--max-num-seqs", type=int)
     ap.add_argument("--k", type=int, default=4, help="--num-speculative-tokens")
+    ap.add_argument("--draft", help="a draft model's directory, or 'random' (default: prompt lookup)")
     ap.add_argument("--ngram-min", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--out")
@@ -101,6 +143,7 @@ def main() -> None:
     best = {k: max(r["tok_per_s"] for r in runs if r["kind"] == k) for k in ("plain", "adaptive", "always")}
     summary = {
         "workload": args.workload,
+        "method": "draft" if args.draft else "ngram",
         "rows": len(prompts),
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "best_tok_per_s": best,

@@ -28,7 +28,6 @@ one logits buffer serves both slots.
 
 from __future__ import annotations
 
-import bisect
 import time
 from collections.abc import Callable
 from typing import NamedTuple
@@ -48,7 +47,7 @@ from batchgen.engine.cuda_slots import (
 )
 from batchgen.engine.graph_capture import GraphCaptures
 from batchgen.engine.idle_gaps import IdleGaps
-from batchgen.engine.mixed_graphs import MixedGraphs, token_buckets
+from batchgen.engine.mixed_graphs import MixedGraphs, bucket_for, token_buckets
 from batchgen.engine.row_tokens import RowTokens, ready_row_tokens
 from batchgen.engine.runner import Sampler, apply_carry_over, full_vocab, with_prompt_rows
 from batchgen.engine.runner_protocol import Runner, StepResult
@@ -176,8 +175,7 @@ class CudaRunner(GraphCaptures, Runner):
 
     def _verify_bucket(self, num_tokens: int) -> int:
         """The token bucket a verify step of ``num_tokens`` pads to (0: eager at its own shape)."""
-        i = bisect.bisect_left(self.verify_buckets, num_tokens)
-        return self.verify_buckets[i] if i < len(self.verify_buckets) else 0
+        return bucket_for(self.verify_buckets, num_tokens)
 
     def _init_rows(self, inputs: StepInputs) -> None:
         """Rebuild the device statistics of the rows the step's new requests took (on the compute stream:

@@ -20,7 +20,7 @@ import torch
 
 from batchgen.config import MAX_LOGPROBS
 from batchgen.engine.batch import StepInputs
-from batchgen.engine.mixed_graphs import token_buckets
+from batchgen.engine.mixed_graphs import bucket_for, token_buckets
 from batchgen.engine.sampler import SamplingTensors
 
 TOKEN_FIELDS = ("input_ids", "carry_rows", "positions", "slot_mapping")  # [T]
@@ -97,8 +97,7 @@ def step_layout(
     ``verify_bucket``'s; a masked step with new prompts runs at its own shape."""
     part = "logits" if inputs.masked else "step"
     if inputs.decode_only:
-        i = bisect.bisect_left(decode_buckets, len(inputs.seq_lens))
-        bucket = decode_buckets[i] if i < len(decode_buckets) else 0
+        bucket = bucket_for(decode_buckets, len(inputs.seq_lens))
     elif len(inputs.logits_indices) > len(inputs.seq_lens):
         bucket = 0 if inputs.masked or inputs.prompt_rows is not None else verify_bucket(inputs.num_tokens)
         part = "verify" if bucket else part

@@ -313,7 +313,8 @@ class Engine:
                     continue
                 self._take(req, result, row)
             self._check(req, step.step_id)
-        self._time_step(step, made, self.runner.warming(handle))
+        if self.speculator is not None:
+            self._time_step(step, made, self.runner.warming(handle))
         for req in self._deferred.pop(step.step_id, ()):
             self.blocks.release(req)
         self.stats.preemptions = self.scheduler.num_preemptions
@@ -334,7 +335,7 @@ class Engine:
         (not a step that warmed up or captured a graph: a one-time cost)."""
         now, speculated = time.perf_counter(), step.step_id in self._speculated
         self._speculated.discard(step.step_id)
-        if self.speculator is not None and not step.items and not warming and self._done_at:
+        if not step.items and not warming and self._done_at:
             self.speculator.policy.timed(len(step.decodes.requests), speculated, made, now - self._done_at)
         self._done_at = now
 

@@ -38,6 +38,12 @@ def token_buckets(max_tokens: int) -> list[int]:
     return sorted({s for s in sizes if s < max_tokens} | {max_tokens})
 
 
+def bucket_for(buckets: list[int], size: int) -> int:
+    """The smallest of the sorted ``buckets`` that holds ``size``; 0 when none does."""
+    i = bisect.bisect_left(buckets, size)
+    return buckets[i] if i < len(buckets) else 0
+
+
 class MixedGraphs:
     """Per token bucket: measuring, graphed, or eager (the step's own shape).
 
@@ -57,10 +63,8 @@ class MixedGraphs:
         """The token bucket a step of ``num_tokens`` pads to; 0: it runs eagerly at its own shape."""
         if self.forced is False:
             return 0
-        i = bisect.bisect_left(self.buckets, num_tokens)
-        if i == len(self.buckets) or self.buckets[i] in self._eager:
-            return 0
-        return self.buckets[i]
+        bucket = bucket_for(self.buckets, num_tokens)
+        return 0 if bucket in self._eager else bucket
 
     def may_capture(self, bucket: int) -> bool:
         return self.forced is True or (self.forced is None and bucket in self._graphed)

@@ -20,11 +20,12 @@ from batchgen.engine.batch_width import ROW_TOKENS, pool_width, rows_in_budget, 
 from batchgen.engine.runner import Sampler
 from batchgen.engine.sampler import sample
 from batchgen.engine.sharded_sampler import ShardedSampler
+from batchgen.engine.speculative.draft import DraftModel
 from batchgen.model import kv_cache
 from batchgen.model.backends import TorchBackend, TritonBackend
 from batchgen.model.build import ModelBundle, ModelFiles, build_model
 from batchgen.model.forward import TransformersForward
-from batchgen.model.loader import resolve_device, resolve_dtype
+from batchgen.model.loader import local_model_dir, open_checkpoint, resolve_device, resolve_dtype
 from batchgen.threads import ThreadGovernor, set_cpu_threads
 
 ACTIVATION_RESERVE = 2 << 30  # CUDA: room for a step's activations beside the KV pool
@@ -48,6 +49,7 @@ class RankEngine(NamedTuple):
     async_mode: bool
     max_num_seqs: int  # the width chosen (batch_width.py) when the options leave it to the engine
     startup: dict[str, float]  # seconds: loading the model, allocating the KV pool, the runner (graphs)
+    draft: DraftModel | None = None  # --speculative draft: the draft model and its own KV pool
 
 
 def max_model_len(options: EngineConfig, hf_config) -> int:
@@ -79,12 +81,15 @@ def build_rank(
     limit = max_model_len(options, files.hf_config)
     clock = _Clock(device)
     bundle = build_model(options, files, group, device, dtype, limit)
+    draft = _load_draft(options, group, device, dtype)
     clock.mark("model_s")
     cache_dtype = kv_cache.cache_dtype(options.kv_cache_dtype, dtype)
     vocab = files.hf_config.get_text_config().vocab_size  # the logits' width
-    blocks, rows = _num_blocks(options, bundle.kv_shape, device, cache_dtype, limit, vocab)
+    draft_bytes = 0 if draft is None else draft.bundle.kv_shape.bytes_per_block(1, dtype)
+    blocks, rows = _num_blocks(options, bundle.kv_shape, device, cache_dtype, limit, vocab, draft_bytes)
     num_blocks = group.min_int(blocks, device)
     caches = kv_cache.allocate(bundle.kv_shape, num_blocks, options.block_size, cache_dtype, device)
+    draft_model = None if draft is None else _draft_model(draft, num_blocks, options, device, dtype, governor)
     clock.mark("kv_cache_s")
     kv_tokens = num_blocks * options.block_size  # the same on every rank: the pool size is agreed
     width = width_for(options.max_num_seqs, kv_tokens, options.max_num_seqs_cap, device.type == "cuda")
@@ -102,7 +107,43 @@ def build_rank(
         options, bundle, caches, device, limit, async_mode, progress, governor, graphs, group, vocab
     )
     clock.mark("graphs_s" if device.type == "cuda" else "runner_s")
-    return RankEngine(bundle, runner, num_blocks, device, dtype, limit, async_mode, width, clock.phases)
+    return RankEngine(
+        bundle, runner, num_blocks, device, dtype, limit, async_mode, width, clock.phases, draft_model
+    )
+
+
+class _Draft(NamedTuple):
+    bundle: ModelBundle
+    max_model_len: int
+    tokenizer: object
+
+
+def _load_draft(options: EngineConfig, group: ParallelGroup, device, dtype) -> _Draft | None:
+    """--speculative draft: the draft model, unquantized, in the target's dtype on its device."""
+    if options.speculative != "draft":
+        return None
+    draft_options = replace(
+        options, model=options.draft_model, speculative=None, draft_model=None, quantization=None,
+        kv_cache_dtype="auto", max_model_len=None,
+    )  # fmt: skip
+    path = local_model_dir(options.draft_model)
+    checkpoint = open_checkpoint(path, draft_options)
+    limit = max_model_len(draft_options, checkpoint.config)
+    bundle = build_model(draft_options, ModelFiles(path, checkpoint.config), group, device, dtype, limit)
+    return _Draft(bundle, limit, checkpoint.tokenizer)
+
+
+def _draft_model(
+    draft: _Draft, num_blocks: int, options: EngineConfig, device, dtype, governor
+) -> DraftModel:  # fmt: skip
+    """The draft's KV pool holds as many blocks as the target's (each row the target holds fits)."""
+    caches = kv_cache.allocate(draft.bundle.kv_shape, num_blocks, options.block_size, dtype, device)
+    cuda_triton = device.type == "cuda" and options.attention_backend != "torch"
+    backend = TritonBackend() if cuda_triton else TorchBackend(governor)
+    return DraftModel(
+        draft.bundle.forward, caches, backend, device, options.block_size, draft.max_model_len,
+        draft.tokenizer,
+    )  # fmt: skip
 
 
 def _triton_warmup(options: EngineConfig, device: torch.device, dtype: torch.dtype = torch.bfloat16):
@@ -133,20 +174,24 @@ class _Clock:
 
 
 def _num_blocks(
-    options: EngineConfig, shape: kv_cache.KVShape, device, dtype, limit: int, vocab: int
+    options: EngineConfig, shape: kv_cache.KVShape, device, dtype, limit: int, vocab: int,
+    draft_bytes: int = 0,
 ) -> tuple[int, int]:  # fmt: skip
-    """The pool's blocks, and the most rows the memory beside it was left for (their logits)."""
+    """The pool's blocks, and the most rows the memory beside it was left for (their logits).
+    ``draft_bytes``: a draft model's KV bytes a token, whose pool gets as many blocks from the same budget."""
     rows = pool_width(options.max_num_seqs, options.max_num_seqs_cap, device.type == "cuda")
+    token_bytes = shape.bytes_per_block(1, dtype)
     if options.kv_cache_bytes is not None:
         budget = options.kv_cache_bytes
     elif device.type == "cuda":
         budget = kv_cache.cuda_budget(device, options.gpu_memory_utilization, ACTIVATION_RESERVE)
         logit_row = vocab * LOGIT_BYTES
         if options.max_num_seqs is None:  # each row takes a row's KV and its logits' room
-            rows = rows_in_budget(budget, ROW_TOKENS * shape.bytes_per_block(1, dtype), logit_row, rows)
+            rows = rows_in_budget(budget, ROW_TOKENS * (token_bytes + draft_bytes), logit_row, rows)
         budget -= rows * logit_row
     else:
         budget = kv_cache.default_cpu_budget()
+    budget = budget * token_bytes // (token_bytes + draft_bytes)  # the target's share
     useful = rows * limit + options.max_batch_tokens
     return kv_cache.num_blocks_for(shape, options.block_size, dtype, budget, useful), rows
 

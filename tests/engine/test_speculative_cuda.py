@@ -33,6 +33,23 @@ def test_cuda_verify_steps_give_plain_output_in_fp32(tiny_llama, async_mode):
     assert llm.stats.verify_steps > 0 and llm.stats.accepted_tokens > 0
 
 
+@pytest.mark.parametrize("draft_arch", ["llama", "qwen2"])
+def test_cuda_draft_model_gives_plain_output_in_fp32(tiny_models, draft_arch):
+    """A draft model's forwards on the GPU beside the target's graphs: the target itself as the draft
+    (guesses accepted) and a random one (rejected)."""
+    prompts = copying_prompts(32, seed=5)
+    options = dict(dtype="float32", max_num_seqs=16)
+    plain = LLM(tiny_models["llama"], **options)
+    want = (_outs(plain, prompts, GREEDY), _outs(plain, prompts, SAMPLED))
+    del plain
+    llm = LLM(tiny_models["llama"], **options, speculative="draft", draft_model=tiny_models[draft_arch],
+              speculative_policy="always")  # fmt: skip
+    assert (_outs(llm, prompts, GREEDY), _outs(llm, prompts, SAMPLED)) == want
+    assert llm.stats.verify_steps > 0 and llm.stats.draft_tokens > 0
+    if draft_arch == "llama":
+        assert llm.stats.acceptance_rate > 0.5
+
+
 def test_cuda_bf16_agreement_is_reported(tiny_llama):
     prompts = copying_prompts(32, seed=4)
     want = _outs(LLM(tiny_llama, max_num_seqs=16), prompts, GREEDY)

@@ -117,11 +117,13 @@ def test_shrink_gives_back_the_tail_blocks_first_in_line():
 @pytest.mark.parametrize(
     "options, message",
     [
-        (dict(speculative="draft"), "not available yet"),
+        (dict(speculative="draft"), "--speculative draft and --draft-model PATH go together"),
+        (dict(speculative="draft", draft_model="x", tensor_parallel=2), "must be 1"),
         (dict(speculative="medusa"), "unknown speculative method"),
         (dict(speculative="ngram", num_speculative_tokens=16), "block_size - 1 = 15"),
         (dict(speculative="ngram", ngram_min=3, ngram_max=2), "ngram_min <= ngram_max"),
-        (dict(draft_model="x"), "needs --speculative draft"),
+        (dict(draft_model="x"), "go together"),
+        (dict(speculative="ngram", draft_model="x"), "go together"),
     ],
 )
 def test_config_refuses_what_cannot_run(options, message):

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from batchgen.engine.request import Request
     from batchgen.engine.stats import EngineStats
 
-METHODS = ("ngram",)
+METHODS = ("ngram", "draft")
 
 
 class Proposer(Protocol):
@@ -40,12 +40,15 @@ class Proposer(Protocol):
 
 class Speculator:
     def __init__(
-        self, method: str, k_max: int, ngram_min: int, ngram_max: int, adaptive: bool = True
-    ) -> None:
+        self, method: str, k_max: int, ngram_min: int, ngram_max: int, adaptive: bool = True,
+        proposer: Proposer | None = None,  # a draft model's (draft.DraftProposer), for "draft"
+    ) -> None:  # fmt: skip
         if method not in METHODS:
             raise ValueError(f"unknown speculative method {method!r} (supported: {', '.join(METHODS)})")
+        if (method == "draft") != (proposer is not None):
+            raise ValueError("--speculative draft, and only it, runs a draft model's proposer")
         self.k_max = k_max
-        self.proposer: Proposer = NgramProposer(ngram_min, ngram_max)
+        self.proposer: Proposer = proposer or NgramProposer(ngram_min, ngram_max)
         self.policy = SpecPolicy(k_max, adaptive)
 
     def wants(self, running: list[Request]) -> bool:
