@@ -69,7 +69,8 @@ def make_layer(
     shape: Shape, device: torch.device, dtype: torch.dtype, gen: torch.Generator, fp8: str | None = None
 ) -> Layer:
     """Random weights; ``fp8`` "channel" or "block": the experts in e4m3 as ``--quantization fp8`` writes
-    them (a scale per output row) or as FP8 checkpoints hold them (128 x 128 blocks)."""
+    them (a scale per output row) or as FP8 checkpoints hold them (128 x 128 blocks); "channel-a8" /
+    "block-a8": with e4m3 activations too (``Fp8Experts.act_fp8``, W8A8)."""
     from batchgen.kernels.moe import expert_format as fmt
     from batchgen.model.moe_layout import Routing
 
@@ -81,8 +82,10 @@ def make_layer(
     gate_up, down = rand(e, 2 * i, h), rand(e, h, i)
     if fp8:
         blocks = functools.partial(fmt.quantize_blocks, block=(128, 128))
-        as_fp8 = fmt.quantize_channels if fp8 == "channel" else blocks
+        as_fp8 = fmt.quantize_channels if fp8.startswith("channel") else blocks
         gate_up, down = as_fp8(gate_up, parts=2), as_fp8(down)
+        if fp8.endswith("-a8"):
+            gate_up, down = gate_up._replace(act_fp8=True), down._replace(act_fp8=True)
     return Layer(rand(e, h), gate_up, down, routing)
 
 
@@ -98,7 +101,7 @@ def make_step(layer: Layer, tokens: int, gen: torch.Generator) -> Step:
     weights, ids = route_layer(layer, h)
     counts, order = kernels().group_by_expert(ids, e)
     pairs = ids.numel()
-    act = h.new_empty(pairs, inter)
+    act = torch.randn(pairs, inter, generator=gen, device=h.device, dtype=h.dtype)
     y = h.new_empty(pairs, hidden)
     distinct = int(ids.unique().numel())
     return Step(h, weights, ids, counts, order, act, y, torch.empty_like(h), distinct)
@@ -106,10 +109,12 @@ def make_step(layer: Layer, tokens: int, gen: torch.Generator) -> Step:
 
 def launch(kernel: str, layer: Layer, s: Step, cfg: dict) -> None:
     cfg = kernels().kernel_tiles(cfg, kernel)
-    if kernel == "gate_up":
-        kernels().gate_up_into(s.h, layer.gate_up, s.counts, s.order, s.act, s.ids.shape[1], cfg)
+    if kernel == "gate_up":  # e4m3 activations (``act_fp8``): their quantization is part of the product
+        x, scale = kernels().product_input(s.h, layer.gate_up)
+        kernels().gate_up_into(x, layer.gate_up, s.counts, s.order, s.act, s.ids.shape[1], cfg, scale)
     else:
-        kernels().down_into(s.act, layer.down, s.counts, s.order, s.y, cfg)
+        a, scale = kernels().product_input(s.act, layer.down)
+        kernels().down_into(a, layer.down, s.counts, s.order, s.y, cfg, scale)
 
 
 def whole_layer(layer: Layer, h: torch.Tensor, cfg: dict | None = None) -> torch.Tensor:
@@ -125,7 +130,7 @@ def cfg_name(cfg: dict) -> str:
 
 def expert_itemsize(layer: Layer) -> int:
     """Bytes an expert weight takes: 1 for e4m3 (``--fp8``), else the activations' dtype's."""
-    return kernels()._weight(layer.down).element_size()
+    return kernels().weight_of(layer.down).element_size()
 
 
 def current_config(layer: Layer, s: Step) -> dict:

@@ -170,7 +170,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--tiny", action="store_true", help="a tiny layer (8 experts, hidden 64) at 4 and 16 tokens"
     )
     ap.add_argument(
-        "--fp8", choices=("channel", "block"), help="e4m3 experts, scaled per row or 128 x 128 block"
+        "--fp8",
+        choices=("channel", "block", "channel-a8", "block-a8"),
+        help="e4m3 experts, scaled per row or 128 x 128 block; -a8: e4m3 activations too (W8A8)",
     )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", help="write the results as JSON here")

@@ -26,9 +26,11 @@ from moe_layer import (
 
 
 def candidates(experts: int, itemsize: int, weight_itemsize: int) -> list[dict]:
-    """``_config``'s own choices first (each mean group size's, each kernel's tiles), then the grid, with
-    256-column K tiles for 1-byte weights."""
-    chosen = [kernels()._config(experts * m, experts, itemsize, weight_itemsize) for m in (1, 17, 33, 129)]
+    """``tiles.config_for``'s own choices first (each mean group size's, each kernel's tiles), then the
+    grid, with 256-column K tiles for 1-byte weights."""
+    from batchgen.kernels.moe import tiles
+
+    chosen = [tiles.config_for(experts * m, experts, itemsize, weight_itemsize) for m in (1, 17, 33, 129)]
     current = [kernels().kernel_tiles(cfg, kernel) for cfg in chosen for kernel in ("gate_up", "down")]
     grid = [  # every BLOCK_M of one (N, K, warps, stages) together: a sweep cut short still covers each
         dict(BLOCK_M=m, BLOCK_N=n, BLOCK_K=k, num_warps=w, num_stages=st)

@@ -16,6 +16,8 @@ positions ``[0, pos]`` (within ``sliding_window`` tokens when given). Rows past 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -214,24 +216,35 @@ def grouped_mm(x: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor) -> 
     return out
 
 
+Rewrite = Callable[[torch.Tensor], torch.Tensor]
+
+
+def _same(t: torch.Tensor) -> torch.Tensor:
+    return t
+
+
 def moe_experts(
     h: torch.Tensor,  # [T, H]
     weights: torch.Tensor,  # [T, K] routing weights (model dtype, or fp32 for Mixtral)
     ids: torch.Tensor,  # [T, K] expert ids
     gate_up: torch.Tensor,  # [E, 2I, H]
     down: torch.Tensor,  # [E, H, I]
+    # what the products' inputs become (FP8 activations): h for gate|up, the activations for down
+    inputs: tuple[Rewrite, Rewrite] | None = None,
 ) -> torch.Tensor:  # [T, H]
     """The routed experts' weighted sum, step for step as transformers' grouped_mm experts compute it
     (so fp32 and bf16 results are bit-identical to its layer): pairs sorted by expert, one grouped GEMM
-    for gate|up and one for down, the weight product in the promoted dtype, the K rows summed."""
+    for gate|up and one for down, the weight product in the promoted dtype, the K rows summed.
+    ``inputs`` rewrites h and the down product's input before their products."""
     tokens, top_k = ids.shape
     flat = ids.reshape(-1)
     _, perm = torch.sort(flat)
-    x = h[perm // top_k]  # [P, H] grouped by expert
+    h_in, act_in = inputs or (_same, _same)
+    x = h_in(h)[perm // top_k]  # [P, H] grouped by expert
     counts = torch.bincount(flat, minlength=gate_up.shape[0])
     offsets = torch.cumsum(counts, 0, dtype=torch.int32)
     act = silu_mul(grouped_mm(x, gate_up.transpose(-2, -1), offsets))  # [P, I]
-    y = grouped_mm(act, down.transpose(-2, -1), offsets) * weights.reshape(-1)[perm].unsqueeze(-1)
+    y = grouped_mm(act_in(act), down.transpose(-2, -1), offsets) * weights.reshape(-1)[perm].unsqueeze(-1)
     unsorted = torch.empty_like(y)
     unsorted[perm] = y
     return unsorted.view(tokens, top_k, -1).sum(dim=1).to(h.dtype)

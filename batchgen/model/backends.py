@@ -23,7 +23,7 @@ from batchgen.kernels import fp8_format, reference
 from batchgen.kernels.cpu import cpu_attention, cpu_rotary
 from batchgen.kernels.fp8_format import ActQuant, Fp8Act
 from batchgen.kernels.gemm.split_sums import SplitSums, summed
-from batchgen.kernels.moe.expert_format import Fp8Experts, dequantize
+from batchgen.kernels.moe.expert_format import Fp8Experts, dequantize, quantize_activations
 
 if TYPE_CHECKING:
     from batchgen.threads import ThreadGovernor
@@ -70,6 +70,11 @@ class KernelBackend(Protocol):
     def moe_experts(self, h, weights, ids, gate_up, down) -> torch.Tensor: ...  # [T, H]
 
 
+def _rounded_inputs(experts: Fp8Experts):
+    """What an ``act_fp8`` product's input becomes on the CPU: rounded to e4m3 under its dynamic scales."""
+    return lambda x: quantize_activations(x, experts).to(x.dtype)
+
+
 class TorchBackend:
     """The CPU path: the torch reference ops, with attention whose cost follows each sequence's own
     context (``kernels/cpu/cpu_attention.py``, tested against ``reference.paged_attention``). A ``governor``
@@ -87,13 +92,17 @@ class TorchBackend:
     @staticmethod
     def moe_experts(h, weights, ids, gate_up, down) -> torch.Tensor:
         """FP8 experts (``Fp8Experts``) dequantized to the model dtype, only those the step routes to,
-        then the 16-bit grouped math of the reference."""
+        then the 16-bit grouped math of the reference; with ``act_fp8`` each product's input rounded to
+        e4m3 under its dynamic scales first."""
+        inputs = None
+        if isinstance(gate_up, Fp8Experts) and gate_up.act_fp8:
+            inputs = tuple(_rounded_inputs(w) for w in (gate_up, down))
         if isinstance(gate_up, Fp8Experts) or isinstance(down, Fp8Experts):
             used = torch.unique(ids)
             gate_up, down = (
                 dequantize(w, h.dtype, used) if isinstance(w, Fp8Experts) else w for w in (gate_up, down)
             )
-        return reference.moe_experts(h, weights, ids, gate_up, down)
+        return reference.moe_experts(h, weights, ids, gate_up, down, inputs)
 
     def rms_norm(self, x, weight, eps: float, residual=None, quant: ActQuant | None = None):
         out, total = reference.rms_norm(summed(x), weight, eps, residual)

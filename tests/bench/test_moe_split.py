@@ -10,11 +10,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 PARTS = ("router", "permutation", "gate_up", "down", "combine", "layer")
 
 
-def test_moe_split_tiny_on_cpu(tmp_path):
+@pytest.mark.parametrize("fp8", [None, "block-a8"])  # 16-bit experts; e4m3 weights and activations
+def test_moe_split_tiny_on_cpu(tmp_path, fp8):
     out = tmp_path / "split.json"
     env = dict(
         os.environ,
@@ -29,6 +32,7 @@ def test_moe_split_tiny_on_cpu(tmp_path):
         "--tiny",
         "--out",
         str(out),
+        *(["--fp8", fp8] if fp8 else []),
     ]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]

@@ -1,6 +1,7 @@
-"""FP8 routed experts (weight-only): every expert's projection stored as float8_e4m3fn with fp32 scales,
-the activations left in the model dtype. Decode reads half the bytes of a 16-bit stack; each weight tile
-is converted to the activations' dtype before its product (e4m3 values are exact in bf16, fp16, fp32).
+"""FP8 routed experts: every expert's projection stored as float8_e4m3fn with fp32 scales, the activations
+left in the model dtype (weight-only), or quantized too where ``act_fp8`` (W8A8). Decode reads half the
+bytes of a 16-bit stack; weight-only, each weight tile is converted to the activations' dtype before its
+product (e4m3 values are exact in bf16, fp16, fp32).
 
 Scales (``Fp8Experts.scale``):
 
@@ -35,10 +36,26 @@ class Fp8Experts(NamedTuple):
     # (rows, columns) of each part's first block that lie before its first row / column: a rank's share
     # of the intermediate rows may start inside a block (gate | up rows, down columns)
     offset: tuple[int, int] = (0, 0)
+    # The products' inputs quantized too (W8A8): e4m3 with a dynamic scale per row, or per ``block[1]``
+    # columns from the input's first (``act_group``); False: they stay in the model dtype (W8A16).
+    act_fp8: bool = False
 
     @property
     def shape(self) -> torch.Size:
         return self.weight.shape
+
+
+def act_group(experts: Fp8Experts) -> int | None:
+    """Columns of a product's input that share one dynamic scale under ``act_fp8`` (None: the whole row):
+    the weight blocks' columns, so that each K tile has one scale of each."""
+    return None if experts.block is None else experts.block[1]
+
+
+def quantize_activations(x: torch.Tensor, experts: Fp8Experts) -> torch.Tensor:
+    """x as an ``act_fp8`` product sees it: rounded to e4m3 under its dynamic scales, in fp32 (the CPU
+    path's arithmetic; the kernels multiply the e4m3 values and apply the scales to the fp32 sums)."""
+    group = act_group(experts)
+    return ref.dequantize_act(ref.quantize_act(x, ref.ActQuant(group)), group)
 
 
 def quantize_channels(stack: torch.Tensor, parts: int = 1) -> Fp8Experts:

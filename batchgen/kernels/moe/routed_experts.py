@@ -16,12 +16,15 @@ the per-expert counts alone (a prefix sum over E values), so no padded index arr
 is the worst case, ``cdiv(P, BLOCK_M) + min(E, P)`` row tiles, known from Python ints: programs past the
 last real tile exit at once. Nothing is read back to the host, so the layer is capturable in a CUDA graph.
 
-FP8 weights (``Fp8Experts``, ``expert_format.py``; weight-only, the activations stay 16-bit): each e4m3
-tile is converted to the activations' dtype before its product. Per-channel scales multiply the fp32
-sums after the K loop (before SiLU, before the store); block scales multiply each K tile's partial
-product (a tile never straddles a block column: BLOCK_K divides the block's columns and the columns
-of the first block before a rank's share, ``Fp8Experts.offset``). A constexpr
-``SCALES`` picks the path: 0, the 16/32-bit weights, compiles the kernels exactly as without FP8.
+FP8 weights (``Fp8Experts``, ``expert_format.py``): weight-only by default (the activations stay 16-bit),
+each e4m3 tile converted to the activations' dtype before its product; with ``act_fp8`` (W8A8) each
+product's input is quantized first (``product_input``: a scale per row, or per the weight blocks' columns)
+and the tiles multiply as e4m3, the activations' scales joining the weights' on the fp32 sums.
+Per-channel scales multiply the fp32 sums after the K loop (before SiLU, before the store); block scales
+multiply each K tile's partial product (a tile never straddles a block column: BLOCK_K divides the
+block's columns and the columns of the first block before a rank's share, ``Fp8Experts.offset``). A
+constexpr ``SCALES`` picks the path: 0, the 16/32-bit weights, compiles the kernels exactly as without
+FP8. Tile shapes: ``tiles.py``.
 
 Rounding follows transformers' grouped_mm experts: the projections rounded to the model dtype, SiLU
 rounded then the product, the down projection rounded, times the routing weight (rounded to the model
@@ -34,9 +37,15 @@ import torch
 import triton
 import triton.language as tl
 
+from batchgen.kernels.fp8_format import ActQuant
+from batchgen.kernels.gemm.fp8_quant import quantize_act
 from batchgen.kernels.launch.device import needs_f32_dot
-from batchgen.kernels.moe.expert_format import Fp8Experts
+from batchgen.kernels.moe.expert_format import Fp8Experts, act_group
 from batchgen.kernels.moe.grouping import group_by_expert, tile_rows
+from batchgen.kernels.moe.tiles import Weights, kernel_tiles, tile_config, weight_of
+
+__all__ = ["combine_into", "down_into", "gate_up_into", "kernel_tiles", "moe_experts", "product_input",
+           "tile_config"]  # fmt: skip
 
 
 @triton.jit
@@ -48,10 +57,19 @@ def _scale_ptrs(s_ptr, e, n, stride_se, stride_sn, first_row, row0, SCALE_N: tl.
 
 
 @triton.jit
+def _dot(a, b, acc, DOT_PREC: tl.constexpr, ACT_FP8: tl.constexpr):
+    """acc + a [M, K] x b [K, N] in fp32; e4m3 x e4m3 where ACT_FP8 (the precision names 16/32-bit inputs)."""
+    if ACT_FP8:
+        return tl.dot(a, b, acc)
+    return tl.dot(a, b, acc, input_precision=DOT_PREC)
+
+
+@triton.jit
 def _gate_up_kernel(
     x_ptr,  # [T, H] hidden states
     w_ptr,  # [E, 2I, H] gate rows then up rows of every expert (model dtype, or e4m3 when SCALES)
     s_ptr,  # SCALES 1: [E, 2I] fp32; SCALES 2: [E, 2 * cdiv(I, SCALE_N), cdiv(H, SCALE_K)]; else unused
+    xs_ptr,  # ACT_FP8: the hidden states' scales, [T, 1] per token or [T, cdiv(H, SCALE_K)]; else unused
     counts_ptr,  # [E] int32
     order_ptr,  # [P] int32: pair index (token * K + slot) at each sorted position
     out_ptr,  # [P, I] in sorted order
@@ -64,6 +82,7 @@ def _gate_up_kernel(
     stride_o,
     stride_se,
     stride_sn,
+    stride_xs,
     up_scale_row,  # the first scale row of the up part: I per channel, cdiv(row0 + I, SCALE_N) per block
     row0,  # block mode: rows of each part's first block before its first row (a rank's share)
     TOP_K: tl.constexpr,
@@ -76,12 +95,14 @@ def _gate_up_kernel(
     SCALES: tl.constexpr = 0,  # 0: 16/32-bit weights; 1: e4m3 per channel; 2: e4m3 per block
     SCALE_N: tl.constexpr = 1,  # weight rows per block scale (1 per channel)
     SCALE_K: tl.constexpr = 1,  # weight columns per block scale: a multiple of BLOCK_K
+    ACT_FP8: tl.constexpr = False,  # x in e4m3 with its scales (per token, or per SCALE_K columns)
 ):
     e, rows, row_mask = tile_rows(counts_ptr, E, BLOCK_M, E_PAD)
     if e < 0:
         return
     pairs = tl.load(order_ptr + rows, mask=row_mask, other=0)
     tokens = (pairs // TOP_K).to(tl.int64)
+    xs_ptrs = xs_ptr + tokens * stride_xs  # [M]: each row's first activation scale
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     k = tl.arange(0, BLOCK_K)
     a_ptrs = x_ptr + tokens[:, None] * stride_x + k[None, :]
@@ -97,7 +118,7 @@ def _gate_up_kernel(
         a = tl.load(a_ptrs, mask=row_mask[:, None] & k_in[None, :], other=0.0)
         g = tl.load(g_ptrs, mask=k_in[:, None] & n_mask, other=0.0)
         u = tl.load(u_ptrs, mask=k_in[:, None] & n_mask, other=0.0)
-        if SCALES != 0:  # e4m3 -> the activations' dtype, exactly
+        if SCALES != 0 and not ACT_FP8:  # e4m3 -> the activations' dtype, exactly
             g = g.to(x_ptr.dtype.element_ty)
             u = u.to(x_ptr.dtype.element_ty)
         if DOT_F32:  # interpreter only, see needs_f32_dot
@@ -107,17 +128,26 @@ def _gate_up_kernel(
         if SCALES == 2:  # the K tile lies in one block column: its partial products take their scales
             sg = tl.load(sg_ptrs + k0 // SCALE_K, mask=n < INTER, other=0.0)
             su = tl.load(su_ptrs + k0 // SCALE_K, mask=n < INTER, other=0.0)
-            acc_g += tl.dot(a, g, input_precision=DOT_PREC) * sg[None, :]
-            acc_u += tl.dot(a, u, input_precision=DOT_PREC) * su[None, :]
+            if ACT_FP8:  # ... and the activations' group scale (the same columns)
+                xs = tl.load(xs_ptrs + k0 // SCALE_K, mask=row_mask, other=0.0)[:, None]
+                acc_g += tl.dot(a, g) * xs * sg[None, :]
+                acc_u += tl.dot(a, u) * xs * su[None, :]
+            else:
+                acc_g += tl.dot(a, g, input_precision=DOT_PREC) * sg[None, :]
+                acc_u += tl.dot(a, u, input_precision=DOT_PREC) * su[None, :]
         else:
-            acc_g = tl.dot(a, g, acc_g, input_precision=DOT_PREC)
-            acc_u = tl.dot(a, u, acc_u, input_precision=DOT_PREC)
+            acc_g = _dot(a, g, acc_g, DOT_PREC, ACT_FP8)
+            acc_u = _dot(a, u, acc_u, DOT_PREC, ACT_FP8)
         a_ptrs += BLOCK_K
         g_ptrs += BLOCK_K
         u_ptrs += BLOCK_K
-    if SCALES == 1:  # per channel: the fp32 sums times their columns' scales
+    if SCALES == 1:  # per channel: the fp32 sums times their columns' scales (and each token's)
         acc_g *= tl.load(sg_ptrs, mask=n < INTER, other=0.0)[None, :]
         acc_u *= tl.load(su_ptrs, mask=n < INTER, other=0.0)[None, :]
+        if ACT_FP8:
+            xs = tl.load(xs_ptrs, mask=row_mask, other=0.0)[:, None]
+            acc_g *= xs
+            acc_u *= xs
     dt = out_ptr.dtype.element_ty
     gate = acc_g.to(dt).to(tl.float32)
     up = acc_u.to(dt).to(tl.float32)
@@ -131,6 +161,7 @@ def _down_kernel(
     a_ptr,  # [P, I] in sorted order
     w_ptr,  # [E, H, I] (model dtype, or e4m3 when SCALES)
     s_ptr,  # SCALES 1: [E, H] fp32; SCALES 2: [E, cdiv(H, SCALE_N), cdiv(I, SCALE_K)]; else unused
+    as_ptr,  # ACT_FP8: a's scales, [P, 1] per row or [P, cdiv(I, SCALE_K)] per group; else unused
     counts_ptr,
     order_ptr,
     y_ptr,  # [P, H] in pair order
@@ -143,6 +174,7 @@ def _down_kernel(
     stride_y,
     stride_se,
     stride_sn,
+    stride_as,
     col0,  # block mode: columns of the first block before the first column (a rank's share of I)
     E_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -153,11 +185,13 @@ def _down_kernel(
     SCALES: tl.constexpr = 0,
     SCALE_N: tl.constexpr = 1,
     SCALE_K: tl.constexpr = 1,
+    ACT_FP8: tl.constexpr = False,  # a in e4m3 with its scales (per row, or per SCALE_K columns from 0)
 ):
     e, rows, row_mask = tile_rows(counts_ptr, E, BLOCK_M, E_PAD)
     if e < 0:
         return
     pairs = tl.load(order_ptr + rows, mask=row_mask, other=0)
+    as_ptrs = as_ptr + rows.to(tl.int64) * stride_as  # [M]
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     k = tl.arange(0, BLOCK_K)
     a_ptrs = a_ptr + rows[:, None].to(tl.int64) * stride_a + k[None, :]
@@ -169,20 +203,26 @@ def _down_kernel(
         k_in = k < INTER - k0
         a = tl.load(a_ptrs, mask=row_mask[:, None] & k_in[None, :], other=0.0)
         w = tl.load(w_ptrs, mask=k_in[:, None] & n_mask, other=0.0)
-        if SCALES != 0:
+        if SCALES != 0 and not ACT_FP8:
             w = w.to(a_ptr.dtype.element_ty)
         if DOT_F32:
             a = a.to(tl.float32)
             w = w.to(tl.float32)
         if SCALES == 2:
             s = tl.load(s_ptrs + (col0 + k0) // SCALE_K, mask=n < H, other=0.0)
-            acc += tl.dot(a, w, input_precision=DOT_PREC) * s[None, :]
+            if ACT_FP8:  # a's groups start at its column 0; a K tile lies inside one of them too
+                sa = tl.load(as_ptrs + k0 // SCALE_K, mask=row_mask, other=0.0)
+                acc += tl.dot(a, w) * sa[:, None] * s[None, :]
+            else:
+                acc += tl.dot(a, w, input_precision=DOT_PREC) * s[None, :]
         else:
-            acc = tl.dot(a, w, acc, input_precision=DOT_PREC)
+            acc = _dot(a, w, acc, DOT_PREC, ACT_FP8)
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
     if SCALES == 1:
         acc *= tl.load(s_ptrs, mask=n < H, other=0.0)[None, :]
+        if ACT_FP8:
+            acc *= tl.load(as_ptrs, mask=row_mask, other=0.0)[:, None]
     y_ptrs = y_ptr + pairs[:, None].to(tl.int64) * stride_y + n[None, :]
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=row_mask[:, None] & n_mask)
 
@@ -214,53 +254,6 @@ def _combine_kernel(
     tl.store(out_ptr + t * stride_o + cols, acc.to(dt), mask=mask)
 
 
-def _config(
-    pairs: int, experts: int, itemsize: int, weight_itemsize: int, k_blocks: tuple[int, int] | None = None
-) -> dict:
-    """Tile shapes by the mean rows per expert: decode-sized groups are weight-bandwidth bound (small
-    BLOCK_M, long K tiles), prefill-sized ones compute bound (tensor-core-sized tiles). The shapes are
-    chosen by ``scripts/moe_split.py``'s sweep (docs/results.md) for 2-byte data, and for e4m3 weights
-    (``weight_itemsize`` 1) at decode and prefill sizes, where the down projection takes its own tiles
-    (the ``"down"`` key: ``kernel_tiles``). fp32 halves BLOCK_K so the staged tiles still fit shared
-    memory (a Hopper SM has 227 KiB). Block-scaled e4m3 weights (``k_blocks``: columns per block, the
-    columns of the first block before the first) need each K tile inside one block column."""
-    per_expert = -(-pairs // experts)
-    if per_expert <= 32 and weight_itemsize == 1:  # e4m3: each GEMM the sweep's best tiles
-        cfg = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3)
-        cfg["down"] = dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=4)
-    elif per_expert <= 32:  # one row tile holds most groups: each expert's weights are read once
-        cfg = dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3)
-    elif per_expert <= 128:
-        cfg = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3)
-    elif weight_itemsize == 1:  # e4m3: each GEMM the sweep's best tiles
-        cfg = dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3)
-        cfg["down"] = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=4)
-    else:  # wide N tiles: each A tile gathered from the hidden states feeds twice the columns
-        cfg = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=4)
-    for tiles in [cfg, *([cfg["down"]] if "down" in cfg else [])]:
-        if itemsize > 2:
-            tiles["BLOCK_K"] //= 2
-        if k_blocks is not None:
-            tiles["BLOCK_K"] = _block_k(tiles["BLOCK_K"], *k_blocks)
-    return cfg
-
-
-def _block_k(block_k: int, cols: int, col0: int) -> int:
-    """The largest K tile up to ``block_k`` that never straddles a scale block's column edge."""
-    k = min(block_k, cols, col0 & -col0 if col0 else cols)  # col0 & -col0: its lowest set bit
-    assert cols % k == 0 and col0 % k == 0 and k >= 16 and k & (k - 1) == 0, f"{cols}-column blocks"
-    return k
-
-
-def kernel_tiles(cfg: dict, kernel: str) -> dict:
-    """One kernel's tiles from a layer's config: ``"down"`` overrides the shared tiles for the down GEMM."""
-    shared = {k: v for k, v in cfg.items() if k != "down"}
-    return {**shared, **cfg.get("down", {})} if kernel == "down" else shared
-
-
-Weights = torch.Tensor | Fp8Experts  # [E, N, K]
-
-
 def _scale_args(w: Weights, part_rows: int) -> tuple[torch.Tensor, tuple[int, ...], dict]:
     """(the scales, (stride_se, stride_sn, the second part's first scale row, row0, col0), the kernel's
     constexprs) of a weight stack; ``part_rows``: the rows of gate (gate | up) or of the whole stack.
@@ -277,22 +270,6 @@ def _scale_args(w: Weights, part_rows: int) -> tuple[torch.Tensor, tuple[int, ..
     return s, (s.stride(0), s.stride(1), first, row0, col0), dict(SCALES=2, SCALE_N=rows, SCALE_K=cols)
 
 
-def _weight(w: Weights) -> torch.Tensor:
-    return w.weight if isinstance(w, Fp8Experts) else w
-
-
-def _k_blocks(*stacks: Weights) -> tuple[int, int] | None:
-    """(columns per block, the first block's columns before the first) that the K tiles must respect."""
-    blocked = [w for w in stacks if isinstance(w, Fp8Experts) and w.block is not None]
-    if not blocked:
-        return None
-    cols = min(w.block[1] for w in blocked)
-    col0 = 0
-    for w in blocked:
-        col0 |= w.offset[1]  # a tile that divides every offset divides their bitwise or's lowest bit
-    return cols, col0
-
-
 def _common(x: torch.Tensor, experts: int, cfg: dict) -> dict:
     prec = "ieee" if x.dtype == torch.float32 or needs_f32_dot(x) else "tf32"
     return dict(E_PAD=triton.next_power_of_2(experts), DOT_PREC=prec, DOT_F32=needs_f32_dot(x), **cfg)
@@ -302,29 +279,43 @@ def _row_tiles(pairs: int, experts: int, cfg: dict) -> int:
     return triton.cdiv(pairs, cfg["BLOCK_M"]) + min(experts, pairs)  # the worst case, from ints
 
 
+def _act_args(x: torch.Tensor, scale: torch.Tensor | None) -> tuple[torch.Tensor, int, dict]:
+    """(the activations' scales, their row stride, the kernel's constexpr): e4m3 activations with their
+    scales, or 16/32-bit ones (passing themselves in place of scales the kernel never reads)."""
+    if scale is None:
+        return x, 0, {}
+    assert scale.dtype == torch.float32 and scale.stride(-1) == 1
+    return scale, scale.stride(0), dict(ACT_FP8=True)
+
+
 def gate_up_into(
     h: torch.Tensor, gate_up: Weights, counts: torch.Tensor, order: torch.Tensor, act: torch.Tensor,
-    top_k: int, cfg: dict,
+    top_k: int, cfg: dict, h_scale: torch.Tensor | None = None,
 ) -> None:  # fmt: skip
-    """act [P, I] (sorted order) = silu(gate) * up of each (token, expert) pair: h [T, H] x gate_up."""
-    w, (experts, inter) = _weight(gate_up), (_weight(gate_up).shape[0], act.shape[1])
+    """act [P, I] (sorted order) = silu(gate) * up of each (token, expert) pair: h [T, H] x gate_up.
+    ``h_scale``: h is e4m3 with these scales (per token, or per the weight blocks' columns)."""
+    w, (experts, inter) = weight_of(gate_up), (weight_of(gate_up).shape[0], act.shape[1])
     s, (se, sn, up_row, row0, _), fp8 = _scale_args(gate_up, inter)
+    xs, stride_xs, act_fp8 = _act_args(h, h_scale)
     _gate_up_kernel[(_row_tiles(order.numel(), experts, cfg), triton.cdiv(inter, cfg["BLOCK_N"]))](
-        h, w, s, counts, order, act, experts, h.shape[1], inter, h.stride(0), w.stride(0),
-        w.stride(1), act.stride(0), se, sn, up_row, row0, TOP_K=top_k, **fp8, **_common(h, experts, cfg),
+        h, w, s, xs, counts, order, act, experts, h.shape[1], inter, h.stride(0), w.stride(0),
+        w.stride(1), act.stride(0), se, sn, stride_xs, up_row, row0, TOP_K=top_k, **fp8, **act_fp8,
+        **_common(act, experts, cfg),
     )  # fmt: skip
 
 
 def down_into(
-    act: torch.Tensor, down: Weights, counts: torch.Tensor, order: torch.Tensor, y: torch.Tensor, cfg: dict
+    act: torch.Tensor, down: Weights, counts: torch.Tensor, order: torch.Tensor, y: torch.Tensor, cfg: dict,
+    act_scale: torch.Tensor | None = None,
 ) -> None:  # fmt: skip
-    """y [P, H] (pair order) = act [P, I] (sorted order) x down[e]^T."""
-    w = _weight(down)
+    """y [P, H] (pair order) = act [P, I] (sorted order) x down[e]^T. ``act_scale``: act is e4m3."""
+    w = weight_of(down)
     experts, hidden, inter = w.shape[0], y.shape[1], act.shape[1]
     s, (se, sn, _, _, col0), fp8 = _scale_args(down, hidden)
+    scales, stride_as, act_fp8 = _act_args(act, act_scale)
     _down_kernel[(_row_tiles(order.numel(), experts, cfg), triton.cdiv(hidden, cfg["BLOCK_N"]))](
-        act, w, s, counts, order, y, experts, hidden, inter, act.stride(0), w.stride(0),
-        w.stride(1), y.stride(0), se, sn, col0, **fp8, **_common(act, experts, cfg),
+        act, w, s, scales, counts, order, y, experts, hidden, inter, act.stride(0), w.stride(0),
+        w.stride(1), y.stride(0), se, sn, stride_as, col0, **fp8, **act_fp8, **_common(y, experts, cfg),
     )  # fmt: skip
 
 
@@ -338,12 +329,6 @@ def combine_into(y: torch.Tensor, weights: torch.Tensor, out: torch.Tensor) -> N
     )  # fmt: skip
 
 
-def tile_config(h: torch.Tensor, ids: torch.Tensor, gate_up: Weights, down: Weights) -> dict:
-    """The tiles ``moe_experts`` picks for these pairs and weights."""
-    experts, weight_itemsize = _weight(gate_up).shape[0], _weight(gate_up).element_size()
-    return _config(ids.numel(), experts, h.element_size(), weight_itemsize, _k_blocks(gate_up, down))
-
-
 def moe_experts(
     h: torch.Tensor,  # [T, H]
     weights: torch.Tensor,  # [T, K] routing weights (model dtype, or fp32)
@@ -352,7 +337,7 @@ def moe_experts(
     down: Weights,  # [E, H, I]
     config: dict | None = None,  # the GEMM tiles [tile_config's]
 ) -> torch.Tensor:  # [T, H]
-    w_gu, w_down = _weight(gate_up), _weight(down)
+    w_gu, w_down = weight_of(gate_up), weight_of(down)
     assert h.stride(-1) == 1 and w_gu.stride(-1) == 1 and w_down.stride(-1) == 1
     pairs, hidden, inter = ids.numel(), h.shape[1], w_down.shape[2]
     out = torch.empty_like(h)
@@ -361,8 +346,19 @@ def moe_experts(
     counts, order = group_by_expert(ids, w_gu.shape[0])
     cfg = config or tile_config(h, ids, gate_up, down)
     act = torch.empty((pairs, inter), dtype=h.dtype, device=h.device)  # sorted order
-    gate_up_into(h, gate_up, counts, order, act, ids.shape[1], kernel_tiles(cfg, "gate_up"))
+    x, x_scale = product_input(h, gate_up)
+    gate_up_into(x, gate_up, counts, order, act, ids.shape[1], kernel_tiles(cfg, "gate_up"), x_scale)
     y = torch.empty((pairs, hidden), dtype=h.dtype, device=h.device)  # pair order
-    down_into(act, down, counts, order, y, kernel_tiles(cfg, "down"))
+    a, a_scale = product_input(act, down)
+    down_into(a, down, counts, order, y, kernel_tiles(cfg, "down"), a_scale)
     combine_into(y, weights, out)
     return out
+
+
+def product_input(x: torch.Tensor, w: Weights) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A product's input as the weights take it: e4m3 with dynamic scales (per row, or per the weight
+    blocks' columns) for ``Fp8Experts.act_fp8``, else as it is."""
+    if not (isinstance(w, Fp8Experts) and w.act_fp8):
+        return x, None
+    act = quantize_act(x, ActQuant(act_group(w)))
+    return act.data, act.scale

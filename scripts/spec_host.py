@@ -1,0 +1,118 @@
+"""The host's share of a verify step (engine/speculative): the engine over a runner that computes nothing.
+
+The runner's "model" walks cycles of 64 token ids (each prompt is such a walk, so prompt lookup follows it;
+every 97th position skips ahead in the cycle, so some guesses are rejected), so what is timed is the engine's own work a step: postprocessing the
+verified rows, proposing, scheduling, building the step. On a GPU this work cannot overlap a verify step
+(the next step's inputs depend on the accepted counts); it is what stands between verify steps.
+
+    python scripts/spec_host.py --rows 32 --new-tokens 512 [--k 4] [--profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import pstats
+import time
+
+import numpy as np
+
+from batchgen.config import SamplingParams
+from batchgen.engine.block_manager import BlockManager
+from batchgen.engine.completions import GenerationRequest
+from batchgen.engine.engine import Engine
+from batchgen.engine.runner_protocol import Runner, StepResult
+from batchgen.engine.scheduler import Scheduler
+from batchgen.engine.speculative.speculator import Speculator
+from batchgen.engine.stops import StopChecker
+
+VOCAB, EOS, BREAK_EVERY, CYCLE = 4096, 2, 97, 64
+
+
+def _next(token: np.ndarray, step: int | np.ndarray = 1) -> np.ndarray:
+    """The token ``step`` after ``token`` in its cycle of CYCLE ids."""
+    return token - token % CYCLE + (token + step) % CYCLE
+
+
+class CycleRunner(Runner):
+    """Next token = the next one in the input token's cycle; at every BREAK_EVERY-th position the fifth."""
+
+    def __init__(self) -> None:
+        self._prev: np.ndarray | None = None
+
+    def launch(self, inputs):
+        ids = inputs.input_ids.copy()
+        carried = inputs.carry_rows >= 0
+        if carried.any():
+            ids[carried] = self._prev[inputs.carry_rows[carried]]
+        rows = inputs.logits_indices
+        token, pos = ids[rows], inputs.positions[rows]
+        self._prev = _next(token, np.where(pos % BREAK_EVERY == 0, 5, 1))
+        return inputs.step_id, self._prev.tolist(), None
+
+    def fetch(self, handle) -> StepResult:
+        return StepResult(*handle)
+
+    def reset(self) -> None:
+        self._prev = None
+
+
+class _Tokens:
+    """Detokenizing is not timed: the engine's stop checks need only ``decode``."""
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        return ""
+
+
+def run(rows: int, new_tokens: int, k: int | None) -> dict:
+    blocks = BlockManager(rows * (new_tokens + 256) // 16 + 64, block_size=16)
+    scheduler = Scheduler(blocks, rows, 8192)
+    speculator = Speculator("ngram", k, 2, 4, adaptive=False) if k else None
+    engine = Engine(CycleRunner(), blocks, scheduler, StopChecker(_Tokens(), {EOS}), 1 << 16, True,
+                    speculator=speculator)  # fmt: skip
+    rng = np.random.default_rng(1)
+    params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
+    requests = []
+    for i in range(rows):
+        walk = [int(rng.integers(3, VOCAB))]
+        while len(walk) < 200:
+            walk.append(int(_next(np.int64(walk[-1]))))
+        requests.append(GenerationRequest(i, walk, params))
+    t0 = time.perf_counter()
+    for _ in engine.stream(requests):
+        pass
+    wall = time.perf_counter() - t0
+    s = engine.stats
+    return {
+        "kind": f"k={k}" if k else "plain",
+        "steps": s.steps,
+        "output_tokens": s.output_tokens,
+        "host_ms_per_step": round(1000 * wall / s.steps, 3),
+        "host_us_per_token": round(1e6 * wall / s.output_tokens, 2),
+        "acceptance_rate": s.acceptance_rate,
+        # of a step: proposing + scheduling + building it, and taking its tokens
+        "schedule_ms": round(1000 * s.schedule_s / s.steps, 3),
+        "postprocess_ms": round(1000 * s.postprocess_s / s.steps, 3),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=32)
+    ap.add_argument("--new-tokens", type=int, default=512)
+    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--profile", action="store_true")
+    args = ap.parse_args()
+    for kind in (None, args.k):
+        best = min((run(args.rows, args.new_tokens, kind) for _ in range(args.repeats)),
+                   key=lambda r: r["host_ms_per_step"])  # fmt: skip
+        print(json.dumps(best), flush=True)
+    if args.profile:
+        cProfile.runctx("run(args.rows, args.new_tokens, args.k)", globals(), {"args": args}, "/tmp/spec_host.prof")
+        pstats.Stats("/tmp/spec_host.prof").sort_stats("tottime").print_stats(20)
+
+
+if __name__ == "__main__":
+    main()
