@@ -37,7 +37,8 @@ from batchgen.bench.workloads import get_workload
 def _engine(args: argparse.Namespace):
     """(llm, prompts, params) for the workload."""
     spec = dict(speculative="ngram", num_speculative_tokens=args.k, ngram_min=args.ngram_min)
-    width = {"max_num_seqs": args.max_num_seqs} if args.max_num_seqs else {}
+    # every run computes its prompts: a run must not find the previous run's blocks in the prefix cache
+    width = dict(prefix_caching=False, **({"max_num_seqs": args.max_num_seqs} if args.max_num_seqs else {}))
     if args.workload == "rewrite":
         if args.draft:
             spec = _draft_options(args, *_model_vocab(args.model))

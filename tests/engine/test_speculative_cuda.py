@@ -44,10 +44,12 @@ def test_cuda_draft_model_gives_plain_output_in_fp32(tiny_models, draft_arch):
     del plain
     llm = LLM(tiny_models["llama"], **options, speculative="draft", draft_model=tiny_models[draft_arch],
               speculative_policy="always")  # fmt: skip
-    assert (_outs(llm, prompts, GREEDY), _outs(llm, prompts, SAMPLED)) == want
-    assert llm.stats.verify_steps > 0 and llm.stats.draft_tokens > 0
-    if draft_arch == "llama":
-        assert llm.stats.acceptance_rate > 0.5
+    greedy = _outs(llm, prompts, GREEDY)
+    accepted, guessed = llm.stats.accepted_tokens, llm.stats.draft_tokens
+    assert (greedy, _outs(llm, prompts, SAMPLED)) == want
+    assert llm.stats.verify_steps > 0 and guessed > 0
+    if draft_arch == "llama":  # greedy: the draft's argmax is the target's own
+        assert accepted > 0.9 * guessed, (accepted, guessed)
 
 
 def test_cuda_bf16_agreement_is_reported(tiny_llama):

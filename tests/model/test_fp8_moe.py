@@ -146,7 +146,8 @@ def test_a_share_starting_off_the_kernels_tiles_is_refused(tmp_path):
 
 def test_quantization_fp8_quantizes_moe_experts_per_channel(tiny_models):
     """--quantization fp8 on a MoE model: attention, the shared expert and the routed experts in e4m3
-    (the experts per output channel, weight-only), close to the 16-bit logits, and generation runs."""
+    (the experts per output channel, their inputs per token: W8A8), close to the 16-bit logits, and
+    generation runs."""
     from batchgen import LLM, SamplingParams
 
     path = tiny_models["qwen2_moe"]
@@ -155,7 +156,7 @@ def test_quantization_fp8_quantizes_moe_experts_per_channel(tiny_models):
     assert isinstance(quantized.forward.layers[1].attn.qkv, Fp8RowLinear | Fp8BlockLinear)
     for experts in (moe.gate_up, moe.down):
         assert isinstance(experts, Fp8Experts) and experts.weight.dtype == ref.FP8 and experts.block is None
-        assert experts.scale.shape == experts.weight.shape[:2]
+        assert experts.scale.shape == experts.weight.shape[:2] and experts.act_fp8
     plain_gate_up = plain.forward.layers[1].mlp.gate_up
     assert _rel(dequantize(moe.gate_up, torch.float32), plain_gate_up) < 0.05  # e4m3's 3 mantissa bits
     got, want = _logits(quantized), _logits(plain)
@@ -171,8 +172,10 @@ def test_quantization_fp8_quantizes_moe_experts_per_channel(tiny_models):
 @pytest.mark.parametrize("block", [None, (128, 128)])
 def test_fp8_triton_moe_layer_matches_the_torch_path_on_cuda(block):
     """A Qwen3-MoE layer at a moderate shape (64 experts, top-8, H 1024, I 768) in bf16 under
-    --quantization fp8 (per-channel experts), or with its experts re-quantized in 128 x 128 blocks: the
-    Triton path against the torch path (dequantized experts), prefill- and decode-sized batches."""
+    --quantization fp8 (per-channel experts, e4m3 inputs), or with its experts re-quantized in 128 x 128
+    blocks (weight-only): the Triton path against the torch path (dequantized experts, inputs rounded
+    alike), prefill- and decode-sized batches. With e4m3 inputs the paths' bf16 activations differ by an
+    ulp here and there, and an e4m3 rounding edge between them moves an input by 1/16: the looser bound."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from batchgen.kernels.moe import expert_format
@@ -200,4 +203,5 @@ def test_fp8_triton_moe_layer_matches_the_torch_path_on_cuda(block):
         with torch.inference_mode():
             want = mlp(h, TorchBackend()).float()
             got = mlp(h, TritonBackend()).float()
-        assert (got - want).norm() / want.norm() < 1e-2, f"{tokens} tokens"
+        bound = 5e-2 if mlp.gate_up.act_fp8 else 1e-2
+        assert (got - want).norm() / want.norm() < bound, f"{tokens} tokens"

@@ -1,15 +1,17 @@
 """A MoE layer's routed experts as the grouped GEMMs take them: 16/32-bit stacks, or e4m3 ``Fp8Experts``
-(weight-only FP8, ``kernels/moe/expert_format.py``).
+(``kernels/moe/expert_format.py``).
 
 - ``--quantization fp8`` on a 16/32-bit checkpoint: each expert's rows quantized per output channel at
-  load (a layer's 16-bit stacks are read whole, then replaced by their e4m3 copies).
+  load (a layer's 16-bit stacks are read whole, then replaced by their e4m3 copies), and the products'
+  inputs quantized per token as they run (W8A8, ``act_fp8``), as the dense projections' are: e4m3 x e4m3
+  products run the grouped GEMMs faster than converting each e4m3 weight tile (docs/results.md).
 - An FP8 checkpoint whose experts are stored in e4m3 (the fp8 method's releases, e.g. Qwen3-30B-A3B-FP8:
   per-expert ``weight`` + ``weight_scale_inv`` per 128 x 128 block): the weights and scales as published,
   block scales per part (gate's, then up's), per-channel or per-tensor ``weight_scale`` as row scales.
   Under tensor parallelism a rank's intermediate rows (gate and up rows, down columns) may start inside
   a block: it keeps the blocks covering its share and where the share starts in the first
   (``Fp8Experts.offset``); the kernels need that start on a multiple of 16 columns, else a one-line
-  refusal.
+  refusal. Their inputs stay in the model dtype (weight-only): the function of the dequantized experts.
 - Anything else (a dense checkpoint, experts an FP8 checkpoint left unquantized): the 16/32-bit stacks.
 """
 
@@ -47,7 +49,8 @@ def routed_experts(
         load.source, layer_prefix, num_experts, inter, rows, load.dtype, load.tensor
     )
     if load.fmt.name == "fp8":
-        return quantize_channels(gate_up, parts=2), quantize_channels(down)
+        gate_up, down = quantize_channels(gate_up, parts=2), quantize_channels(down)
+        return gate_up._replace(act_fp8=True), down._replace(act_fp8=True)
     return gate_up, down
 
 

@@ -155,11 +155,12 @@ def test_block_scales_need_k_tiles_inside_a_block():
 def test_fp8_moe_experts_on_cuda(block, tokens, act_fp8):
     """Qwen3-30B-A3B's expert shapes (128 experts, top-8, H 2048, I 768) with e4m3 experts in bf16: the
     Triton path against the CPU path's arithmetic (dequantized bf16 weights; with ``act_fp8`` e4m3
-    inputs, whose bf16 rounding on the CPU path moves a few across an e4m3 edge) and a graph replay."""
+    inputs, where an ulp of bf16 between the paths' activations moves some across an e4m3 rounding edge:
+    1/16 of an input, not averaged out in a one-token step) and a graph replay."""
     h, weights, ids, gate_up, down = _case(tokens, 2048, 768, 128, 8, torch.bfloat16, block, seed=2)
     if act_fp8:
         gate_up, down = _act_fp8((gate_up, down))
-    bound = 3e-2 if act_fp8 else 1e-2
+    bound = 5e-2 if act_fp8 else 1e-2
     want = TorchBackend.moe_experts(h, weights, ids, gate_up, down).float()
     loop = _quantized_inputs_loop if act_fp8 else _dequantized_loop
     exact = loop(h[:4], weights[:4], ids[:4], gate_up, down)
