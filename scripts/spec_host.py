@@ -1,11 +1,13 @@
 """The host's share of a verify step (engine/speculative): the engine over a runner that computes nothing.
 
-The runner's "model" walks cycles of 64 token ids (each prompt is such a walk, so prompt lookup follows it;
-every 97th position skips ahead in the cycle, so some guesses are rejected), so what is timed is the engine's own work a step: postprocessing the
-verified rows, proposing, scheduling, building the step. On a GPU this work cannot overlap a verify step
-(the next step's inputs depend on the accepted counts); it is what stands between verify steps.
+The runner's "model" walks cycles of 64 token ids (each prompt is such a walk, so prompt lookup follows
+it; every 97th position skips ahead in the cycle, so some guesses are rejected), so what is timed is the
+engine's own work a step: postprocessing the verified rows, proposing, scheduling, building the step. On
+a GPU this work cannot overlap a verify step (the next step's inputs depend on the accepted counts); it
+is what stands between verify steps. ``--device-ms`` adds a simulated device's time a step.
 
     python scripts/spec_host.py --rows 32 --new-tokens 512 [--k 4] [--profile]
+    python scripts/spec_host.py --device-ms 1.0 1.3 0.0005   (plain, always and the adaptive policy)
 """
 
 from __future__ import annotations
@@ -36,10 +38,27 @@ def _next(token: np.ndarray, step: int | np.ndarray = 1) -> np.ndarray:
 
 
 class CycleRunner(Runner):
-    """Next token = the next one in the input token's cycle; at every BREAK_EVERY-th position the fifth."""
+    """Next token = the next one in the input token's cycle; at every BREAK_EVERY-th position the fifth.
+    ``device_ms`` (decode, verify, a prompt token): a simulated device that runs the steps one after another,
+    each taking that long, so ``fetch`` waits as it would for a GPU and the asynchronous loop overlaps the
+    host's work with the step in flight (what the speculation policy meets on a GPU)."""
 
-    def __init__(self) -> None:
+    def __init__(self, device_ms: tuple[float, float, float] | None = None) -> None:
         self._prev: np.ndarray | None = None
+        self.device_ms = device_ms
+        self._free_at = 0.0  # when the simulated device finishes its last queued step
+        self.tells_waits = device_ms is not None
+
+    def _queue(self, inputs) -> float:
+        """When the step ends on the simulated device (0: no device)."""
+        if self.device_ms is None:
+            return 0.0
+        decode, verify, per_prompt_token = self.device_ms
+        rows = len(inputs.seq_lens)
+        cost = verify if len(inputs.logits_indices) > rows else decode
+        cost += per_prompt_token * max(0, inputs.num_tokens - len(inputs.logits_indices))
+        self._free_at = max(time.perf_counter(), self._free_at) + cost / 1000
+        return self._free_at
 
     def launch(self, inputs):
         ids = inputs.input_ids.copy()
@@ -49,10 +68,15 @@ class CycleRunner(Runner):
         rows = inputs.logits_indices
         token, pos = ids[rows], inputs.positions[rows]
         self._prev = _next(token, np.where(pos % BREAK_EVERY == 0, 5, 1))
-        return inputs.step_id, self._prev.tolist(), None
+        return inputs.step_id, self._prev.tolist(), None, self._queue(inputs)
+
+    def ready(self, handle) -> bool:
+        return time.perf_counter() >= handle[3]
 
     def fetch(self, handle) -> StepResult:
-        return StepResult(*handle)
+        while (left := handle[3] - time.perf_counter()) > 0:
+            time.sleep(left)
+        return StepResult(*handle[:3])
 
     def reset(self) -> None:
         self._prev = None
@@ -65,11 +89,11 @@ class _Tokens:
         return ""
 
 
-def run(rows: int, new_tokens: int, k: int | None) -> dict:
+def run(rows: int, new_tokens: int, k: int | None, adaptive: bool = False, device_ms=None) -> dict:
     blocks = BlockManager(rows * (new_tokens + 256) // 16 + 64, block_size=16)
     scheduler = Scheduler(blocks, rows, 8192)
-    speculator = Speculator("ngram", k, 2, 4, adaptive=False) if k else None
-    engine = Engine(CycleRunner(), blocks, scheduler, StopChecker(_Tokens(), {EOS}), 1 << 16, True,
+    speculator = Speculator("ngram", k, 2, 4, adaptive=adaptive) if k else None
+    engine = Engine(CycleRunner(device_ms), blocks, scheduler, StopChecker(_Tokens(), {EOS}), 1 << 16, True,
                     speculator=speculator)  # fmt: skip
     rng = np.random.default_rng(1)
     params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
@@ -85,7 +109,8 @@ def run(rows: int, new_tokens: int, k: int | None) -> dict:
     wall = time.perf_counter() - t0
     s = engine.stats
     return {
-        "kind": f"k={k}" if k else "plain",
+        "kind": ("adaptive " if adaptive else "") + (f"k={k}" if k else "plain"),
+        "tok_per_s": round(s.output_tokens / wall),
         "steps": s.steps,
         "output_tokens": s.output_tokens,
         "host_ms_per_step": round(1000 * wall / s.steps, 3),
@@ -104,13 +129,22 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument(
+        "--device-ms",
+        type=float,
+        nargs=3,
+        metavar=("DECODE", "VERIFY", "PROMPT_TOKEN"),
+        help="a simulated device's time a step (e.g. 1.0 1.3 0.0005): the policy's view of a GPU",
+    )
     args = ap.parse_args()
-    for kind in (None, args.k):
-        best = min((run(args.rows, args.new_tokens, kind) for _ in range(args.repeats)),
-                   key=lambda r: r["host_ms_per_step"])  # fmt: skip
-        print(json.dumps(best), flush=True)
+    kinds = [(None, False), (args.k, False)] + [(args.k, True)] * (args.device_ms is not None)
+    for k, adaptive in kinds:
+        runs = [run(args.rows, args.new_tokens, k, adaptive, args.device_ms) for _ in range(args.repeats)]
+        print(json.dumps(min(runs, key=lambda r: r["host_ms_per_step"])), flush=True)
     if args.profile:
-        cProfile.runctx("run(args.rows, args.new_tokens, args.k)", globals(), {"args": args}, "/tmp/spec_host.prof")
+        cProfile.runctx(
+            "run(args.rows, args.new_tokens, args.k)", globals(), {"args": args}, "/tmp/spec_host.prof"
+        )
         pstats.Stats("/tmp/spec_host.prof").sort_stats("tottime").print_stats(20)
 
 
