@@ -89,16 +89,19 @@ class _Tokens:
         return ""
 
 
-def run(rows: int, new_tokens: int, k: int | None, adaptive: bool = False, device_ms=None) -> dict:
+def run(
+    rows: int, new_tokens: int, k: int | None, adaptive: bool = False, device_ms=None, staggered: bool = False
+) -> dict:  # fmt: skip
     blocks = BlockManager(rows * (new_tokens + 256) // 16 + 64, block_size=16)
     scheduler = Scheduler(blocks, rows, 8192)
     speculator = Speculator("ngram", k, 2, 4, adaptive=adaptive) if k else None
     engine = Engine(CycleRunner(device_ms), blocks, scheduler, StopChecker(_Tokens(), {EOS}), 1 << 16, True,
                     speculator=speculator)  # fmt: skip
     rng = np.random.default_rng(1)
-    params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
     requests = []
-    for i in range(rows):
+    for i in range(rows):  # staggered: row i stops after (i + 1) / rows of the tokens, as EOS would
+        length = new_tokens * (i + 1) // rows if staggered else new_tokens
+        params = SamplingParams(max_new_tokens=length, ignore_eos=True)
         walk = [int(rng.integers(3, VOCAB))]
         while len(walk) < 200:
             walk.append(int(_next(np.int64(walk[-1]))))
@@ -129,6 +132,7 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--staggered", action="store_true", help="rows end one by one (the width shrinks)")
     ap.add_argument(
         "--device-ms",
         type=float,
@@ -139,7 +143,10 @@ def main() -> None:
     args = ap.parse_args()
     kinds = [(None, False), (args.k, False)] + [(args.k, True)] * (args.device_ms is not None)
     for k, adaptive in kinds:
-        runs = [run(args.rows, args.new_tokens, k, adaptive, args.device_ms) for _ in range(args.repeats)]
+        runs = [
+            run(args.rows, args.new_tokens, k, adaptive, args.device_ms, args.staggered)
+            for _ in range(args.repeats)
+        ]
         print(json.dumps(min(runs, key=lambda r: r["host_ms_per_step"])), flush=True)
     if args.profile:
         cProfile.runctx(

@@ -174,6 +174,8 @@ class Engine:
                     self._postprocess(*inflight.popleft())  # nothing to run until its tokens are known
                 elif self.scheduler.has_work():
                     raise RuntimeError("scheduler made no progress: a request cannot fit in the KV cache")
+            elif self.speculator is not None and len(inflight) > 1:  # a plain step queued behind another
+                self.speculator.prepare(self.scheduler.running)  # proposals' one-time work, meanwhile
             # The caller's work on finished rows, and pulling new ones, happen with the next step queued.
             yield from self._drain_done()
 

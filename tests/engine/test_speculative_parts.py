@@ -78,7 +78,7 @@ def _drive(policy: SpecPolicy, steps: int, speculative_rate: float, plain_rate: 
 def test_policy_runs_the_faster_kind_and_probes_the_slower_ever_less_often():
     window, probe, exploit = policy_module.WINDOW, policy_module.PROBE, policy_module.EXPLOIT
     steps = 2 * window + 16 * exploit
-    slow = _drive(SpecPolicy(4), steps, speculative_rate=50.0, plain_rate=100.0)
+    slow = _drive(SpecPolicy(4), steps, speculative_rate=60.0, plain_rate=100.0)  # not far slower
     assert slow[:window] == [False] * window and slow[window : 2 * window] == [True] * window  # plain first
     rest = slow[2 * window :]
     probes = [i for i in range(len(rest)) if rest[i] and (i == 0 or not rest[i - 1])]
@@ -86,8 +86,32 @@ def test_policy_runs_the_faster_kind_and_probes_the_slower_ever_less_often():
     gaps = [b - a for a, b in zip(probes, probes[1:], strict=False)]
     assert gaps == sorted(gaps) and gaps[-1] > gaps[0]  # each confirming probe waits longer
     assert sum(rest) / len(rest) < 0.02  # speculation that cannot help costs a sliver of the steps
-    fast = _drive(SpecPolicy(4), steps, speculative_rate=200.0, plain_rate=100.0)
+    fast = _drive(SpecPolicy(4), steps, speculative_rate=150.0, plain_rate=100.0)
     assert sum(fast[2 * window :]) / len(fast[2 * window :]) > 0.97
+
+
+def test_a_kind_far_slower_is_timed_for_two_steps_only():
+    """Verify steps at a fifth of plain's rate: the first window of them, and each probe, ends after two."""
+    window, early = policy_module.WINDOW, policy_module.EARLY_STEPS
+    kinds = _drive(SpecPolicy(4), window + early + 2000, speculative_rate=20.0, plain_rate=100.0)
+    assert kinds[: window + early] == [False] * window + [True] * early and not kinds[window + early]
+    runs = [i for i in range(1, len(kinds)) if kinds[i] and not kinds[i - 1]]
+    assert all(kinds[i : i + early + 1] == [True] * early + [False] for i in runs)
+    assert sum(kinds) == early * (1 + len(runs)) - early  # the first run counted in runs too
+
+
+@pytest.mark.parametrize("faster", [True, False])
+def test_a_width_next_to_a_measured_one_starts_with_its_faster_kind(faster):
+    """Rows finishing one by one pass through widths 8, 4, 2: each starts with its measured neighbour's
+    faster kind and times the other only after a run of it (a width far away still times both)."""
+    exploit, window = policy_module.EXPLOIT, policy_module.WINDOW
+    spec, plain = (150.0, 100.0) if faster else (60.0, 100.0)
+    policy = SpecPolicy(4)
+    _drive(policy, 100, speculative_rate=spec, plain_rate=plain, rows=8)
+    kinds = _drive(policy, exploit + window + 1, speculative_rate=spec, plain_rate=plain, rows=4)
+    assert kinds[:exploit] == [faster] * exploit and kinds[exploit:-1] == [not faster] * window
+    assert kinds[-1] == faster and set(policy.summary()["4"]) == {"plain", "speculative"}
+    assert not policy.speculate(64)  # not a neighbour of 4 or 8: plain steps timed first
 
 
 def test_policy_measures_each_width_apart():

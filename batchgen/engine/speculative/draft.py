@@ -54,6 +54,9 @@ class DraftProposer:
         self.max_tokens = max_tokens  # tokens of one catch-up forward
         self.pool = DraftPool(model.kv_caches[0][0].shape[0], model.block_size)
 
+    def prepare(self, requests: list[Request]) -> None:
+        """Nothing: the draft's catch-up is device work, which would compete with the step in flight."""
+
     @torch.inference_mode()
     def propose(self, requests: list[Request], ks: list[int]) -> list[list[int]]:
         self.pool.begin(requests)

@@ -22,6 +22,14 @@ class NgramIndex:
         self._next: dict[tuple[int, ...], int] = {}  # n-gram -> position of the token after its newest copy
         self._indexed = 0  # positions whose preceding n-grams are in ``_next``
 
+    @property
+    def indexed(self) -> int:
+        return self._indexed
+
+    def catch_up(self, tokens: list[int]) -> None:
+        """Index every known position now (``propose`` would first)."""
+        self._index(tokens)
+
     def _index(self, tokens: list[int]) -> None:
         """Register the n-gram ending just before each known position not yet indexed (the suffix being
         looked up is never its own match: nothing follows it yet)."""
@@ -44,17 +52,28 @@ class NgramIndex:
         return []
 
 
+# Tokens a row's index may lag before ``prepare`` catches it up: a verify step indexes a few new tokens a
+# row itself; a prompt (hundreds) is indexed while a plain step runs.
+PREPARE_LAG = 16
+
+
 class NgramProposer:
     """Prompt lookup for a step's rows (``speculator.Proposer``): each row's index lives in its
-    ``RowDrafts.state``, made on its first guess."""
+    ``RowDrafts.state``, made on its first guess or by ``prepare``."""
 
     def __init__(self, n_min: int, n_max: int) -> None:
         self.n_min, self.n_max = n_min, n_max
 
+    def _index(self, req: Request) -> NgramIndex:
+        if req.draft.state is None:
+            req.draft.state = NgramIndex(self.n_min, self.n_max)
+        return req.draft.state
+
     def propose(self, requests: list[Request], ks: list[int]) -> list[list[int]]:
-        guesses = []
-        for req, k in zip(requests, ks, strict=True):
-            if req.draft.state is None:
-                req.draft.state = NgramIndex(self.n_min, self.n_max)
-            guesses.append(req.draft.state.propose(req.tokens, k))
-        return guesses
+        return [self._index(req).propose(req.tokens, k) for req, k in zip(requests, ks, strict=True)]
+
+    def prepare(self, requests: list[Request]) -> None:
+        for req in requests:
+            state = req.draft.state
+            if state is None or len(req.tokens) - state.indexed > PREPARE_LAG:
+                self._index(req).catch_up(req.tokens)

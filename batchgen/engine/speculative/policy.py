@@ -5,7 +5,10 @@ A verify step computes K + 1 positions a row and cannot overlap the host's next 
 that fail, it costs more than it gains. The policy times both kinds of step at each width (a power of two
 of decoding rows; plain steps first) and runs the faster, timing the slower again now and then, less
 often each time it stays slower: turning speculation on then costs the first probes where it cannot help,
-and a share of steps that shrinks as the run goes on.
+and a share of steps that shrinks as the run goes on. A width next to one already measured (half or twice
+its rows: a batch whose rows finish one by one passes through each) starts with that width's faster kind
+and times the other only at its first probe: a width a run passes through for a few dozen steps would
+otherwise spend most of them timing both.
 
 Each row also proposes fewer tokens after its guesses fail (its ``RowDrafts.k``): one accepted guess out
 of four costs three wasted positions a step.
@@ -20,6 +23,9 @@ PROBE = 4  # steps of the slower kind timed again, now and then
 EXPLOIT = 96  # steps of the faster kind before the first probe of the slower; doubled after each probe
 MAX_EXPLOIT = 4096  # ... that confirms it, up to this
 SMOOTHING = 0.25  # weight of a new window's rate in a kind's running rate
+# A timed run of the slower kind ends after this many steps when it makes under this share of the other
+# kind's rate: a verify step several times a plain one's cost (a wide batch) is not timed eight times.
+EARLY_STEPS, EARLY_SHARE = 2, 0.5
 
 
 @dataclass
@@ -36,11 +42,15 @@ class _Width:
     """Both kinds of step at one batch width: their output rates (tokens/s) and the current run."""
 
     rate: dict[bool, float] = field(default_factory=dict)
-    window: dict[bool, list[float]] = field(default_factory=lambda: {True: [0.0, 0.0], False: [0.0, 0.0]})
+    # each kind's tokens, seconds and steps since its rate was last updated
+    window: dict[bool, list[float]] = field(
+        default_factory=lambda: {True: [0.0, 0.0, 0], False: [0.0, 0.0, 0]}
+    )
     speculate: bool = False  # the kind being run
     left: int = 0  # steps left in this run
     probing: bool = True
     confirmed: int = 0  # probes in a row that found the slower kind still slower
+    inherited: bool | None = None  # the faster kind taken from a neighbouring width, until measured here
 
 
 class SpecPolicy:
@@ -55,30 +65,50 @@ class SpecPolicy:
         """Whether the next step with ``rows`` decoding rows verifies guesses."""
         if not self.adaptive:
             return True
-        width = self._widths.setdefault(_bucket(rows), _Width())
+        bucket = _bucket(rows)
+        width = self._widths.get(bucket)
+        if width is None:
+            width = self._widths[bucket] = self._new_width(bucket)
         if width.left <= 0:
             self._next_run(width)
         width.left -= 1
         return width.speculate
 
+    def _new_width(self, bucket: int) -> _Width:
+        """A width's first run: its measured neighbour's faster kind, timed as it runs; without one, none
+        (``_next_run`` times plain steps, then verify steps)."""
+        width = _Width()
+        for near in (self._widths.get(bucket // 2), self._widths.get(bucket * 2)):
+            faster = None if near is None else _faster(near)
+            if faster is not None:
+                width.speculate, width.left, width.probing, width.inherited = faster, EXPLOIT, False, faster
+                break
+        return width
+
     def timed(self, rows: int, speculated: bool, tokens: int, seconds: float) -> None:
         """A decode step's output tokens and wall time (from the previous step's tokens to its own)."""
         width = self._widths.get(_bucket(rows))
-        if width is None or seconds <= 0:
+        # a step of the other kind was decided under a neighbouring width's run (the rows changed between
+        # the decision and the step): one such step, with its switch, is no measure of this width
+        if width is None or seconds <= 0 or speculated != width.speculate:
             return
         sums = width.window[speculated]
         sums[0] += tokens
         sums[1] += seconds
+        sums[2] += 1
+        other = width.rate.get(not speculated)
+        if width.probing and other and sums[2] >= EARLY_STEPS and sums[0] / sums[1] < EARLY_SHARE * other:
+            width.left = 0  # clearly the slower kind: the run ends here
 
     def _next_run(self, width: _Width) -> None:
         """Close the run just ended (its rate joins the kind's) and pick the next: each kind is timed once
         first, then the faster runs long and the slower is timed again between."""
-        for kind, (tokens, seconds) in width.window.items():
+        for kind, (tokens, seconds, _) in width.window.items():
             if seconds > 0:
                 rate = tokens / seconds
                 old = width.rate.get(kind)
                 width.rate[kind] = rate if old is None else (1 - SMOOTHING) * old + SMOOTHING * rate
-                width.window[kind] = [0.0, 0.0]
+                width.window[kind] = [0.0, 0.0, 0]
         unmeasured = [kind for kind in (False, True) if kind not in width.rate]  # plain first: it is free
         if unmeasured:
             width.speculate, width.left, width.probing = unmeasured[0], WINDOW, True
@@ -104,6 +134,14 @@ class SpecPolicy:
             }
             for bucket, w in sorted(self._widths.items())
         }
+
+
+def _faster(width: _Width) -> bool | None:
+    """Whether verify steps are the faster kind at ``width``: measured, or taken from its neighbour; None
+    when neither."""
+    if len(width.rate) == 2:
+        return width.rate[True] >= width.rate[False]
+    return width.inherited
 
 
 def _bucket(rows: int) -> int:

@@ -37,6 +37,11 @@ class Proposer(Protocol):
         """Up to ``ks[i]`` guessed tokens to follow ``requests[i].tokens``, for each row."""
         ...
 
+    def prepare(self, requests: list[Request]) -> None:
+        """Work a later ``propose`` would otherwise do first (a row's prompt indexed), done while a plain
+        step runs on the device. Every request has its ``RowDrafts``."""
+        ...
+
 
 class Speculator:
     def __init__(
@@ -55,6 +60,14 @@ class Speculator:
         """Whether the next step should verify guesses (the engine then waits for every step in flight,
         whose tokens the guesses continue)."""
         return bool(running) and self.policy.speculate(len(running))
+
+    def prepare(self, running: list[Request]) -> None:
+        """While a plain step runs: the rows' one-time proposal work (prompt lookup's index of a new row's
+        prompt), so that the first verify step neither waits for it nor counts it in the policy's timing."""
+        for req in running:
+            if req.draft is None:
+                req.draft = RowDrafts(self.k_max)
+        self.proposer.prepare(running)
 
     def drafts(self, running: list[Request]) -> dict[int, list[int]] | None:
         """Each decoding row's guesses, by its row of the persistent batch (rows without a guess left
