@@ -57,12 +57,12 @@ def _rows(count: int, seed: int) -> list[GenerationRequest]:
     return rows
 
 
-def _run(case: tuple[int, int, int], async_mode: bool, speculate: bool, k: int = 4):
+def _run(case: tuple[int, int, int], async_mode: bool, speculate: bool, k: int = 4, adaptive: bool = False):
     num_blocks, max_num_seqs, max_batch_tokens = case
     blocks = BlockManager(num_blocks, block_size=8)  # guesses stay under a block
     scheduler = Scheduler(blocks, max_num_seqs, max_batch_tokens)
     runner = Copier(scheduler)
-    speculator = Speculator("ngram", k, 1, 3, adaptive=False) if speculate else None
+    speculator = Speculator("ngram", k, 1, 3, adaptive=adaptive) if speculate else None
     stops = StopChecker(Letters(), {EOS})
     engine = Engine(runner, blocks, scheduler, stops, 256, async_mode=async_mode, speculator=speculator)
     outs = sorted(
@@ -99,6 +99,25 @@ def test_verified_guesses_give_plain_decoding_output(case, async_mode, k):
         assert same.any()
         np.testing.assert_array_equal(np.diff(s["rng_steps"])[same], 1)
         np.testing.assert_array_equal(np.diff(s["logits_indices"])[same], 1)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_adaptive_policy_between_plain_and_verify_steps_keeps_the_output(case, monkeypatch):
+    """The policy switching kinds every few steps (the asynchronous loop drains before a verify step, and
+    rows' prompts are indexed while plain steps run): output unchanged, both kinds of step ran."""
+    from batchgen.engine.speculative import ngram, policy
+
+    monkeypatch.setattr(policy, "WINDOW", 2)
+    monkeypatch.setattr(policy, "EXPLOIT", 3)
+    monkeypatch.setattr(policy, "PROBE", 2)
+    prepared = []
+    monkeypatch.setattr(
+        ngram.NgramIndex, "catch_up", lambda self, tokens: prepared.append(self._index(tokens))
+    )
+    want, _, _ = _run(case, True, speculate=False)
+    got, _, stats = _run(case, True, speculate=True, adaptive=True)
+    assert got == want
+    assert 0 < stats.verify_steps < stats.steps and prepared
 
 
 def test_penalised_rows_guess_nothing():
