@@ -63,11 +63,13 @@ class Speculator:
 
     def prepare(self, running: list[Request]) -> None:
         """While a plain step runs: the rows' one-time proposal work (prompt lookup's index of a new row's
-        prompt), so that the first verify step neither waits for it nor counts it in the policy's timing."""
-        for req in running:
+        prompt), so that the first verify step neither waits for it nor counts it in the policy's timing.
+        Rows that never guess (penalised, constrained) are left out."""
+        rows = [req for req in running if not req.params.penalized and req.guide is None]
+        for req in rows:
             if req.draft is None:
                 req.draft = RowDrafts(self.k_max)
-        self.proposer.prepare(running)
+        self.proposer.prepare(rows)
 
     def drafts(self, running: list[Request]) -> dict[int, list[int]] | None:
         """Each decoding row's guesses, by its row of the persistent batch (rows without a guess left
