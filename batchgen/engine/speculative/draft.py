@@ -41,7 +41,7 @@ class _Seq(NamedTuple):
     row: DraftRow
     start: int
     stop: int
-    tokens: list[int]  # its input tokens, stop - start of them
+    tokens: list[int]  # its input tokens, stop - start of them (none: they are on the device)
 
 
 class DraftProposer:
@@ -64,19 +64,27 @@ class DraftProposer:
         seqs, wanted = self._catch_up(requests, ks)
         if not seqs:
             return guesses
-        firsts = self._run(seqs, [s.stop == len(s.row.request.tokens) for s in seqs])
-        rows = []  # (request index, row, guesses wanted) of the rows that guess
-        for (i, k), seq, first in zip(wanted, seqs, firsts, strict=True):
+        complete = [s.stop == len(s.row.request.tokens) for s in seqs]
+        steps = [self._run(seqs, complete)]  # [G_j] on the device: guess j of each row still guessing
+        rows = [(i, seq.row, k) for (i, k), seq, done in zip(wanted, seqs, complete, strict=True) if done]
+        for seq in seqs:
             seq.row.computed = seq.stop
-            if first is not None:
-                guesses[i].append(first)
-                rows.append((i, seq.row, k))
+        lives = [list(range(len(rows)))]  # per guess: the rows (indices into ``rows``) that made it
         for j in range(1, max((k for _, _, k in rows), default=0)):
-            live = [(i, row) for i, row, k in rows if k > j]
-            step = [_Seq(row, len(row.request.tokens) + j - 1, len(row.request.tokens) + j, guesses[i][-1:])
-                    for i, row in live]  # fmt: skip
-            for (i, _), token in zip(live, self._run(step, [True] * len(step)), strict=True):
-                guesses[i].append(token)
+            keep = [n for n, r in enumerate(lives[-1]) if rows[r][2] > j]
+            ids = steps[-1]  # each row's previous guess is its input
+            if len(keep) < len(ids):
+                ids = ids[self._tensor(np.array(keep, np.int64))]
+            lives.append([lives[-1][n] for n in keep])
+            step = []
+            for r in lives[-1]:
+                at = len(rows[r][1].request.tokens) + j - 1  # where guess j's input (guess j - 1) goes
+                step.append(_Seq(rows[r][1], at, at + 1, []))
+            steps.append(self._run(step, [True] * len(step), ids))
+        tokens = iter(torch.cat(steps).tolist())  # the round's one wait for the device
+        for live in lives:
+            for r in live:
+                guesses[rows[r][0]].append(next(tokens))
         for i, row, _ in rows:
             row.ahead = guesses[i][:-1]  # the last guess's KV is never written
         return guesses
@@ -98,12 +106,14 @@ class DraftProposer:
             wanted.append((i, k))
         return seqs, wanted
 
-    def _run(self, seqs: list[_Seq], sample: list[bool]) -> list[int | None]:
-        """One draft forward over ``seqs``; the argmax after the last token of each sampled one."""
+    def _run(self, seqs: list[_Seq], sample: list[bool], ids: torch.Tensor | None = None) -> torch.Tensor:
+        """One draft forward over ``seqs`` (their tokens, or ``ids`` on the device: one a sequence); the
+        argmax after the last token of each sampled one, [sampled] on the device."""
         counts = np.array([s.stop - s.start for s in seqs], np.int64)
         cu = np.zeros(len(seqs) + 1, np.int64)
         np.cumsum(counts, out=cu[1:])
-        ids = np.fromiter((t for s in seqs for t in s.tokens), np.int64, int(cu[-1]))
+        if ids is None:
+            ids = self._tensor(np.fromiter((t for s in seqs for t in s.tokens), np.int64, int(cu[-1])))
         positions = np.concatenate([np.arange(s.start, s.stop) for s in seqs])
         slots = np.array([x for s in seqs for x in self.pool.slots(s.row, s.start, s.stop)], np.int64)
         width = max(len(s.row.blocks) for s in seqs)
@@ -112,13 +122,12 @@ class DraftProposer:
             tables[b, : len(s.row.blocks)] = s.row.blocks
         picked = [b for b, want in enumerate(sample) if want]
         logits = self.model.forward(
-            self._tensor(ids),
+            ids,
             self._tensor(positions),
             self._tensor(cu[1:][picked] - 1),
             self._context(slots, cu, counts, [s.stop for s in seqs], tables),
         )  # fmt: skip  [S, V]
-        tokens = iter(logits[:, : self.vocab].argmax(-1).tolist())
-        return [next(tokens) if want else None for want in sample]
+        return logits[:, : self.vocab].argmax(-1)
 
     def _context(self, slots, cu, counts, seq_lens: list[int], tables) -> PagedContext:
         m = self.model
