@@ -2,9 +2,9 @@
 
 The runner's "model" walks cycles of 64 token ids (each prompt is such a walk, so prompt lookup follows
 it; every 97th position skips ahead in the cycle, so some guesses are rejected), so what is timed is the
-engine's own work a step: postprocessing the verified rows, proposing, scheduling, building the step. On
-a GPU this work cannot overlap a verify step (the next step's inputs depend on the accepted counts); it
-is what stands between verify steps. ``--device-ms`` adds a simulated device's time a step.
+engine's own work a step: postprocessing the verified rows, proposing, scheduling, building the step.
+``--device-ms`` adds a simulated device's time a step: the asynchronous loop then overlaps the host's work
+with it, verify steps included (they chain: engine/speculative/accept.py).
 
     python scripts/spec_host.py --rows 32 --new-tokens 512 [--k 4] [--profile]
     python scripts/spec_host.py --device-ms 1.0 1.3 0.0005   (plain, always and the adaptive policy)

@@ -171,23 +171,29 @@ def _scan_decodes(step: ScheduledStep, rs: RowState) -> _Scan:
 
 
 def _scan_verify(step: ScheduledStep, rs: RowState) -> _Scan:
-    """A verify step's decodes (engine/speculative): each computes its known input token and its
-    guesses, and samples at every one of those positions, drawing the output index it would draw there
-    in plain decoding."""
-    decodes = step.decodes
+    """A verify step's decodes (engine/speculative): each computes its input token and its guesses, and
+    samples at every one of those positions, drawing the output index it would draw there in plain
+    decoding. An input token the step before is still sampling (the last position of its row there, whose
+    guesses the row holds as accepted) is carried over on the device, as a plain decode's."""
+    decodes, step_id = step.decodes, step.step_id
     rows, starts, n = decodes.rows, decodes.starts, len(decodes.rows)
-    if not (rs.known[rows] > starts).all():
-        raise RuntimeError("a verify step's input tokens must all be known (nothing carried over)")
+    known = rs.known[rows] > starts  # [D]
+    stale = ~known & (rs.carry_step[rows] != step_id - 1)
+    if stale.any():
+        req = decodes.requests[int(np.argmax(stale))]
+        raise RuntimeError(f"request {req.request_id}: input token not produced by the last step")
     counts = decodes.counts  # [D]
-    ids = [t for req, s, g in zip(decodes.requests, starts.tolist(), decodes.drafts, strict=True)
-           for t in (req.tokens[s], *g)]  # fmt: skip
+    triples = zip(decodes.requests, starts.tolist(), known.tolist(), strict=True)
+    firsts = [req.tokens[s] if k else 0 for req, s, k in triples]  # 0: carried over
+    ids = [t for first, g in zip(firsts, decodes.drafts, strict=True) for t in (first, *g)]
     seq = np.repeat(np.arange(n), counts)  # [S] each sampled position's decode
-    first = np.cumsum(counts) - counts  # [D] its first sampled row
+    first = np.cumsum(counts) - counts  # [D] its first token and sampled row
     offset = np.arange(len(seq)) - first[seq]  # [S] position within its decode
-    rs.carry_step[rows] = step.step_id
+    carry = np.full(len(seq), -1, np.int64)
+    carry[first[~known]] = rs.carry_row[rows[~known]]
+    rs.carry_step[rows] = step_id
     rs.carry_row[rows] = first + counts - 1
     rng_steps = (rs.known[rows] + rs.num_pending[rows] - rs.prompt[rows] - 1)[seq] + offset
-    carry = np.full(len(seq), -1, np.int64)
     return _Scan(
         starts, counts, rows, np.array(ids, np.int64), carry, seq, rng_steps, counts[seq] - 1 - offset
     )

@@ -113,9 +113,10 @@ class BlockManager:
         self.query_tokens += len(req.tokens)
 
     def register_full_blocks(self, req: Request, upto: int) -> None:
-        """Make ``req``'s full blocks below position ``upto`` findable (their tokens must be known)."""
+        """Make ``req``'s full blocks below position ``upto`` findable (their tokens must be known: never a
+        guess held for an in-flight verify step)."""
         cached = req.num_cached_blocks
-        full = min(upto, len(req.tokens)) // self.block_size
+        full = min(upto, req.num_confirmed) // self.block_size
         if full > cached:
             self.register_blocks(req, cached, full)
             req.num_cached_blocks = full

@@ -71,9 +71,13 @@ class Engine:
         self._masked: set[int] = set()  # ids of in-flight masked steps (their tokens advance grammars)
         self._costs = runner.step_costs  # CUDA: what admitting new rows costs
         self.speculator = speculator
+        if speculator is not None:
+            speculator.run_async(async_mode)
         self._verified = VerifiedRows(blocks, scheduler.rows, self._eos_ids)
         self._done_at = 0.0  # when the last step's tokens were taken (the speculation policy's clock)
         self._speculated: set[int] = set()  # launched when the policy chose to speculate
+        # step id -> rows of the step after it whose guesses wait for its tokens (speculative/accept.py)
+        self._waiting: dict[int, list[Request]] = {}
 
     def drain(self) -> None:
         """Stop admitting: rows not yet started are dropped (never yielded), started ones finish.
@@ -137,6 +141,7 @@ class Engine:
         if self.speculator is not None:
             stats.acceptance_rate = round(stats.accepted_tokens / max(1, stats.draft_tokens), 4)
             stats.accepted_per_verify_step = round(stats.accepted_tokens / max(1, stats.verify_steps), 3)
+            stats.void_rows = self._verified.voided
             stats.speculation_rates = self.speculator.policy.summary()
 
     def _abandon(self) -> None:
@@ -150,6 +155,7 @@ class Engine:
         self._deferred.clear()
         self._masked.clear()
         self._speculated.clear()
+        self._waiting.clear()
         self._done.clear()
         self.runner.reset()
 
@@ -218,14 +224,18 @@ class Engine:
     # --- stepping ---------------------------------------------------------------------------------
 
     def _lag(self, speculate: bool) -> int:
-        """Steps left in flight when the next launches: none before or after a verify step (its guesses
-        continue every known token, and its accepted count moves the next step's positions)."""
+        """Steps left in flight when the next launches. Verify steps chain like plain ones (accept.py),
+        unless the proposer cannot guess past a step in flight: then none before or after a verify step."""
+        if self.speculator is None or self.speculator.chains:
+            return self.lag
         verifying = self._inflight and self._inflight[-1][0].decodes.drafts is not None
         return 0 if speculate or verifying else self.lag
 
     def _launch_next(self, inflight: deque, speculate: bool = False) -> bool:
         t0 = time.perf_counter()
-        drafts = self.speculator.drafts(self.scheduler.running) if speculate and not inflight else None
+        drafts = None
+        if speculate and (not inflight or self.speculator.chains):
+            drafts = self.speculator.drafts(self.scheduler.running)
         step = self.scheduler.schedule(drafts)
         if not step.num_seqs:
             return False
@@ -233,6 +243,10 @@ class Engine:
             self._speculated.add(step.step_id)
         self.stats.verify_steps += step.decodes.drafts is not None
         inputs = build_step(step, self.blocks.block_size, self.scheduler.rows)
+        if step.decodes.drafts is not None:  # held from now on (the batch builder read the rows first)
+            waiting = self._verified.hold(step.decodes)
+            if waiting:
+                self._waiting[step.step_id - 1] = waiting
         self.stats.schedule_s += time.perf_counter() - t0
         if inflight:
             self.stats.overlapped_steps += 1
@@ -295,19 +309,21 @@ class Engine:
             record_prompt_scores(step, result.prompt)
         sampled, num_decodes = step.sampled(), len(step.decodes.requests)
         if step.decodes.drafts is None:
-            held, ends = advance_decodes(self.scheduler.rows, step.decodes, result, self._eos_ids)
+            held, ends = advance_decodes(self.scheduler.rows, step, result, self._eos_ids)
             look = [
                 (sampled[r], r, r < len(held) and held[r]) for r in rows_to_check(held, ends, len(sampled))
             ]
             made = len(held)
         else:
             made, at = self._verified.take(
-                step.decodes, result, lambda req, row: self._take(req, result, row),
+                step.step_id, step.decodes, result, lambda req, row: self._take(req, result, row),
                 lambda req: self._check(req, step.step_id),
                 lambda req, proposed, kept: self.speculator.accepted(req, proposed, kept, self.stats),
             )  # fmt: skip
             look = [(req, at + i, False) for i, req in enumerate(sampled[num_decodes:])]
         for req, row, advanced in look:
+            if req.void_step == step.step_id:  # it continued rejected guesses (speculative/accept.py)
+                continue
             if not advanced:  # not advanced with the held rows
                 req.num_pending -= 1
                 if req.status is Status.FINISHED:
@@ -315,6 +331,8 @@ class Engine:
                     continue
                 self._take(req, result, row)
             self._check(req, step.step_id)
+        for req in self._waiting.pop(step.step_id, ()):
+            self._verified.hold_waiting(req)
         if self.speculator is not None:
             self._time_step(step, made, self.runner.warming(handle))
         for req in self._deferred.pop(step.step_id, ()):

@@ -82,10 +82,16 @@ class Request:
     last_step = RowCounter()  # id of the last step that reads or writes this request's KV
     carry_step = RowCounter()  # the last step that samples for this request ...
     carry_row = RowCounter()  # ... and the row of its sampled-token output holding that token
+    # Speculative decoding: guesses of an in-flight verify step held at the end of ``tokens`` as if accepted
+    # (the next step continues them), and a later in-flight step whose result for this request is void
+    # (it continued guesses that were rejected). engine/speculative/accept.py.
+    num_guessed = RowCounter()
+    void_step = RowCounter()
 
     def __post_init__(self) -> None:
         self._num_computed = self._num_pending = self._num_cached_blocks = 0
-        self._last_step = self._carry_step = self._carry_row = -1
+        self._last_step = self._carry_step = self._carry_row = self._void_step = -1
+        self._num_guessed = 0
         p = self.params
         # The per-step sampling inputs that never change, in the order of rows.SAMPLING_COLUMNS.
         self.sampling_row = (
@@ -103,6 +109,11 @@ class Request:
         self.tokens.append(token)
         if self.row >= 0:
             self.batch.known[self.row] += 1
+
+    @property
+    def num_confirmed(self) -> int:
+        """Tokens known for sure: ``tokens`` without the guesses held at its end."""
+        return len(self.tokens) - self.num_guessed
 
     @property
     def num_output(self) -> int:

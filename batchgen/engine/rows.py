@@ -28,7 +28,10 @@ SAMPLING_COLUMNS = (
     "frequency_penalty", "min_tokens", "logprobs", "top_logprobs", "constrained", "truncates", "adjusted",
 )  # fmt: skip
 COLUMN = {name: i for i, name in enumerate(SAMPLING_COLUMNS)}
-COUNTERS = ("num_computed", "num_pending", "num_cached_blocks", "last_step", "carry_step", "carry_row")
+COUNTERS = (
+    "num_computed", "num_pending", "num_cached_blocks", "last_step", "carry_step", "carry_row", "num_guessed",
+    "void_step",
+)  # fmt: skip
 _INT_COLUMNS = COUNTERS + ("synced", "known", "prompt", "limit", "owner")
 
 
@@ -62,6 +65,7 @@ class RowState:
         self.num_computed[row], self.num_pending[row] = req._num_computed, req._num_pending
         self.num_cached_blocks[row], self.last_step[row] = req._num_cached_blocks, req._last_step
         self.carry_step[row], self.carry_row[row] = req._carry_step, req._carry_row
+        self.num_guessed[row], self.void_step[row] = req._num_guessed, req._void_step
         self.known[row], self.prompt[row] = len(req.tokens), req.num_prompt
         self.limit[row], self.owner[row] = req.num_prompt + req.max_tokens, req.request_id
         self.check_eos[row] = not req.params.ignore_eos
@@ -91,6 +95,7 @@ class RowState:
         req._num_computed, req._num_pending = int(self.num_computed[row]), int(self.num_pending[row])
         req._num_cached_blocks, req._last_step = int(self.num_cached_blocks[row]), int(self.last_step[row])
         req._carry_step, req._carry_row = int(self.carry_step[row]), int(self.carry_row[row])
+        req._num_guessed, req._void_step = int(self.num_guessed[row]), int(self.void_step[row])
         self.tables[row, : self.synced[row]] = 0
         self.synced[row], self.owner[row] = 0, -1
         self._free.append(row)

@@ -181,7 +181,7 @@ class Scheduler:
             return decodes_of(reqs, starts, rs), budget, prefills
         reqs = running[:] if len(at) == len(running) else [running[i] for i in at.tolist()]
         # [D] blocks whose tokens are all known and computed (never a guess's: it may be rolled back)
-        full = np.minimum(starts + 1, rs.known[rows]) // size
+        full = np.minimum(starts + 1, rs.known[rows] - rs.num_guessed[rows]) // size
         self._blocks_in_order(reqs, rows, ends, grows, full)
         rs.num_computed[rows] = ends
         rs.num_pending[rows] += 1
@@ -307,6 +307,8 @@ class Scheduler:
         started = 0
         while self.waiting and budget > 0 and step.num_seqs < self.max_num_seqs:
             req = self.waiting[0]
+            if req.guide is not None and step.decodes.drafts is not None:
+                break  # a constrained row starts in a plain step: its token masks are one a sampled row
             if not self._admissible(req):
                 held.append(self.waiting.popleft())  # a sibling waiting for its row's prefill
                 continue

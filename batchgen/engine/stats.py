@@ -25,6 +25,7 @@ class EngineStats:
     verify_steps: int = 0
     draft_tokens: int = 0
     accepted_tokens: int = 0
+    void_rows: int = 0  # rows of a chained step that continued guesses rejected in the step before
     acceptance_rate: float = 0.0  # accepted / draft tokens
     accepted_per_verify_step: float = 0.0
     speculation_rates: dict[str, Any] = field(default_factory=dict)  # tokens/s by width and kind of step

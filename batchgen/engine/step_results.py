@@ -9,7 +9,7 @@ import numpy as np
 from batchgen.engine.batch import prompt_spans
 from batchgen.engine.rows import COLUMN, RowState
 from batchgen.engine.runner_protocol import StepResult
-from batchgen.engine.scheduler import Decodes, ScheduledStep
+from batchgen.engine.scheduler import ScheduledStep
 
 
 def record_prompt_scores(step: ScheduledStep, scores: tuple[list, list, list]) -> None:
@@ -31,13 +31,14 @@ def record_prompt_scores(step: ScheduledStep, scores: tuple[list, list, list]) -
 
 
 def advance_decodes(
-    rs: RowState, decodes: Decodes, result: StepResult, eos_ids: list[int]
+    rs: RowState, step: ScheduledStep, result: StepResult, eos_ids: list[int]
 ) -> tuple[np.ndarray, np.ndarray]:
     """Give the decodes that still hold their rows (not finished or preempted since they were
-    scheduled: the common case) their tokens at once. Returns that mask [D] and which of them may
-    have ended (EOS, length, a watched row: checked one by one)."""
+    scheduled, nor void: the common case) their tokens at once. Returns that mask [D] and which of them
+    may have ended (EOS, length, a watched row: checked one by one)."""
+    decodes = step.decodes
     rows, n = decodes.rows, len(decodes.rows)
-    held = rs.owner[rows] == decodes.ids  # [D]
+    held = (rs.owner[rows] == decodes.ids) & (rs.void_step[rows] != step.step_id)  # [D]
     every = bool(held.all())
     at = np.arange(n) if every else np.flatnonzero(held)
     rows = rows if every else rows[at]

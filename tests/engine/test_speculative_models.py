@@ -50,14 +50,16 @@ SAMPLING_CASES = {
 
 
 @one_thread
+@pytest.mark.parametrize("async_mode", [False, True])
 @pytest.mark.parametrize("case", sorted(SAMPLING_CASES))
-def test_tiny_model_sampling_options_are_unchanged(tiny_llama, case):
+def test_tiny_model_sampling_options_are_unchanged(tiny_llama, case, async_mode):
     """The draws of a verified position are the row's own draws there (its seed, its output index), so
-    sampled output is token-identical too; penalised and constrained rows decode one token a step."""
+    sampled output is token-identical too; penalised and constrained rows decode one token a step. In the
+    asynchronous loop verify steps chain (a rejection voids the row's part of the next step)."""
     prompts = copying_prompts(12, seed=2)
     params = SamplingParams(max_new_tokens=30, ignore_eos=True, seed=5, **SAMPLING_CASES[case])
-    plain = LLM(tiny_llama, max_num_seqs=6).generate_samples(prompts, params)
-    llm = LLM(tiny_llama, max_num_seqs=6, **SPECULATE)
+    plain = LLM(tiny_llama, max_num_seqs=6, async_mode=async_mode).generate_samples(prompts, params)
+    llm = LLM(tiny_llama, max_num_seqs=6, async_mode=async_mode, **SPECULATE)
     spec = llm.generate_samples(prompts, params)
     assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
     assert [o.finish_reason for o in spec] == [o.finish_reason for o in plain]
@@ -81,15 +83,18 @@ def rewrite_prompts(default_model_path):
     return [llm.encode(messages) for messages in rewrite_messages(26, seed=7, sentences=(3, 5))]
 
 
-@pytest.mark.parametrize("regime", ["chunked", "preempting"])
+@pytest.mark.parametrize("regime", ["chunked", "preempting", "chained"])
 def test_embedded_model_greedy_is_unchanged_on_a_rewrite_job(default_model_path, rewrite_prompts, regime):
     """The embedded model copying paragraphs: most guesses are accepted, and the output is plain greedy's,
-    token for token, with prompts cut into chunks (a 96-token budget) or rows preempted (a small cache)."""
+    token for token, with prompts cut into chunks (a 96-token budget), rows preempted (a small cache), or
+    both in the asynchronous loop, where verify steps chain."""
     params = SamplingParams(max_new_tokens=40)
     options = dict(max_num_seqs=13, max_batch_tokens=96)
-    if regime == "preempting":
+    if regime in ("preempting", "chained"):
         probe = LLM(default_model_path, kv_cache_bytes=1 << 22)
         options = dict(max_num_seqs=13, kv_cache_bytes=tiny_kv_bytes(probe, 800))
+    if regime == "chained":
+        options.update(max_batch_tokens=96, async_mode=True)
     want = _outputs(LLM(default_model_path, **options), rewrite_prompts, params)
     llm = LLM(default_model_path, **options, **SPECULATE)
     got = _outputs(llm, rewrite_prompts, params)
@@ -97,10 +102,12 @@ def test_embedded_model_greedy_is_unchanged_on_a_rewrite_job(default_model_path,
     assert not differ, f"prompts {differ} differ"
     print(f"{regime}: acceptance {llm.stats.acceptance_rate}, {llm.stats.accepted_per_verify_step} a step")
     assert llm.stats.acceptance_rate > 0.5, llm.stats.acceptance_rate
-    if regime == "preempting":
+    if regime != "chunked":
         assert llm.stats.preemptions > 0
-    else:
+    if regime != "preempting":
         assert llm.stats.partial_prefills > 0
+    if regime == "chained":
+        assert llm.stats.void_rows > 0 and llm.stats.overlapped_steps > llm.stats.verify_steps // 2
 
 
 def test_guessed_positions_sample_the_models_scaled_distribution(default_model_path):
@@ -124,3 +131,21 @@ def test_guessed_positions_sample_the_models_scaled_distribution(default_model_p
     counts = torch.bincount(thirds, minlength=logits.shape[0])
     assert fits(counts, torch.softmax(logits / temperature, -1))
     assert not fits(counts, torch.softmax(logits, -1))
+
+
+@one_thread
+@pytest.mark.parametrize("async_mode", [False, True])
+def test_constrained_rows_beside_speculating_ones_keep_their_grammar(tiny_llama, async_mode):
+    """Rows with a grammar (``choices``) among rows that guess: a constrained row never joins a verify step
+    (its masks are filled per sampled row, one a row), so both kinds of row give plain decoding's output."""
+    prompts = copying_prompts(16, seed=3)
+    free = SamplingParams(max_new_tokens=30, ignore_eos=True)
+    chosen = SamplingParams(max_new_tokens=30, choices=["alpha beta gamma", "alpha beta delta"])
+    params = [chosen if i % 4 == 3 else free for i in range(len(prompts))]
+    plain = LLM(tiny_llama, max_num_seqs=4, async_mode=async_mode).generate_samples(prompts, params)
+    llm = LLM(tiny_llama, max_num_seqs=4, async_mode=async_mode, **SPECULATE)
+    spec = llm.generate_samples(prompts, params)
+    assert [(o.token_ids, o.finish_reason, o.error) for o in spec] == [
+        (o.token_ids, o.finish_reason, o.error) for o in plain
+    ]
+    assert llm.stats.verify_steps > 0 and not any(o.error for o in spec)

@@ -64,6 +64,52 @@ def test_rows_guess_less_after_rejections_and_more_after_full_acceptance():
     assert drafts.k == 2
 
 
+def test_chained_rows_rest_while_their_guesses_fail_more_often_than_not():
+    """Where verify steps chain, a rejection also voids the row's next step: a row whose counted
+    acceptance is under one half sits out verify steps, twice as many each time in a row, until a verify
+    accepts everything; with unchained verify steps it never rests."""
+    rest = policy_module.REST
+    policy, drafts = SpecPolicy(k_max=4, chained=True), RowDrafts(4)
+    policy.next_k(drafts, proposed=4, accepted=0)  # acceptance 1/3 (one half before any verify)
+    assert drafts.acceptance < 0.5 and drafts.rest == rest
+    policy.next_k(drafts, proposed=1, accepted=0)  # its probe after the rest failed too
+    assert drafts.rest == 2 * rest
+    drafts.rest = 0  # sat out (Speculator.drafts counts it down)
+    for _ in range(4):
+        policy.next_k(drafts, proposed=2, accepted=2)
+    assert drafts.acceptance > 0.5 and drafts.rest_len == 0
+    policy.next_k(drafts, proposed=4, accepted=3)  # a rejection, still accepted more often than not
+    assert drafts.rest == 0
+    unchained, other = SpecPolicy(k_max=4), RowDrafts(4)
+    for _ in range(3):
+        unchained.next_k(other, proposed=4, accepted=0)
+    assert other.rest == 0
+
+
+def test_a_resting_row_guesses_nothing_until_its_rest_ends():
+    from batchgen.engine.speculative.speculator import Speculator
+
+    class Row:  # a decoding row: its input token known, nothing in flight
+        tokens, num_pending, num_computed, num_prompt, max_tokens, guide, row = (
+            [5, 6, 5, 6, 5],
+            0,
+            4,
+            2,
+            50,
+            None,
+            0,
+        )
+        params = SamplingParams()
+        draft = RowDrafts(4, rest=2)
+        num_confirmed = 5
+        sampled_scheduled = 3
+
+    speculator = Speculator("ngram", 4, 1, 3)
+    row = Row()
+    assert speculator.drafts([row]) is None and speculator.drafts([row]) is None and row.draft.rest == 0
+    assert speculator.drafts([row]) == {0: [6, 5]}  # what followed the newest copy of (5, 6, 5)
+
+
 def _drive(policy: SpecPolicy, steps: int, speculative_rate: float, plain_rate: float, rows: int = 8) -> list:
     """Run ``steps`` steps where a verify step makes ``speculative_rate`` tokens/s and a plain one
     ``plain_rate``; the kinds the policy chose."""

@@ -48,6 +48,10 @@ class DraftProposer:
     """``speculator.Proposer`` over a draft model. ``vocab``: the target's logits width (a draft whose
     vocabulary is padded wider never guesses past it)."""
 
+    # Its rows' KV holds the tokens it saw: guesses held as accepted (and rolled back after) would need a
+    # second rollback, so verify steps with a draft model wait for each other.
+    chains = False
+
     def __init__(self, model: DraftModel, vocab: int, max_tokens: int) -> None:
         self.model = model
         self.vocab = vocab

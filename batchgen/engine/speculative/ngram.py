@@ -26,24 +26,26 @@ class NgramIndex:
     def indexed(self) -> int:
         return self._indexed
 
-    def catch_up(self, tokens: list[int]) -> None:
+    def catch_up(self, tokens: list[int], known: int | None = None) -> None:
         """Index every known position now (``propose`` would first)."""
-        self._index(tokens)
+        self._index(tokens, len(tokens) if known is None else known)
 
-    def _index(self, tokens: list[int]) -> None:
-        """Register the n-gram ending just before each known position not yet indexed (the suffix being
-        looked up is never its own match: nothing follows it yet)."""
-        for pos in range(max(self._indexed, 1), len(tokens)):
+    def _index(self, tokens: list[int], known: int) -> None:
+        """Register the n-gram ending just before each of the first ``known`` positions not yet indexed
+        (the suffix being looked up is never its own match: nothing follows it yet). Guesses held past
+        ``known`` may be rolled back: never indexed."""
+        for pos in range(max(self._indexed, 1), known):
             for n in range(self.n_min, min(self.n_max, pos) + 1):
                 self._next[tuple(tokens[pos - n : pos])] = pos
-        self._indexed = max(self._indexed, len(tokens))
+        self._indexed = max(self._indexed, known)
 
-    def propose(self, tokens: list[int], k: int) -> list[int]:
+    def propose(self, tokens: list[int], k: int, known: int | None = None) -> list[int]:
         """Up to ``k`` tokens that followed the newest earlier copy of the longest matching suffix
-        (n from ``n_max`` down to ``n_min``); [] when no suffix has been seen before."""
+        (n from ``n_max`` down to ``n_min``); [] when no suffix has been seen before. Only the first
+        ``known`` tokens are indexed (all by default); the suffix may end in guesses."""
         if k <= 0:
             return []
-        self._index(tokens)
+        self._index(tokens, len(tokens) if known is None else known)
         length = len(tokens)
         for n in range(min(self.n_max, length - 1), self.n_min - 1, -1):
             at = self._next.get(tuple(tokens[length - n :]))
@@ -61,6 +63,8 @@ class NgramProposer:
     """Prompt lookup for a step's rows (``speculator.Proposer``): each row's index lives in its
     ``RowDrafts.state``, made on its first guess or by ``prepare``."""
 
+    chains = True  # a lookup only reads the row's tokens, guesses held as accepted included
+
     def __init__(self, n_min: int, n_max: int) -> None:
         self.n_min, self.n_max = n_min, n_max
 
@@ -70,10 +74,11 @@ class NgramProposer:
         return req.draft.state
 
     def propose(self, requests: list[Request], ks: list[int]) -> list[list[int]]:
-        return [self._index(req).propose(req.tokens, k) for req, k in zip(requests, ks, strict=True)]
+        pairs = zip(requests, ks, strict=True)
+        return [self._index(req).propose(req.tokens, k, req.num_confirmed) for req, k in pairs]
 
     def prepare(self, requests: list[Request]) -> None:
         for req in requests:
             state = req.draft.state
-            if state is None or len(req.tokens) - state.indexed > PREPARE_LAG:
-                self._index(req).catch_up(req.tokens)
+            if state is None or req.num_confirmed - state.indexed > PREPARE_LAG:
+                self._index(req).catch_up(req.tokens, req.num_confirmed)

@@ -1,8 +1,8 @@
 """When speculation pays: measured, per batch width, never assumed.
 
-A verify step computes K + 1 positions a row and cannot overlap the host's next step with the device's
-(the next step's inputs depend on how many guesses were accepted), so at a large width, or with guesses
-that fail, it costs more than it gains. The policy times both kinds of step at each width (a power of two
+A verify step computes K + 1 positions a row, and a rejected guess voids the row's part of the step
+launched behind it (accept.py), so at a large width, or with guesses that fail, it costs more than it
+gains. The policy times both kinds of step at each width (a power of two
 of decoding rows; plain steps first) and runs the faster, timing the slower again now and then, less
 often each time it stays slower: turning speculation on then costs the first probes where it cannot help,
 and a share of steps that shrinks as the run goes on. A width next to one already measured (half or twice
@@ -11,7 +11,10 @@ and times the other only at its first probe: a width a run passes through for a 
 otherwise spend most of them timing both.
 
 Each row also proposes fewer tokens after its guesses fail (its ``RowDrafts.k``): one accepted guess out
-of four costs three wasted positions a step.
+of four costs three wasted positions a step. Where verify steps chain (accept.py), a rejected guess also
+voids the row's part of the next step: with each guess accepted with probability a, guessing k tokens makes
+(1 + a + ... + a^k) / (2 - a^k) tokens a step, above plain decoding's one exactly when a > 1/2. So a row
+whose counted acceptance falls under one half sits out a few verify steps (more each time in a row).
 """
 
 from __future__ import annotations
@@ -26,15 +29,29 @@ SMOOTHING = 0.25  # weight of a new window's rate in a kind's running rate
 # A timed run of the slower kind ends after this many steps when it makes under this share of the other
 # kind's rate: a verify step several times a plain one's cost (a wide batch) is not timed eight times.
 EARLY_STEPS, EARLY_SHARE = 2, 0.5
+# A row's accepted and rejected guesses count with this weight per verify step (its recent acceptance); under
+# one half it sits out REST verify steps, twice as many each time in a row, up to MAX_REST.
+DECAY, REST, MAX_REST = 0.8, 4, 64
 
 
 @dataclass
 class RowDrafts:
     """A request's speculation state: how many tokens it guesses, and its proposer's own (an n-gram
-    index; None until the proposer first sees the row)."""
+    index; None until the proposer first sees the row). ``waiting``: guesses of a launched verify step
+    whose input token an earlier step in flight samples (held once that step is postprocessed: accept.py)."""
 
     k: int
     state: object = None
+    waiting: list[int] | None = None
+    hits: float = 0.0  # accepted guesses, decayed
+    misses: float = 0.0  # verify steps that rejected a guess, decayed
+    rest: int = 0  # verify steps left to sit out
+    rest_len: int = 0  # the last rest's length (0: the row's last verify accepted every guess)
+
+    @property
+    def acceptance(self) -> float:
+        """Its estimated chance that a guess is accepted (one half before any verify step)."""
+        return (self.hits + 1) / (self.hits + self.misses + 2)
 
 
 @dataclass
@@ -56,9 +73,10 @@ class _Width:
 class SpecPolicy:
     """``speculate(rows)`` before a step; ``timed(rows, speculated, tokens, seconds)`` after it."""
 
-    def __init__(self, k_max: int, adaptive: bool = True) -> None:
+    def __init__(self, k_max: int, adaptive: bool = True, chained: bool = False) -> None:
         self.k_max = k_max
         self.adaptive = adaptive
+        self.chained = chained  # verify steps chain: a rejection voids the row's next step
         self._widths: dict[int, _Width] = {}
 
     def speculate(self, rows: int) -> bool:
@@ -122,9 +140,19 @@ class SpecPolicy:
             width.speculate, width.left, width.probing = not best, PROBE, True
 
     def next_k(self, drafts: RowDrafts, proposed: int, accepted: int) -> None:
-        """A row's guesses after a verify: one more after all were accepted, else one past the accepted."""
-        if proposed:
-            drafts.k = min(self.k_max, drafts.k + 1) if accepted == proposed else max(1, accepted + 1)
+        """A row's guesses after a verify: one more after all were accepted, else one past the accepted;
+        with chained verify steps, a rest when its acceptance falls under one half."""
+        if not proposed:
+            return
+        drafts.k = min(self.k_max, drafts.k + 1) if accepted == proposed else max(1, accepted + 1)
+        if self.chained:
+            drafts.hits = DECAY * drafts.hits + accepted
+            drafts.misses = DECAY * drafts.misses + (accepted < proposed)
+            if drafts.acceptance < 0.5:
+                drafts.rest_len = min(MAX_REST, max(REST, 2 * drafts.rest_len))
+                drafts.rest = drafts.rest_len
+            elif accepted == proposed:
+                drafts.rest_len = 0
 
     def summary(self) -> dict[str, dict[str, float]]:
         """Each width's measured rates (tokens/s), for the stats file."""

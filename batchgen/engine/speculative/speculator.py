@@ -6,13 +6,13 @@ the row's own noise for that output index. A guess is accepted while it equals t
 position, so the output is the one plain decoding gives, greedy or sampled, token for token: for a guess
 that is one token (prompt lookup) this is the standard rejection rule, accepting the guess with its
 probability under the target and otherwise drawing from the rest, with the draw fixed by the row's seed.
-Rejected positions are rolled back by moving the row's computed count back; their KV slots are written
-again by the next steps (no copies), and the blocks they used stay with the row.
+Rejected positions are rolled back by moving the row's computed count back, and in the asynchronous loop
+the next verify step is built while this one runs, as if its guesses were accepted (accept.py).
 
 Rows that speculate: those whose next tokens depend only on the model and the row's own seed. Penalised
 rows (their counts would include guesses not yet accepted) and constrained rows (their masks follow the
 grammar token by token) decode one token a step beside them; a step with a constrained row does not
-speculate at all (its masks are filled per sampled row).
+speculate at all (its masks are filled per sampled row), and a constrained row starts in a plain step.
 """
 
 from __future__ import annotations
@@ -31,10 +31,15 @@ METHODS = ("ngram", "draft")
 
 class Proposer(Protocol):
     """Guesses for a step's rows, all at once (a draft model or an EAGLE-style head runs one batched
-    forward a guessed position). Each row's own state lives in its ``RowDrafts.state``."""
+    forward a guessed position). Each row's own state lives in its ``RowDrafts.state``. ``chains``: it can
+    guess while a step is in flight, from tokens that end in guesses held as accepted (accept.py); else
+    the loop waits for every step before a verify step, and for the verify step before the next."""
+
+    chains: bool
 
     def propose(self, requests: list[Request], ks: list[int]) -> list[list[int]]:
-        """Up to ``ks[i]`` guessed tokens to follow ``requests[i].tokens``, for each row."""
+        """Up to ``ks[i]`` guessed tokens to follow ``requests[i].tokens``, for each row (the last
+        ``num_guessed`` of those tokens are guesses held as accepted: a chaining proposer's)."""
         ...
 
     def prepare(self, requests: list[Request]) -> None:
@@ -56,9 +61,18 @@ class Speculator:
         self.proposer: Proposer = proposer or NgramProposer(ngram_min, ngram_max)
         self.policy = SpecPolicy(k_max, adaptive)
 
+    @property
+    def chains(self) -> bool:
+        """Whether verify steps chain in the asynchronous loop (accept.py)."""
+        return self.proposer.chains
+
+    def run_async(self, async_mode: bool) -> None:
+        """The engine's loop: in the asynchronous one, verify steps chain if the proposer can."""
+        self.policy.chained = async_mode and self.chains
+
     def wants(self, running: list[Request]) -> bool:
-        """Whether the next step should verify guesses (the engine then waits for every step in flight,
-        whose tokens the guesses continue)."""
+        """Whether the next step should verify guesses (with a proposer that cannot chain, the engine then
+        waits for every step in flight, whose tokens the guesses continue)."""
         return bool(running) and self.policy.speculate(len(running))
 
     def prepare(self, running: list[Request]) -> None:
@@ -73,20 +87,28 @@ class Speculator:
 
     def drafts(self, running: list[Request]) -> dict[int, list[int]] | None:
         """Each decoding row's guesses, by its row of the persistent batch (rows without a guess left
-        out); None: the step runs plain. Every token of ``running`` is known (nothing in flight)."""
+        out); None: the step runs plain. A row whose input token a step in flight samples (one at most,
+        and only with a chaining proposer) guesses past it: its proposal's first token stands for that
+        one, and the rest follow it."""
         if any(req.guide is not None for req in running):
             return None
-        rows, ks = [], []
+        rows, ks, skips = [], [], []
         for req in running:
-            if req.num_computed != len(req.tokens) - 1 or req.params.penalized:
+            pending = req.num_pending
+            if pending > 1 or len(req.tokens) + pending - req.num_computed != 1 or req.params.penalized:
                 continue  # not decoding this step (a prefill under way), or penalised
             if req.draft is None:
                 req.draft = RowDrafts(self.k_max)
-            k = min(req.draft.k, req.max_tokens - req.num_output - 1)  # the last token is never a guess
+            if req.draft.rest:  # its guesses fail more often than not (policy.py)
+                req.draft.rest -= 1
+                continue
+            k = min(req.draft.k, req.max_tokens - req.sampled_scheduled - 1)  # the last one is never a guess
             if k > 0:
                 rows.append(req)
-                ks.append(k)
-        guesses = {req.row: g for req, g in zip(rows, self.proposer.propose(rows, ks), strict=True) if g}
+                ks.append(k + pending)
+                skips.append(pending)
+        proposals = self.proposer.propose(rows, ks)
+        guesses = {req.row: g[s:] for req, g, s in zip(rows, proposals, skips, strict=True) if len(g) > s}
         return guesses or None
 
     def accepted(self, req: Request, proposed: int, accepted: int, stats: EngineStats) -> None:
