@@ -51,7 +51,7 @@ def test_counters_move_with_the_row():
     assert rows.known[0] == 4
     rows.free(req)
     assert rows.owner[0] == -1 and req.row == -1
-    assert [getattr(req, name) for name in COUNTERS] == [3, 1, 0, 9, -1, -1]
+    assert [getattr(req, name) for name in COUNTERS] == [3, 1, 0, 9, -1, -1, 0, -1]
     req.num_pending = 0  # back on the request itself
     assert rows.num_pending[0] == 1
 
