@@ -180,8 +180,9 @@ class Engine:
                     self._postprocess(*inflight.popleft())  # nothing to run until its tokens are known
                 elif self.scheduler.has_work():
                     raise RuntimeError("scheduler made no progress: a request cannot fit in the KV cache")
-            elif self.speculator is not None and len(inflight) > 1:  # a plain step queued behind another
-                self.speculator.prepare(self.scheduler.running)  # proposals' one-time work, meanwhile
+            elif self.speculator is not None and len(inflight) > 1 and inflight[-1][0].decodes.drafts is None:
+                # a plain step queued behind another: proposals' one-time work, meanwhile
+                self.speculator.prepare(self.scheduler.running)
             # The caller's work on finished rows, and pulling new ones, happen with the next step queued.
             yield from self._drain_done()
 
