@@ -30,6 +30,7 @@ from batchgen.engine.request import Request, Status
 from batchgen.engine.runner_protocol import Runner, StepResult
 from batchgen.engine.scheduler import ScheduledStep, Scheduler
 from batchgen.engine.speculative.accept import VerifiedRows
+from batchgen.engine.speculative.policy import PLAIN
 from batchgen.engine.speculative.speculator import Speculator
 from batchgen.engine.stats import EngineStats
 from batchgen.engine.step_results import advance_decodes, record_prompt_scores, rows_to_check, top_of
@@ -75,7 +76,7 @@ class Engine:
             speculator.run_async(async_mode)
         self._verified = VerifiedRows(blocks, scheduler.rows, self._eos_ids)
         self._done_at = 0.0  # when the last step's tokens were taken (the speculation policy's clock)
-        self._speculated: set[int] = set()  # launched when the policy chose to speculate
+        self._speculated: dict[int, int] = {}  # step id -> the policy's kind of step (policy.py), not plain
         # step id -> rows of the step after it whose guesses wait for its tokens (speculative/accept.py)
         self._waiting: dict[int, list[Request]] = {}
 
@@ -172,10 +173,10 @@ class Engine:
                 if exhausted:
                     return
                 continue
-            speculate = self.speculator is not None and self.speculator.wants(self.scheduler.running)
-            while len(inflight) > self._lag(speculate):  # every slot busy: the oldest step's tokens first
+            kind = self.speculator.wants(self.scheduler.running) if self.speculator is not None else PLAIN
+            while len(inflight) > self._lag(kind):  # every slot busy: the oldest step's tokens first
                 self._postprocess(*inflight.popleft())
-            if not self._launch_next(inflight, speculate):
+            if not self._launch_next(inflight, kind):
                 if inflight:
                     self._postprocess(*inflight.popleft())  # nothing to run until its tokens are known
                 elif self.scheduler.has_work():
@@ -224,24 +225,30 @@ class Engine:
 
     # --- stepping ---------------------------------------------------------------------------------
 
-    def _lag(self, speculate: bool) -> int:
+    def _lag(self, kind: int) -> int:
         """Steps left in flight when the next launches. Verify steps chain like plain ones (accept.py),
-        unless the proposer cannot guess past a step in flight: then none before or after a verify step."""
-        if self.speculator is None or self.speculator.chains:
+        unless they wait (the policy's choice, or a proposer that cannot guess past a step in flight):
+        then none before or after such a verify step."""
+        if self.speculator is None:
             return self.lag
-        verifying = self._inflight and self._inflight[-1][0].decodes.drafts is not None
-        return 0 if speculate or verifying else self.lag
+        newest = self._inflight[-1][0] if self._inflight else None
+        waited = (
+            newest is not None
+            and newest.decodes.drafts is not None
+            and (self.speculator.waits(self._speculated.get(newest.step_id, PLAIN)))
+        )
+        return 0 if self.speculator.waits(kind) or waited else self.lag
 
-    def _launch_next(self, inflight: deque, speculate: bool = False) -> bool:
+    def _launch_next(self, inflight: deque, kind: int = PLAIN) -> bool:
         t0 = time.perf_counter()
         drafts = None
-        if speculate and (not inflight or self.speculator.chains):
+        if kind and (not inflight or not self.speculator.waits(kind)):
             drafts = self.speculator.drafts(self.scheduler.running)
         step = self.scheduler.schedule(drafts)
         if not step.num_seqs:
             return False
-        if speculate:
-            self._speculated.add(step.step_id)
+        if kind:
+            self._speculated[step.step_id] = kind
         self.stats.verify_steps += step.decodes.drafts is not None
         inputs = build_step(step, self.blocks.block_size, self.scheduler.rows)
         if step.decodes.drafts is not None:  # held from now on (the batch builder read the rows first)
@@ -354,10 +361,9 @@ class Engine:
     def _time_step(self, step: ScheduledStep, made: int, warming: bool) -> None:
         """The speculation policy's measure: a decode step's tokens and the time since the last step's
         (not a step that warmed up or captured a graph: a one-time cost)."""
-        now, speculated = time.perf_counter(), step.step_id in self._speculated
-        self._speculated.discard(step.step_id)
+        now, kind = time.perf_counter(), self._speculated.pop(step.step_id, PLAIN)
         if not step.items and not warming and self._done_at:
-            self.speculator.policy.timed(len(step.decodes.requests), speculated, made, now - self._done_at)
+            self.speculator.policy.timed(len(step.decodes.requests), kind, made, now - self._done_at)
         self._done_at = now
 
     def _check(self, req: Request, step_id: int) -> None:

@@ -151,8 +151,9 @@ def test_chained_verify_steps_save_steps_where_guesses_mostly_hold(case):
 
 @pytest.mark.parametrize("case", CASES)
 def test_the_adaptive_policy_between_plain_and_verify_steps_keeps_the_output(case, monkeypatch):
-    """The policy switching kinds every few steps (the asynchronous loop drains before a verify step, and
-    rows' prompts are indexed while plain steps run): output unchanged, both kinds of step ran."""
+    """The policy switching kinds every few steps (plain steps, verify steps chained behind the step in
+    flight, verify steps that wait; rows' prompts indexed while plain steps run): output unchanged, every
+    kind of step ran."""
     from batchgen.engine.speculative import ngram, policy
 
     monkeypatch.setattr(policy, "WINDOW", 2)
@@ -166,6 +167,8 @@ def test_the_adaptive_policy_between_plain_and_verify_steps_keeps_the_output(cas
     got, _, stats = _run(case, True, speculate=True, adaptive=True)
     assert got == want
     assert 0 < stats.verify_steps < stats.steps and prepared
+    # chained verify steps, waited ones and plain steps were all timed (at some width)
+    assert any(len(rates) == 3 for rates in stats.speculation_rates.values()), stats.speculation_rates
 
 
 def test_penalised_rows_guess_nothing():

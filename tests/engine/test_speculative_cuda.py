@@ -1,7 +1,7 @@
 """On a GPU: speculative decoding through the CUDA runner (verify steps beside graph-replayed decode steps,
-the asynchronous loop, where verify steps chain) gives plain decoding's output, greedy and sampled, token for token in float32;
-in bfloat16, where a verify step's matrix products may round differently from a decode step's, the
-outputs are compared and the share that agrees is reported."""
+the asynchronous loop, where verify steps chain) gives plain decoding's output, greedy and sampled, token
+for token in float32; in bfloat16, where a verify step's matrix products may round differently from a
+decode step's, the outputs are compared and the share that agrees is reported."""
 
 from __future__ import annotations
 

@@ -121,6 +121,33 @@ def _drive(policy: SpecPolicy, steps: int, speculative_rate: float, plain_rate: 
     return kinds
 
 
+def test_three_kinds_the_fastest_runs_and_the_slower_two_are_probed_in_turn():
+    """Where verify steps can chain, verify steps that wait are a third kind, timed like the others."""
+    window, probe, exploit = policy_module.WINDOW, policy_module.PROBE, policy_module.EXPLOIT
+    rates = {policy_module.PLAIN: 100.0, policy_module.VERIFY: 80.0, policy_module.WAITED: 130.0}
+    policy, kinds = SpecPolicy(4, chained=True), []
+    for _ in range(3 * window + 8 * exploit):
+        kind = policy.speculate(8)
+        kinds.append(kind)
+        policy.timed(8, kind, 10, 10 / rates[kind])
+    assert kinds[: 3 * window] == [0] * window + [1] * window + [2] * window  # each timed once, in order
+    rest = kinds[3 * window :]
+    probes = [rest[i] for i in range(1, len(rest)) if rest[i] != 2 and rest[i - 1] == 2]
+    assert probes[:3] == [0, 1, 0] and sum(k != 2 for k in rest) == probe * len(probes)
+    assert set(policy.summary()["8"]) == {"plain", "speculative", "speculative_waited"}
+
+
+def test_waited_verify_steps_are_not_timed_when_chained_ones_are_far_slower_than_plain():
+    window, early = policy_module.WINDOW, policy_module.EARLY_STEPS
+    rates = {policy_module.PLAIN: 100.0, policy_module.VERIFY: 20.0, policy_module.WAITED: 25.0}
+    policy, kinds = SpecPolicy(4, chained=True), []
+    for _ in range(window + early + 50):
+        kind = policy.speculate(8)
+        kinds.append(kind)
+        policy.timed(8, kind, 10, 10 / rates[kind])
+    assert kinds == [0] * window + [1] * early + [0] * 50
+
+
 def test_policy_runs_the_faster_kind_and_probes_the_slower_ever_less_often():
     window, probe, exploit = policy_module.WINDOW, policy_module.PROBE, policy_module.EXPLOIT
     steps = 2 * window + 16 * exploit
@@ -199,3 +226,29 @@ def test_shrink_gives_back_the_tail_blocks_first_in_line():
 def test_config_refuses_what_cannot_run(options, message):
     with pytest.raises(ValueError, match=message):
         EngineConfig(**options)
+
+
+def test_prepare_indexes_new_rows_at_once_and_the_others_in_turn():
+    """Behind plain steps: a new row's prompt is indexed by the next call; a running row's new tokens by
+    one call in PREPARE_EVERY (a wide batch's host work a step stays small, and no row lags far)."""
+    from batchgen.engine.speculative.speculator import PREPARE_EVERY, Speculator
+
+    class Row:
+        def __init__(self, tokens: list[int]) -> None:
+            self.tokens, self.draft, self.guide, self.params = tokens, None, None, SamplingParams()
+
+        @property
+        def num_confirmed(self) -> int:
+            return len(self.tokens)
+
+    speculator = Speculator("ngram", 4, 1, 3)
+    rows = [Row(list(range(i, i + 40))) for i in range(3 * PREPARE_EVERY)]
+    speculator.prepare(rows)
+    assert all(row.draft.state.indexed == 40 for row in rows)
+    for row in rows:
+        row.tokens += [7, 8, 9]
+    speculator.prepare(rows)
+    assert sum(row.draft.state.indexed == 43 for row in rows) == 3  # one in PREPARE_EVERY
+    for _ in range(PREPARE_EVERY - 1):
+        speculator.prepare(rows)
+    assert all(row.draft.state.indexed == 43 for row in rows)

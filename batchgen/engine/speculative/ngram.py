@@ -54,11 +54,6 @@ class NgramIndex:
         return []
 
 
-# Tokens a row's index may lag before ``prepare`` catches it up: a verify step indexes a few new tokens a
-# row itself; a prompt (hundreds) is indexed while a plain step runs.
-PREPARE_LAG = 16
-
-
 class NgramProposer:
     """Prompt lookup for a step's rows (``speculator.Proposer``): each row's index lives in its
     ``RowDrafts.state``, made on its first guess or by ``prepare``."""
@@ -78,7 +73,6 @@ class NgramProposer:
         return [self._index(req).propose(req.tokens, k, req.num_confirmed) for req, k in pairs]
 
     def prepare(self, requests: list[Request]) -> None:
+        """Index each row's tokens so far (a new row's prompt: hundreds; a running one's: a few)."""
         for req in requests:
-            state = req.draft.state
-            if state is None or req.num_confirmed - state.indexed > PREPARE_LAG:
-                self._index(req).catch_up(req.tokens, req.num_confirmed)
+            self._index(req).catch_up(req.tokens, req.num_confirmed)

@@ -2,13 +2,15 @@
 
 A verify step computes K + 1 positions a row, and a rejected guess voids the row's part of the step
 launched behind it (accept.py), so at a large width, or with guesses that fail, it costs more than it
-gains. The policy times both kinds of step at each width (a power of two
-of decoding rows; plain steps first) and runs the faster, timing the slower again now and then, less
-often each time it stays slower: turning speculation on then costs the first probes where it cannot help,
-and a share of steps that shrinks as the run goes on. A width next to one already measured (half or twice
-its rows: a batch whose rows finish one by one passes through each) starts with that width's faster kind
-and times the other only at its first probe: a width a run passes through for a few dozen steps would
-otherwise spend most of them timing both.
+gains. Where verify steps can chain there is a third kind: verify steps that wait (nothing voided, but the
+host's work between them not hidden: at a few rows, where that work is small, they can be the fastest).
+The policy times each kind of step at each width (a power of two of decoding rows; plain steps first) and
+runs the fastest, timing the slower ones again now and then, in turn, less often each time they stay
+slower: turning speculation on then costs the first probes where it cannot help, and a share of steps that
+shrinks as the run goes on. A width next to one already measured (half or twice its rows: a batch whose
+rows finish one by one passes through each) starts with that width's fastest kind and times the others
+only at its probes: a width a run passes through for a few dozen steps would otherwise spend most of them
+timing every kind.
 
 Each row also proposes fewer tokens after its guesses fail (its ``RowDrafts.k``): one accepted guess out
 of four costs three wasted positions a step. Where verify steps chain (accept.py), a rejected guess also
@@ -22,12 +24,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 WINDOW = 8  # steps of one kind timed in a row when a width is new (the first of them pays the switch)
-PROBE = 4  # steps of the slower kind timed again, now and then
-EXPLOIT = 96  # steps of the faster kind before the first probe of the slower; doubled after each probe
+PROBE = 4  # steps of a slower kind timed again, now and then
+EXPLOIT = 96  # steps of the fastest kind before the first probe of a slower one; doubled after each probe
 MAX_EXPLOIT = 4096  # ... that confirms it, up to this
 SMOOTHING = 0.25  # weight of a new window's rate in a kind's running rate
-# A timed run of the slower kind ends after this many steps when it makes under this share of the other
-# kind's rate: a verify step several times a plain one's cost (a wide batch) is not timed eight times.
+# A timed run of a slower kind ends after this many steps when it makes under this share of the fastest
+# other kind's rate: a verify step several times a plain one's cost (a wide batch) is not timed eight times.
 EARLY_STEPS, EARLY_SHARE = 2, 0.5
 # A row's accepted and rejected guesses count with this weight per verify step (its recent acceptance); under
 # one half it sits out REST verify steps, twice as many each time in a row, up to MAX_REST.
@@ -54,24 +56,35 @@ class RowDrafts:
         return (self.hits + 1) / (self.hits + self.misses + 2)
 
 
+# Kinds of step: plain decoding, verify steps (chained behind the step in flight where the proposer and the
+# loop allow it), and verify steps that wait for the step before and make the next wait for them (only
+# where they could chain: no rejection voids anything, the host's work is not hidden).
+PLAIN, VERIFY, WAITED = 0, 1, 2
+NAMES = {PLAIN: "plain", VERIFY: "speculative", WAITED: "speculative_waited"}
+
+
 @dataclass
 class _Width:
-    """Both kinds of step at one batch width: their output rates (tokens/s) and the current run."""
+    """Each kind of step at one batch width: its output rate (tokens/s), and the current run."""
 
-    rate: dict[bool, float] = field(default_factory=dict)
+    kinds: tuple[int, ...]
+    rate: dict[int, float] = field(default_factory=dict)
     # each kind's tokens, seconds and steps since its rate was last updated
-    window: dict[bool, list[float]] = field(
-        default_factory=lambda: {True: [0.0, 0.0, 0], False: [0.0, 0.0, 0]}
-    )
-    speculate: bool = False  # the kind being run
+    window: dict[int, list[float]] = field(default_factory=dict)
+    speculate: int = PLAIN  # the kind being run
     left: int = 0  # steps left in this run
     probing: bool = True
-    confirmed: int = 0  # probes in a row that found the slower kind still slower
-    inherited: bool | None = None  # the faster kind taken from a neighbouring width, until measured here
+    confirmed: int = 0  # probes in a row that found the faster kind still the faster
+    probed: int = 0  # probes so far (the slower kinds are probed in turn)
+    inherited: int | None = None  # the faster kind taken from a neighbouring width, until measured here
+
+    def __post_init__(self) -> None:
+        self.window = {kind: [0.0, 0.0, 0] for kind in self.kinds}
 
 
 class SpecPolicy:
-    """``speculate(rows)`` before a step; ``timed(rows, speculated, tokens, seconds)`` after it."""
+    """``speculate(rows)`` before a step (its kind: PLAIN, VERIFY or WAITED); ``timed(rows, kind, tokens,
+    seconds)`` after it."""
 
     def __init__(self, k_max: int, adaptive: bool = True, chained: bool = False) -> None:
         self.k_max = k_max
@@ -79,10 +92,14 @@ class SpecPolicy:
         self.chained = chained  # verify steps chain: a rejection voids the row's next step
         self._widths: dict[int, _Width] = {}
 
-    def speculate(self, rows: int) -> bool:
-        """Whether the next step with ``rows`` decoding rows verifies guesses."""
+    @property
+    def kinds(self) -> tuple[int, ...]:
+        return (PLAIN, VERIFY, WAITED) if self.chained else (PLAIN, VERIFY)
+
+    def speculate(self, rows: int) -> int:
+        """The kind of the next step with ``rows`` decoding rows (PLAIN: 0, falsy)."""
         if not self.adaptive:
-            return True
+            return VERIFY
         bucket = _bucket(rows)
         width = self._widths.get(bucket)
         if width is None:
@@ -94,8 +111,8 @@ class SpecPolicy:
 
     def _new_width(self, bucket: int) -> _Width:
         """A width's first run: its measured neighbour's faster kind, timed as it runs; without one, none
-        (``_next_run`` times plain steps, then verify steps)."""
-        width = _Width()
+        (``_next_run`` times plain steps, then each kind of verify step)."""
+        width = _Width(self.kinds)
         for near in (self._widths.get(bucket // 2), self._widths.get(bucket * 2)):
             faster = None if near is None else _faster(near)
             if faster is not None:
@@ -103,41 +120,48 @@ class SpecPolicy:
                 break
         return width
 
-    def timed(self, rows: int, speculated: bool, tokens: int, seconds: float) -> None:
+    def timed(self, rows: int, kind: int, tokens: int, seconds: float) -> None:
         """A decode step's output tokens and wall time (from the previous step's tokens to its own)."""
         width = self._widths.get(_bucket(rows))
-        # a step of the other kind was decided under a neighbouring width's run (the rows changed between
+        # a step of another kind was decided under a neighbouring width's run (the rows changed between
         # the decision and the step): one such step, with its switch, is no measure of this width
-        if width is None or seconds <= 0 or speculated != width.speculate:
+        if width is None or seconds <= 0 or kind != width.speculate:
             return
-        sums = width.window[speculated]
+        sums = width.window[kind]
         sums[0] += tokens
         sums[1] += seconds
         sums[2] += 1
-        other = width.rate.get(not speculated)
-        if width.probing and other and sums[2] >= EARLY_STEPS and sums[0] / sums[1] < EARLY_SHARE * other:
-            width.left = 0  # clearly the slower kind: the run ends here
+        best = max((rate for k, rate in width.rate.items() if k != kind), default=0.0)
+        if width.probing and best and sums[2] >= EARLY_STEPS and sums[0] / sums[1] < EARLY_SHARE * best:
+            width.left = 0  # clearly a slower kind: the run ends here
 
     def _next_run(self, width: _Width) -> None:
         """Close the run just ended (its rate joins the kind's) and pick the next: each kind is timed once
-        first, then the faster runs long and the slower is timed again between."""
+        first, then the fastest runs long and the slower ones are timed again between, in turn."""
         for kind, (tokens, seconds, _) in width.window.items():
             if seconds > 0:
                 rate = tokens / seconds
                 old = width.rate.get(kind)
                 width.rate[kind] = rate if old is None else (1 - SMOOTHING) * old + SMOOTHING * rate
                 width.window[kind] = [0.0, 0.0, 0]
-        unmeasured = [kind for kind in (False, True) if kind not in width.rate]  # plain first: it is free
+        rate = width.rate
+        # verify steps far slower than plain ones: waiting for each other cannot save them
+        far = VERIFY in rate and PLAIN in rate and rate[VERIFY] < EARLY_SHARE * rate[PLAIN]
+        if WAITED in width.kinds and WAITED not in rate and far:
+            rate[WAITED] = rate[VERIFY]
+        unmeasured = [kind for kind in width.kinds if kind not in rate]  # plain first: it is free
         if unmeasured:
             width.speculate, width.left, width.probing = unmeasured[0], WINDOW, True
             return
-        best = width.rate[True] >= width.rate[False]
-        if width.probing:  # a probe ended: run the faster, longer each time a probe confirmed it
+        best = max(width.kinds, key=lambda kind: (width.rate[kind], -kind))  # a tie: the simpler kind
+        if width.probing:  # a probe ended: run the fastest, longer each time a probe confirmed it
             width.confirmed = width.confirmed + 1 if best != width.speculate else 0
             exploit = min(MAX_EXPLOIT, EXPLOIT << max(0, width.confirmed - 1))
             width.speculate, width.left, width.probing = best, exploit, False
-        else:  # time the slower again
-            width.speculate, width.left, width.probing = not best, PROBE, True
+        else:  # time a slower kind again
+            slower = [kind for kind in width.kinds if kind != best]
+            width.speculate, width.left, width.probing = slower[width.probed % len(slower)], PROBE, True
+            width.probed += 1
 
     def next_k(self, drafts: RowDrafts, proposed: int, accepted: int) -> None:
         """A row's guesses after a verify: one more after all were accepted, else one past the accepted;
@@ -157,18 +181,15 @@ class SpecPolicy:
     def summary(self) -> dict[str, dict[str, float]]:
         """Each width's measured rates (tokens/s), for the stats file."""
         return {
-            str(bucket): {
-                ("speculative" if kind else "plain"): round(rate, 1) for kind, rate in w.rate.items()
-            }
+            str(bucket): {NAMES[kind]: round(rate, 1) for kind, rate in sorted(w.rate.items())}
             for bucket, w in sorted(self._widths.items())
         }
 
 
-def _faster(width: _Width) -> bool | None:
-    """Whether verify steps are the faster kind at ``width``: measured, or taken from its neighbour; None
-    when neither."""
-    if len(width.rate) == 2:
-        return width.rate[True] >= width.rate[False]
+def _faster(width: _Width) -> int | None:
+    """The fastest kind at ``width``: measured, or taken from its neighbour; None when neither."""
+    if len(width.rate) == len(width.kinds):
+        return max(width.kinds, key=lambda kind: (width.rate[kind], -kind))
     return width.inherited
 
 

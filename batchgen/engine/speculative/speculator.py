@@ -20,13 +20,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 from batchgen.engine.speculative.ngram import NgramProposer
-from batchgen.engine.speculative.policy import RowDrafts, SpecPolicy
+from batchgen.engine.speculative.policy import PLAIN, VERIFY, WAITED, RowDrafts, SpecPolicy
 
 if TYPE_CHECKING:
     from batchgen.engine.request import Request
     from batchgen.engine.stats import EngineStats
 
 METHODS = ("ngram", "draft")
+PREPARE_EVERY = 8  # a running row's new tokens are indexed by every this many calls of ``prepare``
 
 
 class Proposer(Protocol):
@@ -60,6 +61,7 @@ class Speculator:
         self.k_max = k_max
         self.proposer: Proposer = proposer or NgramProposer(ngram_min, ngram_max)
         self.policy = SpecPolicy(k_max, adaptive)
+        self._prepared = 0  # calls of ``prepare``
 
     @property
     def chains(self) -> bool:
@@ -70,16 +72,28 @@ class Speculator:
         """The engine's loop: in the asynchronous one, verify steps chain if the proposer can."""
         self.policy.chained = async_mode and self.chains
 
-    def wants(self, running: list[Request]) -> bool:
-        """Whether the next step should verify guesses (with a proposer that cannot chain, the engine then
-        waits for every step in flight, whose tokens the guesses continue)."""
-        return bool(running) and self.policy.speculate(len(running))
+    def wants(self, running: list[Request]) -> int:
+        """The next step's kind (policy.py): PLAIN (0), or a verify step, which may wait (``waits``)."""
+        return self.policy.speculate(len(running)) if running else PLAIN
+
+    def waits(self, kind: int) -> bool:
+        """Whether a step of ``kind`` verifies guesses and waits for every step in flight, whose tokens
+        its guesses continue, with the next step waiting for it in turn (nothing chained, nothing voided)."""
+        return kind == WAITED or (kind == VERIFY and not self.policy.chained)
 
     def prepare(self, running: list[Request]) -> None:
         """While a plain step runs: the rows' one-time proposal work (prompt lookup's index of a new row's
         prompt), so that the first verify step neither waits for it nor counts it in the policy's timing.
-        Rows that never guess (penalised, constrained) are left out."""
-        rows = [req for req in running if not req.params.penalized and req.guide is None]
+        Each call takes the new rows and one in PREPARE_EVERY of the others (their tokens since), so that a
+        wide batch's host work a plain step stays small. Rows that never guess (penalised, constrained)
+        are left out."""
+        self._prepared += 1
+        phase = self._prepared % PREPARE_EVERY
+        rows = [
+            req for i, req in enumerate(running)
+            if (req.draft is None or req.draft.state is None or i % PREPARE_EVERY == phase)
+            and not req.params.penalized and req.guide is None
+        ]  # fmt: skip
         for req in rows:
             if req.draft is None:
                 req.draft = RowDrafts(self.k_max)
