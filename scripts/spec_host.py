@@ -29,7 +29,7 @@ from batchgen.engine.scheduler import Scheduler
 from batchgen.engine.speculative.speculator import Speculator
 from batchgen.engine.stops import StopChecker
 
-VOCAB, EOS, BREAK_EVERY, CYCLE = 4096, 2, 97, 64
+VOCAB, EOS, CYCLE = 4096, 2, 64
 
 
 def _next(token: np.ndarray, step: int | np.ndarray = 1) -> np.ndarray:
@@ -38,12 +38,13 @@ def _next(token: np.ndarray, step: int | np.ndarray = 1) -> np.ndarray:
 
 
 class CycleRunner(Runner):
-    """Next token = the next one in the input token's cycle; at every BREAK_EVERY-th position the fifth.
+    """Next token = the next one in the input token's cycle; at every ``break_every``-th position the fifth.
     ``device_ms`` (decode, verify, a prompt token): a simulated device that runs the steps one after another,
     each taking that long, so ``fetch`` waits as it would for a GPU and the asynchronous loop overlaps the
     host's work with the step in flight (what the speculation policy meets on a GPU)."""
 
-    def __init__(self, device_ms: tuple[float, float, float] | None = None) -> None:
+    def __init__(self, device_ms: tuple[float, float, float] | None = None, break_every: int = 97) -> None:
+        self.break_every = break_every
         self._prev: np.ndarray | None = None
         self.device_ms = device_ms
         self._free_at = 0.0  # when the simulated device finishes its last queued step
@@ -67,7 +68,7 @@ class CycleRunner(Runner):
             ids[carried] = self._prev[inputs.carry_rows[carried]]
         rows = inputs.logits_indices
         token, pos = ids[rows], inputs.positions[rows]
-        self._prev = _next(token, np.where(pos % BREAK_EVERY == 0, 5, 1))
+        self._prev = _next(token, np.where(pos % self.break_every == 0, 5, 1))
         return inputs.step_id, self._prev.tolist(), None, self._queue(inputs)
 
     def ready(self, handle) -> bool:
@@ -90,13 +91,14 @@ class _Tokens:
 
 
 def run(
-    rows: int, new_tokens: int, k: int | None, adaptive: bool = False, device_ms=None, staggered: bool = False
+    rows: int, new_tokens: int, k: int | None, adaptive: bool = False, device_ms=None,
+    staggered: bool = False, break_every: int = 97,
 ) -> dict:  # fmt: skip
     blocks = BlockManager(rows * (new_tokens + 256) // 16 + 64, block_size=16)
     scheduler = Scheduler(blocks, rows, 8192)
     speculator = Speculator("ngram", k, 2, 4, adaptive=adaptive) if k else None
-    engine = Engine(CycleRunner(device_ms), blocks, scheduler, StopChecker(_Tokens(), {EOS}), 1 << 16, True,
-                    speculator=speculator)  # fmt: skip
+    engine = Engine(CycleRunner(device_ms, break_every), blocks, scheduler, StopChecker(_Tokens(), {EOS}),
+                    1 << 16, True, speculator=speculator)  # fmt: skip
     rng = np.random.default_rng(1)
     requests = []
     for i in range(rows):  # staggered: row i stops after (i + 1) / rows of the tokens, as EOS would
@@ -134,6 +136,9 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--staggered", action="store_true", help="rows end one by one (the width shrinks)")
     ap.add_argument(
+        "--break-every", type=int, default=97, help="positions where the cycle skips: guesses fail"
+    )
+    ap.add_argument(
         "--device-ms",
         type=float,
         nargs=3,
@@ -144,7 +149,7 @@ def main() -> None:
     kinds = [(None, False), (args.k, False)] + [(args.k, True)] * (args.device_ms is not None)
     for k, adaptive in kinds:
         runs = [
-            run(args.rows, args.new_tokens, k, adaptive, args.device_ms, args.staggered)
+            run(args.rows, args.new_tokens, k, adaptive, args.device_ms, args.staggered, args.break_every)
             for _ in range(args.repeats)
         ]
         print(json.dumps(min(runs, key=lambda r: r["host_ms_per_step"])), flush=True)
