@@ -67,8 +67,8 @@ class VerifiedRows:
         tokens kept and the sampled rows the decodes used."""
         at = made = 0
         for req, start, guess in zip(decodes.requests, decodes.starts.tolist(), decodes.drafts, strict=True):
-            sampled = result.tokens[at : at + len(guess) + 1]
-            at += len(guess) + 1
+            first, at = at, at + len(guess) + 1  # its sampled rows
+            sampled = result.tokens[first:at]
             if req.void_step == step_id:  # it continued guesses rejected since: nothing to take
                 continue
             req.num_pending -= 1
@@ -80,7 +80,7 @@ class VerifiedRows:
             if n < len(guess) and req.row >= 0:
                 self._roll_back(req, step_id, start + 1 + n)
             if req.watched or req.logprobs is not None:
-                made += self._one_by_one(req, range(at - len(guess) - 1, at - len(guess) + n), take, check)
+                made += self._one_by_one(req, range(first, first + n + 1), take, check)
             else:
                 made += self._at_once(req, sampled[: n + 1], check)
         return made, at

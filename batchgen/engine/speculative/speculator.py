@@ -63,14 +63,9 @@ class Speculator:
         self.policy = SpecPolicy(k_max, adaptive)
         self._prepared = 0  # calls of ``prepare``
 
-    @property
-    def chains(self) -> bool:
-        """Whether verify steps chain in the asynchronous loop (accept.py)."""
-        return self.proposer.chains
-
     def run_async(self, async_mode: bool) -> None:
-        """The engine's loop: in the asynchronous one, verify steps chain if the proposer can."""
-        self.policy.chained = async_mode and self.chains
+        """The engine's loop: in the asynchronous one, verify steps chain if the proposer can (accept.py)."""
+        self.policy.chained = async_mode and self.proposer.chains
 
     def wants(self, running: list[Request]) -> int:
         """The next step's kind (policy.py): PLAIN (0), or a verify step, which may wait (``waits``)."""
