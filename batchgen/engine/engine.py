@@ -241,9 +241,8 @@ class Engine:
 
     def _launch_next(self, inflight: deque, kind: int = PLAIN) -> bool:
         t0 = time.perf_counter()
-        drafts = None
-        if kind and (not inflight or not self.speculator.waits(kind)):
-            drafts = self.speculator.drafts(self.scheduler.running)
+        # (a verify step that waits finds nothing in flight: ``_lag`` drained it)
+        drafts = self.speculator.drafts(self.scheduler.running) if kind else None
         step = self.scheduler.schedule(drafts)
         if not step.num_seqs:
             return False
