@@ -12,6 +12,7 @@ guesses with a draft model instead of prompt lookup; ``--draft random``: a 2-lay
 workload's vocabulary and tokenizer (acceptance near zero: what a failed draft costs).
 
     python scripts/spec_bench.py --workload rewrite --rows 32 --out spec.json
+    python scripts/spec_bench.py --workload rewrite --rows 32 --prompts 256   (a job streamed 32 rows wide)
     python scripts/spec_bench.py --workload B1s --draft random --out spec-draft.json
     python scripts/spec_bench.py --workload rewrite --rows 8 --new-tokens 128 --repeats 1   (the CPU)
 """
@@ -38,17 +39,17 @@ def _engine(args: argparse.Namespace):
     """(llm, prompts, params) for the workload."""
     spec = dict(speculative="ngram", num_speculative_tokens=args.k, ngram_min=args.ngram_min)
     # every run computes its prompts: a run must not find the previous run's blocks in the prefix cache
-    width = dict(prefix_caching=False, **({"max_num_seqs": args.max_num_seqs} if args.max_num_seqs else {}))
+    seqs = args.max_num_seqs or (args.rows if args.prompts else None)
+    width = dict(prefix_caching=False, **({"max_num_seqs": seqs} if seqs else {}))
     if args.workload == "rewrite":
         if args.draft:
             spec = _draft_options(args, *_model_vocab(args.model))
         llm = LLM(args.model, **spec, **width)
-        prompts = [llm.encode(m) for m in rewrite_messages(args.rows or 32, seed=0)]
+        prompts = [llm.encode(m) for m in rewrite_messages(args.prompts or args.rows or 32, seed=0)]
         return llm, prompts, SamplingParams(max_new_tokens=args.new_tokens or 512)
     w = get_workload(args.workload)
     p = prepare(w, baselines=False)
-    rows = args.rows or w.num_requests
-    prompts = p.prompts[:rows]
+    prompts = p.prompts[: args.prompts or args.rows or w.num_requests]
     if args.draft:
         spec = _draft_options(args, p.model.config.vocab_size, p.tokenizer.save_pretrained)
     llm = p.make_llm(**spec, **width)
@@ -127,6 +128,9 @@ def main() -> None:
     ap.add_argument("--workload", default="rewrite", choices=["rewrite", "B1s", "B2", "B3"])
     ap.add_argument("--model", help="rewrite: the model directory [the embedded model]")
     ap.add_argument("--rows", type=int)
+    ap.add_argument(
+        "--prompts", type=int, help="a job of this many prompts, --rows of them in flight [--rows: one wave]"
+    )
     ap.add_argument("--new-tokens", type=int)
     ap.add_argument("--max-num-seqs", type=int)
     ap.add_argument("--k", type=int, default=4, help="--num-speculative-tokens")
@@ -146,7 +150,8 @@ def main() -> None:
     summary = {
         "workload": args.workload,
         "method": "draft" if args.draft else "ngram",
-        "rows": len(prompts),
+        "prompts": len(prompts),
+        "rows": args.rows if args.prompts else len(prompts),
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "best_tok_per_s": best,
         "adaptive_vs_plain": round(best["adaptive"] / best["plain"], 3),

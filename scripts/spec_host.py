@@ -1,8 +1,9 @@
 """The host's share of a verify step (engine/speculative): the engine over a runner that computes nothing.
 
 The runner's "model" walks cycles of 64 token ids (each prompt is such a walk, so prompt lookup follows
-it; every 97th position skips ahead in the cycle, so some guesses are rejected), so what is timed is the
-engine's own work a step: postprocessing the verified rows, proposing, scheduling, building the step.
+it; every 97th position, counted from a point of the row's own, skips ahead in the cycle, so some guesses
+are rejected), so what is timed is the engine's own work a step: postprocessing the verified rows,
+proposing, scheduling, building the step.
 ``--device-ms`` adds a simulated device's time a step: the asynchronous loop then overlaps the host's work
 with it, verify steps included (they chain: engine/speculative/accept.py).
 
@@ -68,7 +69,8 @@ class CycleRunner(Runner):
             ids[carried] = self._prev[inputs.carry_rows[carried]]
         rows = inputs.logits_indices
         token, pos = ids[rows], inputs.positions[rows]
-        self._prev = _next(token, np.where(pos % self.break_every == 0, 5, 1))
+        phase = token // CYCLE  # each row's walk stays in its own cycle: rows break at different steps
+        self._prev = _next(token, np.where((pos + phase) % self.break_every == 0, 5, 1))
         return inputs.step_id, self._prev.tolist(), None, self._queue(inputs)
 
     def ready(self, handle) -> bool:

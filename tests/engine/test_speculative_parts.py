@@ -64,6 +64,17 @@ def test_rows_guess_less_after_rejections_and_more_after_full_acceptance():
     assert drafts.k == 2
 
 
+def test_chained_rows_keep_guessing_every_token_they_may():
+    """Where a rejection voids the row's next step, fewer guesses save no step: above one half's
+    acceptance, (1 + a + ... + a^k) / (2 - a^k) tokens a step grows with k."""
+    policy, drafts = SpecPolicy(k_max=5, chained=True), RowDrafts(5)
+    for proposed, accepted in ((5, 3), (5, 4), (5, 2), (5, 5)):
+        policy.next_k(drafts, proposed, accepted)
+        assert drafts.k == 5 and drafts.rest == 0
+    rate = [sum(0.8**i for i in range(k + 1)) / (2 - 0.8**k) for k in range(1, 6)]
+    assert rate == sorted(rate)
+
+
 def test_chained_rows_rest_while_their_guesses_fail_more_often_than_not():
     """Where verify steps chain, a rejection also voids the row's next step: a row whose counted
     acceptance is under one half sits out verify steps, twice as many each time in a row, until a verify

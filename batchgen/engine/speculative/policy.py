@@ -12,11 +12,13 @@ rows finish one by one passes through each) starts with that width's fastest kin
 only at its probes: a width a run passes through for a few dozen steps would otherwise spend most of them
 timing every kind.
 
-Each row also proposes fewer tokens after its guesses fail (its ``RowDrafts.k``): one accepted guess out
-of four costs three wasted positions a step. Where verify steps chain (accept.py), a rejected guess also
-voids the row's part of the next step: with each guess accepted with probability a, guessing k tokens makes
-(1 + a + ... + a^k) / (2 - a^k) tokens a step, above plain decoding's one exactly when a > 1/2. So a row
-whose counted acceptance falls under one half sits out a few verify steps (more each time in a row).
+Where verify steps wait for each other, a row proposes fewer tokens after its guesses fail (its
+``RowDrafts.k``): one accepted guess out of four costs three wasted positions a step. Where they chain
+(accept.py), a rejected guess also voids the row's part of the next step: with each guess accepted with
+probability a, guessing k tokens makes (1 + a + ... + a^k) / (2 - a^k) tokens a step. Above one half that
+grows with k (the void costs a step however many guesses were made), under it it shrinks and stays below
+plain decoding's one. So a chained row guesses all K tokens it may, and a row whose counted acceptance falls
+under one half sits out a few verify steps instead (more each time in a row).
 """
 
 from __future__ import annotations
@@ -165,11 +167,12 @@ class SpecPolicy:
 
     def next_k(self, drafts: RowDrafts, proposed: int, accepted: int) -> None:
         """A row's guesses after a verify: one more after all were accepted, else one past the accepted;
-        with chained verify steps, a rest when its acceptance falls under one half."""
+        with chained verify steps, all K, and a rest when its acceptance falls under one half."""
         if not proposed:
             return
         drafts.k = min(self.k_max, drafts.k + 1) if accepted == proposed else max(1, accepted + 1)
         if self.chained:
+            drafts.k = self.k_max
             drafts.hits = DECAY * drafts.hits + accepted
             drafts.misses = DECAY * drafts.misses + (accepted < proposed)
             if drafts.acceptance < 0.5:
