@@ -109,6 +109,7 @@ def _timed(llm: LLM, prompts, params, kind: str) -> dict:
         "kind": kind,
         "wall_s": round(wall, 3),
         "output_tokens": tokens,
+        "longest_row": max(len(o.token_ids) for o in outs),  # a one-wave job lasts as long as it does
         "tok_per_s": round(tokens / wall, 1),
         "gpu_active_pct": round(100 * busy / wall, 1),
         "ms_per_step": round(1000 * wall / max(1, delta["steps"]), 3),
