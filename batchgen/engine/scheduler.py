@@ -347,9 +347,14 @@ class Scheduler:
 def _guesses(
     drafts: dict[int, list[int]] | None, rows: np.ndarray, budget: int, size: int
 ) -> list[list[int]] | None:
-    """The decodes' guesses in their order, or None when none has one or they exceed the token budget."""
+    """The decodes' guesses in their order, or None when none has one. Over the token budget, each is cut
+    to the longest length that fits them all (a row's first guesses are its likeliest to be accepted)."""
     if not drafts:
         return None
     guesses = [drafts.get(row, [])[: size - 1] for row in rows.tolist()]  # at most one new block a row
-    tokens = len(guesses) + sum(len(g) for g in guesses)
-    return guesses if tokens <= budget and tokens > len(guesses) else None
+    room = budget - len(guesses)
+    lengths = np.array([len(g) for g in guesses], np.int64)
+    if lengths.sum() > room:
+        cap = max((c for c in range(int(lengths.max())) if np.minimum(lengths, c).sum() <= room), default=0)
+        guesses = [g[:cap] for g in guesses]
+    return guesses if any(guesses) else None

@@ -64,6 +64,23 @@ def test_rows_guess_less_after_rejections_and_more_after_full_acceptance():
     assert drafts.k == 2
 
 
+def test_guesses_over_the_token_budget_are_cut_to_the_longest_length_that_fits():
+    """Eight decodes of one to four guesses under a 22-token step: each keeps its first guesses, no more
+    than any other's cut (a whole plain step instead would verify nothing)."""
+    import numpy as np
+
+    from batchgen.engine.scheduler import _guesses
+
+    rows = np.arange(8)
+    drafts = {row: [row, row + 1, row + 2, row + 3][: 1 + row % 4] for row in range(8)}  # lengths 1-4
+    cut = _guesses(drafts, rows, budget=22, size=16)
+    assert [len(g) for g in cut] == [1, 2, 2, 2, 1, 2, 2, 2]  # 8 inputs + 14 guesses
+    assert [len(g) for g in _guesses(drafts, rows, budget=21, size=16)] == [1] * 8
+    assert all(g == drafts[row][: len(g)] for row, g in enumerate(cut))
+    assert _guesses(drafts, rows, budget=28, size=16) == list(drafts.values())  # all fit: uncut
+    assert _guesses(drafts, rows, budget=8, size=16) is None  # no room for one: a plain step
+
+
 def test_chained_rows_keep_guessing_every_token_they_may():
     """Where a rejection voids the row's next step, fewer guesses save no step: above one half's
     acceptance, (1 + a + ... + a^k) / (2 - a^k) tokens a step grows with k."""
