@@ -2,8 +2,10 @@
 
 The runner's "model" walks cycles of 64 token ids (each prompt is such a walk, so prompt lookup follows
 it; every 97th position, counted from a point of the row's own, skips ahead in the cycle, so some guesses
-are rejected), so what is timed is the engine's own work a step: postprocessing the verified rows,
-proposing, scheduling, building the step.
+are rejected; ``--preamble N``: in each row's first N tokens every other position skips, so prompt lookup
+guesses there and fails, as in an answer's opening, which copies little of its prompt), so what is timed
+is the engine's own work a step: postprocessing the verified rows, proposing, scheduling, building the
+step.
 ``--device-ms`` adds a simulated device's time a step: the asynchronous loop then overlaps the host's work
 with it, verify steps included (they chain: engine/speculative/accept.py).
 
@@ -30,7 +32,7 @@ from batchgen.engine.scheduler import Scheduler
 from batchgen.engine.speculative.speculator import Speculator
 from batchgen.engine.stops import StopChecker
 
-VOCAB, EOS, CYCLE = 4096, 2, 64
+VOCAB, EOS, CYCLE, PROMPT = 4096, 2, 64, 200
 
 
 def _next(token: np.ndarray, step: int | np.ndarray = 1) -> np.ndarray:
@@ -44,8 +46,11 @@ class CycleRunner(Runner):
     each taking that long, so ``fetch`` waits as it would for a GPU and the asynchronous loop overlaps the
     host's work with the step in flight (what the speculation policy meets on a GPU)."""
 
-    def __init__(self, device_ms: tuple[float, float, float] | None = None, break_every: int = 97) -> None:
+    def __init__(
+        self, device_ms: tuple[float, float, float] | None = None, break_every: int = 97, preamble: int = 0
+    ) -> None:
         self.break_every = break_every
+        self.preamble = PROMPT + preamble  # every other position before it skips: an answer's opening
         self._prev: np.ndarray | None = None
         self.device_ms = device_ms
         self._free_at = 0.0  # when the simulated device finishes its last queued step
@@ -70,7 +75,8 @@ class CycleRunner(Runner):
         rows = inputs.logits_indices
         token, pos = ids[rows], inputs.positions[rows]
         phase = token // CYCLE  # each row's walk stays in its own cycle: rows break at different steps
-        self._prev = _next(token, np.where((pos + phase) % self.break_every == 0, 5, 1))
+        skip = ((pos + phase) % self.break_every == 0) | ((pos < self.preamble) & (pos % 2 == 1))
+        self._prev = _next(token, np.where(skip, 5, 1))
         return inputs.step_id, self._prev.tolist(), None, self._queue(inputs)
 
     def ready(self, handle) -> bool:
@@ -94,20 +100,21 @@ class _Tokens:
 
 def run(
     rows: int, new_tokens: int, k: int | None, adaptive: bool = False, device_ms=None,
-    staggered: bool = False, break_every: int = 97,
+    staggered: bool = False, break_every: int = 97, preamble: int = 0,
 ) -> dict:  # fmt: skip
     blocks = BlockManager(rows * (new_tokens + 256) // 16 + 64, block_size=16)
     scheduler = Scheduler(blocks, rows, 8192)
     speculator = Speculator("ngram", k, 2, 4, adaptive=adaptive) if k else None
-    engine = Engine(CycleRunner(device_ms, break_every), blocks, scheduler, StopChecker(_Tokens(), {EOS}),
-                    1 << 16, True, speculator=speculator)  # fmt: skip
+    runner = CycleRunner(device_ms, break_every, preamble)
+    engine = Engine(runner, blocks, scheduler, StopChecker(_Tokens(), {EOS}), 1 << 16, True,
+                    speculator=speculator)  # fmt: skip
     rng = np.random.default_rng(1)
     requests = []
     for i in range(rows):  # staggered: row i stops after (i + 1) / rows of the tokens, as EOS would
         length = new_tokens * (i + 1) // rows if staggered else new_tokens
         params = SamplingParams(max_new_tokens=length, ignore_eos=True)
         walk = [int(rng.integers(3, VOCAB))]
-        while len(walk) < 200:
+        while len(walk) < PROMPT:
             walk.append(int(_next(np.int64(walk[-1]))))
         requests.append(GenerationRequest(i, walk, params))
     t0 = time.perf_counter()
@@ -141,6 +148,12 @@ def main() -> None:
         "--break-every", type=int, default=97, help="positions where the cycle skips: guesses fail"
     )
     ap.add_argument(
+        "--preamble",
+        type=int,
+        default=0,
+        help="each row's first tokens: every other one skips (guesses fail)",
+    )
+    ap.add_argument(
         "--device-ms",
         type=float,
         nargs=3,
@@ -149,11 +162,9 @@ def main() -> None:
     )
     args = ap.parse_args()
     kinds = [(None, False), (args.k, False)] + [(args.k, True)] * (args.device_ms is not None)
+    device = (args.device_ms, args.staggered, args.break_every, args.preamble)  # what the stand-in does
     for k, adaptive in kinds:
-        runs = [
-            run(args.rows, args.new_tokens, k, adaptive, args.device_ms, args.staggered, args.break_every)
-            for _ in range(args.repeats)
-        ]
+        runs = [run(args.rows, args.new_tokens, k, adaptive, *device) for _ in range(args.repeats)]
         print(json.dumps(min(runs, key=lambda r: r["host_ms_per_step"])), flush=True)
     if args.profile:
         cProfile.runctx(

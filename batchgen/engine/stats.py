@@ -28,7 +28,7 @@ class EngineStats:
     void_rows: int = 0  # rows of a chained step that continued guesses rejected in the step before
     acceptance_rate: float = 0.0  # accepted / draft tokens
     accepted_per_verify_step: float = 0.0
-    speculation_rates: dict[str, Any] = field(default_factory=dict)  # tokens/s by width and kind of step
+    speculation_rates: dict[str, Any] = field(default_factory=dict)  # tokens/s by width and kind (policy.py)
     schedule_s: float = 0.0  # host time: scheduling + batch building
     prep_s: float = 0.0  # host time: filling step buffers and launching (CUDA runner)
     replay_s: float = 0.0  # of prep_s: launching decode graphs (graph.replay)

@@ -87,31 +87,30 @@ def test_chained_rows_keep_guessing_every_token_they_may():
     policy, drafts = SpecPolicy(k_max=5, chained=True), RowDrafts(5)
     for proposed, accepted in ((5, 3), (5, 4), (5, 2), (5, 5)):
         policy.next_k(drafts, proposed, accepted)
-        assert drafts.k == 5 and drafts.rest == 0
+        assert drafts.k == 5 and drafts.rest_until == 0
     rate = [sum(0.8**i for i in range(k + 1)) / (2 - 0.8**k) for k in range(1, 6)]
     assert rate == sorted(rate)
 
 
 def test_chained_rows_rest_while_their_guesses_fail_more_often_than_not():
     """Where verify steps chain, a rejection also voids the row's next step: a row whose counted
-    acceptance is under one half sits out verify steps, twice as many each time in a row, until a verify
-    accepts everything; with unchained verify steps it never rests."""
+    acceptance is under one half sits out its next tokens, twice as many each time in a row, until a
+    verify accepts everything; with unchained verify steps it never rests."""
     rest = policy_module.REST
     policy, drafts = SpecPolicy(k_max=4, chained=True), RowDrafts(4)
-    policy.next_k(drafts, proposed=4, accepted=0)  # acceptance 1/3 (one half before any verify)
-    assert drafts.acceptance < 0.5 and drafts.rest == rest
-    policy.next_k(drafts, proposed=1, accepted=0)  # its probe after the rest failed too
-    assert drafts.rest == 2 * rest
-    drafts.rest = 0  # sat out (Speculator.drafts counts it down)
-    for _ in range(4):
-        policy.next_k(drafts, proposed=2, accepted=2)
+    policy.next_k(drafts, proposed=4, accepted=0, length=30)  # acceptance 1/3 (one half before any verify)
+    assert drafts.acceptance < 0.5 and drafts.rest_until == 30 + rest
+    policy.next_k(drafts, proposed=1, accepted=0, length=40)  # its probe after the rest failed too
+    assert drafts.rest_until == 40 + 2 * rest
+    for length in (50, 55, 60, 65):
+        policy.next_k(drafts, proposed=2, accepted=2, length=length)
     assert drafts.acceptance > 0.5 and drafts.rest_len == 0
-    policy.next_k(drafts, proposed=4, accepted=3)  # a rejection, still accepted more often than not
-    assert drafts.rest == 0
+    policy.next_k(drafts, proposed=4, accepted=3, length=70)  # rejected, but accepted more often than not
+    assert drafts.rest_until == 40 + 2 * rest
     unchained, other = SpecPolicy(k_max=4), RowDrafts(4)
     for _ in range(3):
-        unchained.next_k(other, proposed=4, accepted=0)
-    assert other.rest == 0
+        unchained.next_k(other, proposed=4, accepted=0, length=30)
+    assert other.rest_until == 0
 
 
 def test_a_resting_row_guesses_nothing_until_its_rest_ends():
@@ -128,13 +127,16 @@ def test_a_resting_row_guesses_nothing_until_its_rest_ends():
             0,
         )
         params = SamplingParams()
-        draft = RowDrafts(4, rest=2)
+        draft = RowDrafts(4, rest_until=7)
         num_confirmed = 5
         sampled_scheduled = 3
 
     speculator = Speculator("ngram", 4, 1, 3)
     row = Row()
-    assert speculator.drafts([row]) is None and speculator.drafts([row]) is None and row.draft.rest == 0
+    assert speculator.drafts([row]) is None  # 5 tokens: resting until 7, however many steps ask
+    assert speculator.drafts([row]) is None
+    row.tokens = [5, 6, 5, 6, 5, 6, 5]  # two plain steps later
+    row.num_computed, row.num_confirmed, row.sampled_scheduled = 6, 7, 5
     assert speculator.drafts([row]) == {0: [6, 5]}  # what followed the newest copy of (5, 6, 5)
 
 
@@ -166,14 +168,14 @@ def test_three_kinds_the_fastest_runs_and_the_slower_two_are_probed_in_turn():
 
 
 def test_waited_verify_steps_are_not_timed_when_chained_ones_are_far_slower_than_plain():
-    window, early = policy_module.WINDOW, policy_module.EARLY_STEPS
+    window, early, transient = policy_module.WINDOW, policy_module.EARLY_STEPS, policy_module.TRANSIENT
     rates = {policy_module.PLAIN: 100.0, policy_module.VERIFY: 20.0, policy_module.WAITED: 25.0}
     policy, kinds = SpecPolicy(4, chained=True), []
-    for _ in range(window + early + 50):
+    for _ in range(window + transient + early + 50):
         kind = policy.speculate(8)
         kinds.append(kind)
         policy.timed(8, kind, 10, 10 / rates[kind])
-    assert kinds == [0] * window + [1] * early + [0] * 50
+    assert kinds == [0] * window + [1] * (transient + early) + [0] * 50
 
 
 def test_policy_runs_the_faster_kind_and_probes_the_slower_ever_less_often():
@@ -192,13 +194,15 @@ def test_policy_runs_the_faster_kind_and_probes_the_slower_ever_less_often():
 
 
 def test_a_kind_far_slower_is_timed_for_two_steps_only():
-    """Verify steps at a fifth of plain's rate: the first window of them, and each probe, ends after two."""
-    window, early = policy_module.WINDOW, policy_module.EARLY_STEPS
-    kinds = _drive(SpecPolicy(4), window + early + 2000, speculative_rate=20.0, plain_rate=100.0)
-    assert kinds[: window + early] == [False] * window + [True] * early and not kinds[window + early]
+    """Verify steps at a fifth of plain's rate: the first window of them, and each probe, ends after two
+    timed steps (behind the switch's untimed ones)."""
+    window, early, transient = policy_module.WINDOW, policy_module.EARLY_STEPS, policy_module.TRANSIENT
+    run = transient + early
+    kinds = _drive(SpecPolicy(4), window + run + 2000, speculative_rate=20.0, plain_rate=100.0)
+    assert kinds[: window + run] == [False] * window + [True] * run and not kinds[window + run]
     runs = [i for i in range(1, len(kinds)) if kinds[i] and not kinds[i - 1]]
-    assert all(kinds[i : i + early + 1] == [True] * early + [False] for i in runs)
-    assert sum(kinds) == early * (1 + len(runs)) - early  # the first run counted in runs too
+    assert all(kinds[i : i + run + 1] == [True] * run + [False] for i in runs)
+    assert sum(kinds) == run * len(runs)
 
 
 @pytest.mark.parametrize("faster", [True, False])
@@ -221,6 +225,56 @@ def test_policy_measures_each_width_apart():
     assert not policy.speculate(256)  # a new width starts by timing plain steps
     rates = policy.summary()
     assert rates["4"]["speculative"] == pytest.approx(200.0) and rates["4"]["plain"] == pytest.approx(100.0)
+
+
+def _drive_async(policy: SpecPolicy, steps: int, rates, lag: int = 2, rows: int = 8) -> list:
+    """As the asynchronous loop drives it: each step timed ``lag`` steps after it is decided. ``rates(kind,
+    nth)``: (tokens, seconds) of the ``nth`` step of a run of ``kind``."""
+    kinds, queue, nth = [], [], 0
+    for _ in range(steps):
+        kind = policy.speculate(rows)
+        nth = nth + 1 if kinds and kinds[-1] == kind else 0
+        kinds.append(kind)
+        queue.append((kind, *rates(kind, nth)))
+        if len(queue) > lag:
+            policy.timed(rows, *queue.pop(0))
+    return kinds
+
+
+def test_verify_steps_are_timed_past_their_start_however_late_their_timings_come():
+    """Chained verify steps behind a plain one start with no guesses known (a plain step's tokens, and
+    the wait for the step before), and each step's timing comes back after the next ones are decided: a
+    probe of them must time the steps that follow the switch."""
+
+    def rates(kind, nth):
+        if not kind:
+            return 10, 0.1
+        return (10, 0.2) if nth < 2 else (13, 0.11)  # one step in flight at the switch, one being built
+
+    kinds = _drive_async(SpecPolicy(4), 3000, rates)
+    assert sum(kinds[1000:]) / 2000 > 0.97
+
+
+def test_a_probe_replaces_the_rate_of_an_earlier_phase():
+    """Rows' acceptance moves as they go (an answer's opening copies nothing of its prompt, its body does):
+    verify steps timed slower at first win once a probe finds them faster now."""
+    window, exploit, probe = policy_module.WINDOW, policy_module.EXPLOIT, policy_module.PROBE
+    policy = SpecPolicy(4)
+    assert not any(_drive(policy, 2 * window + 10, speculative_rate=60.0, plain_rate=100.0)[2 * window :])
+    later = _drive(policy, exploit + probe + 100, speculative_rate=200.0, plain_rate=100.0)
+    assert sum(later[-100:]) >= 90  # verify steps, but for the probes of plain ones
+
+
+def test_a_kind_timed_as_rows_finish_is_not_taken_for_slower():
+    """Width 32 holds 17 to 32 rows: plain steps timed at 32 rows, verify steps at 17 making 1.5x the
+    tokens a row in the same time, are the faster kind (tokens count as at the width's full rows)."""
+    policy, kinds = SpecPolicy(4), []
+    for step in range(400):
+        rows = 32 if step < policy_module.WINDOW else 17
+        kind = policy.speculate(rows)
+        kinds.append(kind)
+        policy.timed(rows, kind, int(rows * (1.5 if kind else 1)), 0.1)
+    assert sum(kinds[100:]) / 300 > 0.95
 
 
 def test_always_policy_never_asks_the_clock():

@@ -7,10 +7,12 @@ host's work between them not hidden: at a few rows, where that work is small, th
 The policy times each kind of step at each width (a power of two of decoding rows; plain steps first) and
 runs the fastest, timing the slower ones again now and then, in turn, less often each time they stay
 slower: turning speculation on then costs the first probes where it cannot help, and a share of steps that
-shrinks as the run goes on. A width next to one already measured (half or twice its rows: a batch whose
-rows finish one by one passes through each) starts with that width's fastest kind and times the others
-only at its probes: a width a run passes through for a few dozen steps would otherwise spend most of them
-timing every kind.
+shrinks as the run goes on. A kind's rate is its newest timing, not an average over the run: rows'
+acceptance moves as they go (an answer's opening copies less of its prompt than its body), and a rate timed
+in one phase must not outvote a probe in the next. A width next to one already measured (half or twice its
+rows: a batch whose rows finish one by one passes through each) starts with that width's fastest kind and
+times the others only at its probes: a width a run passes through for a few dozen steps would otherwise
+spend most of them timing every kind.
 
 Where verify steps wait for each other, a row proposes fewer tokens after its guesses fail (its
 ``RowDrafts.k``): one accepted guess out of four costs three wasted positions a step. Where they chain
@@ -18,23 +20,29 @@ Where verify steps wait for each other, a row proposes fewer tokens after its gu
 probability a, guessing k tokens makes (1 + a + ... + a^k) / (2 - a^k) tokens a step. Above one half that
 grows with k (the void costs a step however many guesses were made), under it it shrinks and stays below
 plain decoding's one. So a chained row guesses all K tokens it may, and a row whose counted acceptance falls
-under one half sits out a few verify steps instead (more each time in a row).
+under one half sits out its next few tokens instead (more each time in a row). A rest is counted in the
+row's tokens, not in verify steps: a row that rested through a run of plain steps guesses at the next
+verify step, so a probe of verify steps measures rows that guess, not rows still resting from an earlier
+phase of their answers.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-WINDOW = 8  # steps of one kind timed in a row when a width is new (the first of them pays the switch)
-PROBE = 4  # steps of a slower kind timed again, now and then
+WINDOW = 8  # steps of one kind run to time it when a width is new
+PROBE = 6  # steps of a slower kind run to time it again, now and then
 EXPLOIT = 96  # steps of the fastest kind before the first probe of a slower one; doubled after each probe
 MAX_EXPLOIT = 4096  # ... that confirms it, up to this
-SMOOTHING = 0.25  # weight of a new window's rate in a kind's running rate
+# A run's first steps after the kind changed are not timed: chained verify steps behind a plain one start
+# with no guesses known, and a plain step behind a verify one waits for its tokens. A timed run lasts until
+# its other steps are timed (they come back a step or two after the next ones are decided), up to LAG more.
+TRANSIENT, LAG = 2, 16
 # A timed run of a slower kind ends after this many steps when it makes under this share of the fastest
 # other kind's rate: a verify step several times a plain one's cost (a wide batch) is not timed eight times.
 EARLY_STEPS, EARLY_SHARE = 2, 0.5
 # A row's accepted and rejected guesses count with this weight per verify step (its recent acceptance); under
-# one half it sits out REST verify steps, twice as many each time in a row, up to MAX_REST.
+# one half it sits out its next REST tokens, twice as many each time in a row, up to MAX_REST.
 DECAY, REST, MAX_REST = 0.8, 4, 64
 
 
@@ -49,7 +57,7 @@ class RowDrafts:
     waiting: list[int] | None = None
     hits: float = 0.0  # accepted guesses, decayed
     misses: float = 0.0  # verify steps that rejected a guess, decayed
-    rest: int = 0  # verify steps left to sit out
+    rest_until: int = 0  # the row's confirmed tokens (prompt and output) up to which it guesses nothing
     rest_len: int = 0  # the last rest's length (0: the row's last verify accepted every guess)
 
     @property
@@ -67,7 +75,8 @@ NAMES = {PLAIN: "plain", VERIFY: "speculative", WAITED: "speculative_waited"}
 
 @dataclass
 class _Width:
-    """Each kind of step at one batch width: its output rate (tokens/s), and the current run."""
+    """Each kind of step at one batch width: its output rate (tokens/s as at its full rows), and the
+    current run."""
 
     kinds: tuple[int, ...]
     rate: dict[int, float] = field(default_factory=dict)
@@ -76,6 +85,8 @@ class _Width:
     speculate: int = PLAIN  # the kind being run
     left: int = 0  # steps left in this run
     probing: bool = True
+    need: int = 0  # steps a timing run needs timed
+    skip: int = 0  # its first steps, not timed (TRANSIENT)
     confirmed: int = 0  # probes in a row that found the faster kind still the faster
     probed: int = 0  # probes so far (the slower kinds are probed in turn)
     inherited: int | None = None  # the faster kind taken from a neighbouring width, until measured here
@@ -93,6 +104,7 @@ class SpecPolicy:
         self.adaptive = adaptive
         self.chained = chained  # verify steps chain: a rejection voids the row's next step
         self._widths: dict[int, _Width] = {}
+        self._last = PLAIN  # the kind of the last step decided, at any width
 
     @property
     def kinds(self) -> tuple[int, ...]:
@@ -109,7 +121,16 @@ class SpecPolicy:
         if width.left <= 0:
             self._next_run(width)
         width.left -= 1
+        self._last = width.speculate
         return width.speculate
+
+    def _start(self, width: _Width, kind: int, steps: int, probing: bool) -> None:
+        """A run of ``steps`` steps of ``kind``; a timing run (``probing``) lasts until that many are timed,
+        less the transient ones."""
+        width.speculate, width.probing = kind, probing
+        width.skip = TRANSIENT if kind != self._last else 0
+        width.need = max(1, steps - width.skip)
+        width.left = steps + LAG if probing else steps
 
     def _new_width(self, bucket: int) -> _Width:
         """A width's first run: its measured neighbour's faster kind, timed as it runs; without one, none
@@ -118,33 +139,42 @@ class SpecPolicy:
         for near in (self._widths.get(bucket // 2), self._widths.get(bucket * 2)):
             faster = None if near is None else _faster(near)
             if faster is not None:
-                width.speculate, width.left, width.probing, width.inherited = faster, EXPLOIT, False, faster
+                self._start(width, faster, EXPLOIT, probing=False)
+                width.inherited = faster
                 break
         return width
 
     def timed(self, rows: int, kind: int, tokens: int, seconds: float) -> None:
-        """A decode step's output tokens and wall time (from the previous step's tokens to its own)."""
-        width = self._widths.get(_bucket(rows))
+        """A decode step's output tokens and wall time (from the previous step's tokens to its own). The
+        tokens count as at the width's full rows: a width spans rows up to twice as many, and a kind timed as
+        rows finish must not look slower than one timed before (a step's time varies far less than its
+        rows)."""
+        bucket = _bucket(rows)
+        width = self._widths.get(bucket)
         # a step of another kind was decided under a neighbouring width's run (the rows changed between
         # the decision and the step): one such step, with its switch, is no measure of this width
         if width is None or seconds <= 0 or kind != width.speculate:
             return
+        if width.skip > 0:
+            width.skip -= 1
+            return
         sums = width.window[kind]
-        sums[0] += tokens
+        sums[0] += tokens * bucket / max(1, rows)
         sums[1] += seconds
         sums[2] += 1
+        if not width.probing:
+            return
         best = max((rate for k, rate in width.rate.items() if k != kind), default=0.0)
-        if width.probing and best and sums[2] >= EARLY_STEPS and sums[0] / sums[1] < EARLY_SHARE * best:
-            width.left = 0  # clearly a slower kind: the run ends here
+        slower = best and sums[2] >= EARLY_STEPS and sums[0] / sums[1] < EARLY_SHARE * best
+        if slower or sums[2] >= width.need:
+            width.left = 0  # timed (clearly a slower kind: after EARLY_STEPS): the run ends here
 
     def _next_run(self, width: _Width) -> None:
-        """Close the run just ended (its rate joins the kind's) and pick the next: each kind is timed once
+        """Close the run just ended (its rate replaces the kind's) and pick the next: each kind is timed once
         first, then the fastest runs long and the slower ones are timed again between, in turn."""
         for kind, (tokens, seconds, _) in width.window.items():
             if seconds > 0:
-                rate = tokens / seconds
-                old = width.rate.get(kind)
-                width.rate[kind] = rate if old is None else (1 - SMOOTHING) * old + SMOOTHING * rate
+                width.rate[kind] = tokens / seconds
                 width.window[kind] = [0.0, 0.0, 0]
         rate = width.rate
         # verify steps far slower than plain ones: waiting for each other cannot save them
@@ -153,21 +183,22 @@ class SpecPolicy:
             rate[WAITED] = rate[VERIFY]
         unmeasured = [kind for kind in width.kinds if kind not in rate]  # plain first: it is free
         if unmeasured:
-            width.speculate, width.left, width.probing = unmeasured[0], WINDOW, True
+            self._start(width, unmeasured[0], WINDOW, probing=True)
             return
         best = max(width.kinds, key=lambda kind: (width.rate[kind], -kind))  # a tie: the simpler kind
         if width.probing:  # a probe ended: run the fastest, longer each time a probe confirmed it
             width.confirmed = width.confirmed + 1 if best != width.speculate else 0
             exploit = min(MAX_EXPLOIT, EXPLOIT << max(0, width.confirmed - 1))
-            width.speculate, width.left, width.probing = best, exploit, False
+            self._start(width, best, exploit, probing=False)
         else:  # time a slower kind again
             slower = [kind for kind in width.kinds if kind != best]
-            width.speculate, width.left, width.probing = slower[width.probed % len(slower)], PROBE, True
+            self._start(width, slower[width.probed % len(slower)], PROBE, probing=True)
             width.probed += 1
 
-    def next_k(self, drafts: RowDrafts, proposed: int, accepted: int) -> None:
+    def next_k(self, drafts: RowDrafts, proposed: int, accepted: int, length: int = 0) -> None:
         """A row's guesses after a verify: one more after all were accepted, else one past the accepted;
-        with chained verify steps, all K, and a rest when its acceptance falls under one half."""
+        with chained verify steps, all K, and a rest when its acceptance falls under one half (``length``:
+        the row's tokens now; the rest ends that many tokens later)."""
         if not proposed:
             return
         drafts.k = min(self.k_max, drafts.k + 1) if accepted == proposed else max(1, accepted + 1)
@@ -177,12 +208,12 @@ class SpecPolicy:
             drafts.misses = DECAY * drafts.misses + (accepted < proposed)
             if drafts.acceptance < 0.5:
                 drafts.rest_len = min(MAX_REST, max(REST, 2 * drafts.rest_len))
-                drafts.rest = drafts.rest_len
+                drafts.rest_until = length + drafts.rest_len
             elif accepted == proposed:
                 drafts.rest_len = 0
 
     def summary(self) -> dict[str, dict[str, float]]:
-        """Each width's measured rates (tokens/s), for the stats file."""
+        """Each width's latest rates (tokens/s, as at the width's full rows), for the stats file."""
         return {
             str(bucket): {NAMES[kind]: round(rate, 1) for kind, rate in sorted(w.rate.items())}
             for bucket, w in sorted(self._widths.items())

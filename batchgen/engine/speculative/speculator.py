@@ -108,8 +108,7 @@ class Speculator:
                 continue  # not decoding this step (a prefill under way), or penalised
             if req.draft is None:
                 req.draft = RowDrafts(self.k_max)
-            if req.draft.rest:  # its guesses fail more often than not (policy.py)
-                req.draft.rest -= 1
+            if req.num_confirmed < req.draft.rest_until:  # its guesses fail more often than not (policy.py)
                 continue
             k = min(req.draft.k, req.max_tokens - req.sampled_scheduled - 1)  # the last one is never a guess
             if k > 0:
@@ -125,7 +124,7 @@ class Speculator:
         stats.draft_tokens += proposed
         stats.accepted_tokens += accepted
         if req.draft is not None:
-            self.policy.next_k(req.draft, proposed, accepted)
+            self.policy.next_k(req.draft, proposed, accepted, req.num_confirmed)
 
 
 def accepted_length(guess: list[int], sampled: list[int]) -> int:
