@@ -170,16 +170,19 @@ for run in ${WIDTH_RUNS:-B2:256 B2:1024 B2:auto B6:256 B6:auto}; do
         --mode async --no-compare-hf "${flag[@]}" ${WIDTH_ARGS:-} --out "$RUN/width-$w-$width"
 done
 # STAGES=spec: speculative decoding against plain on one engine (scripts/spec_bench.py): its GPU tests, then
-# SPEC_RUNS "WORKLOAD:ROWS:NEW_TOKENS ..." (rewrite = B8 on the embedded model's real weights, when this
-# machine has them; B1s/B2/B3: random weights, guesses fail: what speculation costs where it cannot help).
+# SPEC_RUNS "WORKLOAD:ROWS:NEW_TOKENS[:PROMPTS] ..." (rewrite = B8 on the embedded model's real weights, when
+# this machine has them; PROMPTS: a job of that many streamed ROWS wide, else one wave; B1s/B2/B3: random
+# weights, guesses fail: what speculation costs where it cannot help).
 # SPEC_ARGS adds spec_bench options (e.g. "--k 8"). SPEC_DRAFT_RUNS: the same with --draft random (a 2-layer
 # random draft: acceptance near zero, what a failed draft model costs).
 has spec && stage spec-tests 200 "$RUN/spec-tests.log" "$PY" -m pytest -q -m gpu tests/engine/test_speculative_cuda.py \
     -p no:cacheprovider -s
-for run in ${SPEC_RUNS:-rewrite:32:512 B3:256:256 B1s:32:512}; do
-    IFS=: read -r w rows new <<<"$run"
-    has spec && stage "spec-$w" 300 "$RUN/spec-$w.log" "$PY" scripts/spec_bench.py --workload "$w" --rows "$rows" \
-        --new-tokens "$new" --repeats "${SPEC_REPEATS:-2}" ${SPEC_ARGS:-} --out "$RUN/spec-$w.json"
+for run in ${SPEC_RUNS:-rewrite:32:512 rewrite:32:512:256 B3:256:256 B1s:32:512}; do
+    IFS=: read -r w rows new prompts <<<"$run"
+    name="spec-$w${prompts:+-$prompts}"
+    has spec && stage "$name" 300 "$RUN/$name.log" "$PY" scripts/spec_bench.py --workload "$w" --rows "$rows" \
+        --new-tokens "$new" ${prompts:+--prompts "$prompts"} --repeats "${SPEC_REPEATS:-2}" ${SPEC_ARGS:-} \
+        --out "$RUN/$name.json"
 done
 for run in ${SPEC_DRAFT_RUNS:-B1s:32:512}; do
     IFS=: read -r w rows new <<<"$run"
