@@ -171,8 +171,9 @@ for run in ${WIDTH_RUNS:-B2:256 B2:1024 B2:auto B6:256 B6:auto}; do
 done
 # STAGES=spec: speculative decoding against plain on one engine (scripts/spec_bench.py): its GPU tests, then
 # SPEC_RUNS "WORKLOAD:ROWS:NEW_TOKENS[:PROMPTS] ..." (rewrite = B8 on the embedded model's real weights, when
-# this machine has them; PROMPTS: a job of that many streamed ROWS wide, else one wave; B1s/B2/B3: random
-# weights, guesses fail: what speculation costs where it cannot help).
+# this machine has them: scripts/device_model.sh brings them in two calls; PROMPTS: a job of that many
+# streamed ROWS wide, else one wave; B1s/B2/B3: random weights, guesses fail: what speculation costs where it
+# cannot help).
 # SPEC_ARGS adds spec_bench options (e.g. "--k 8"). SPEC_DRAFT_RUNS: the same with --draft random (a 2-layer
 # random draft: acceptance near zero, what a failed draft model costs).
 has spec && stage spec-tests 200 "$RUN/spec-tests.log" "$PY" -m pytest -q -m gpu tests/engine/test_speculative_cuda.py \
