@@ -3,7 +3,8 @@
 # calls on one warm machine (the rewrite benchmarks of scripts/spec_bench.py need its real weights).
 #
 #   here:               make gpu-assets && bash scripts/device_model.sh split
-#   device, 1st call:   bash scripts/device_model.sh stash        (carry .gguf-a, .gpu-assets/tokenizer)
+#   device, 1st call:   bash scripts/device_model.sh stash        (carry .gguf-a, and what the rest of the
+#                       call needs: .gpu-assets/tokenizer and the orjson wheel for gpu_check.sh)
 #   device, 2nd call:   source scripts/device_model.sh install    (carry .gguf-b, .gpu-assets/tokenizer and
 #                       .gpu-assets/orjson-*.whl; then run spec_bench.py as usual)
 #
