@@ -125,6 +125,7 @@ def whole_layer(layer: Layer, h: torch.Tensor, cfg: dict | None = None) -> torch
 def cfg_name(cfg: dict) -> str:
     """ "M32 N64 K128 w4 s3", and the down GEMM's own tiles after a "/" where it has them."""
     name = f"M{cfg['BLOCK_M']} N{cfg['BLOCK_N']} K{cfg['BLOCK_K']} w{cfg['num_warps']} s{cfg['num_stages']}"
+    name += f" g{cfg['GROUP_M']}" if cfg.get("GROUP_M") else ""
     return name + (f" / down {cfg_name(kernels().kernel_tiles(cfg, 'down'))}" if "down" in cfg else "")
 
 

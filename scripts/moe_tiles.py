@@ -26,8 +26,9 @@ from moe_layer import (
 
 
 def candidates(experts: int, itemsize: int, weight_itemsize: int) -> list[dict]:
-    """``tiles.config_for``'s own choices first (each mean group size's, each kernel's tiles), then the
-    grid, with 256-column K tiles for 1-byte weights."""
+    """``tiles.config_for``'s own choices first (each mean group size's, each kernel's tiles), those of
+    prompt-sized groups in each program order (GROUP_M), then the grid, with 256-column K tiles for 1-byte
+    weights."""
     from batchgen.kernels.moe import tiles
 
     chosen = [tiles.config_for(experts * m, experts, itemsize, weight_itemsize) for m in (1, 17, 33, 129)]
@@ -40,8 +41,9 @@ def candidates(experts: int, itemsize: int, weight_itemsize: int) -> list[dict]:
         for st in (4, 3)
         for m in (16, 32, 64, 128)
     ]
+    orders = [{**cfg, "GROUP_M": g} for cfg in current if cfg["BLOCK_M"] >= 64 for g in (0, 4, 8, 16)]
     out: list[dict] = []
-    for cfg in current + grid:
+    for cfg in current + orders + grid:
         if cfg not in out:
             out.append(cfg)
     return out

@@ -3,6 +3,8 @@ decides when a verify step runs, and giving back the blocks of rejected guesses.
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from batchgen.config import EngineConfig, SamplingParams
@@ -263,6 +265,22 @@ def test_a_probe_replaces_the_rate_of_an_earlier_phase():
     assert not any(_drive(policy, 2 * window + 10, speculative_rate=60.0, plain_rate=100.0)[2 * window :])
     later = _drive(policy, exploit + probe + 100, speculative_rate=200.0, plain_rate=100.0)
     assert sum(later[-100:]) >= 90  # verify steps, but for the probes of plain ones
+
+
+@pytest.mark.parametrize("fastest", [policy_module.PLAIN, policy_module.VERIFY, policy_module.WAITED])
+def test_rates_timed_at_different_times_compare_as_steps_slow_down(fastest):
+    """Every step slows as the rows' contexts grow (up to 8x over the run), each kind alike: the fastest
+    kind still runs nearly all steps, though a kind timed early made more tokens a second than the
+    fastest one does later (the run's rate is its last steps'; the others drift with it)."""
+    clock = itertools.count()
+    share = dict.fromkeys((policy_module.PLAIN, policy_module.VERIFY, policy_module.WAITED), 0.85)
+    share[fastest] = 1.0
+
+    def rates(kind, nth):
+        return 10, 0.01 * (1 + next(clock) / 150) / share[kind]
+
+    kinds = _drive_async(SpecPolicy(4, chained=True), 1024, rates)
+    assert sum(kind == fastest for kind in kinds[40:]) / len(kinds[40:]) > 0.96
 
 
 def test_a_kind_timed_as_rows_finish_is_not_taken_for_slower():

@@ -9,10 +9,12 @@ runs the fastest, timing the slower ones again now and then, in turn, less often
 slower: turning speculation on then costs the first probes where it cannot help, and a share of steps that
 shrinks as the run goes on. A kind's rate is its newest timing, not an average over the run: rows'
 acceptance moves as they go (an answer's opening copies less of its prompt than its body), and a rate timed
-in one phase must not outvote a probe in the next. A width next to one already measured (half or twice its
-rows: a batch whose rows finish one by one passes through each) starts with that width's fastest kind and
-times the others only at its probes: a width a run passes through for a few dozen steps would otherwise
-spend most of them timing every kind.
+in one phase must not outvote a probe in the next. Every step also slows as the rows' contexts grow, so
+kinds timed at different times are compared as ratios: a long run's rate is its last steps', and the rates
+of the kinds not run meanwhile move by as much as its own did. A width next to one already measured (half
+or twice its rows: a batch whose rows finish one by one passes through each) starts with that width's
+fastest kind and times the others only at its probes: a width a run passes through for a few dozen steps
+would otherwise spend most of them timing every kind.
 
 Where verify steps wait for each other, a row proposes fewer tokens after its guesses fail (its
 ``RowDrafts.k``): one accepted guess out of four costs three wasted positions a step. Where they chain
@@ -158,6 +160,8 @@ class SpecPolicy:
         if width.skip > 0:
             width.skip -= 1
             return
+        if not width.probing and width.left > WINDOW:
+            return  # a long run's rate is its last steps': a probe after it is compared with now
         sums = width.window[kind]
         sums[0] += tokens * bucket / max(1, rows)
         sums[1] += seconds
@@ -172,11 +176,14 @@ class SpecPolicy:
     def _next_run(self, width: _Width) -> None:
         """Close the run just ended (its rate replaces the kind's) and pick the next: each kind is timed once
         first, then the fastest runs long and the slower ones are timed again between, in turn."""
+        rate = width.rate
         for kind, (tokens, seconds, _) in width.window.items():
             if seconds > 0:
-                width.rate[kind] = tokens / seconds
+                if not width.probing and kind in rate:  # the others drifted as the run's own kind did
+                    drift = tokens / seconds / rate[kind]
+                    width.rate = rate = {k: r * drift if k != kind else r for k, r in rate.items()}
+                rate[kind] = tokens / seconds
                 width.window[kind] = [0.0, 0.0, 0]
-        rate = width.rate
         # verify steps far slower than plain ones: waiting for each other cannot save them
         far = VERIFY in rate and PLAIN in rate and rate[VERIFY] < EARLY_SHARE * rate[PLAIN]
         if WAITED in width.kinds and WAITED not in rate and far:

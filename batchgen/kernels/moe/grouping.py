@@ -1,7 +1,8 @@
 """Grouping a step's (token, slot) pairs by routed expert, on the device, for the grouped GEMMs of
 ``routed_experts.py``: ``group_by_expert`` counts each expert's pairs and sorts them (a counting sort:
 ``_count_kernel`` then ``_place_kernel``); ``tile_rows`` gives a GEMM program its expert and rows from the
-per-expert counts alone. Nothing is read back to the host (capturable in a CUDA graph)."""
+per-expert counts alone, ``program_tiles`` its row and column tiles. Nothing is read back to the host
+(capturable in a CUDA graph)."""
 
 from __future__ import annotations
 
@@ -32,10 +33,25 @@ def _place_kernel(ids_ptr, counts_ptr, cursor_ptr, order_ptr, P, E, BLOCK: tl.co
 
 
 @triton.jit
-def tile_rows(counts_ptr, E, BLOCK_M: tl.constexpr, E_PAD: tl.constexpr):
-    """This program's expert, its rows [BLOCK_M] in sorted order and their mask; expert -1 when the
-    program's row tile lies past the last real one."""
-    tile = tl.program_id(0)
+def program_tiles(row_tiles, n_tiles, GROUP_M: tl.constexpr):
+    """(row tile, column tile) of this program in a 1-D grid of ``row_tiles * n_tiles``. GROUP_M 0: the row
+    tiles vary fastest (programs running together share a column tile of the weights: decode, where each
+    expert has about one row tile); else groups of GROUP_M row tiles are swept across every column tile
+    before the next group (programs running together share their row tiles of activations, which a
+    prompt-sized step would otherwise read again from memory for every column tile)."""
+    pid = tl.program_id(0)
+    if GROUP_M == 0:
+        return pid % row_tiles, pid // row_tiles
+    in_group = GROUP_M * n_tiles
+    first = (pid // in_group) * GROUP_M
+    size = tl.minimum(row_tiles - first, GROUP_M)
+    return first + (pid % in_group) % size, (pid % in_group) // size
+
+
+@triton.jit
+def tile_rows(counts_ptr, E, tile, BLOCK_M: tl.constexpr, E_PAD: tl.constexpr):
+    """Row tile ``tile``'s expert, its rows [BLOCK_M] in sorted order and their mask; expert -1 when the
+    tile lies past the last real one."""
     experts = tl.arange(0, E_PAD)
     counts = tl.load(counts_ptr + experts, mask=experts < E, other=0)
     tiles = (counts + BLOCK_M - 1) // BLOCK_M

@@ -41,7 +41,7 @@ from batchgen.kernels.fp8_format import ActQuant
 from batchgen.kernels.gemm.fp8_quant import quantize_act
 from batchgen.kernels.launch.device import needs_f32_dot
 from batchgen.kernels.moe.expert_format import Fp8Experts, act_group
-from batchgen.kernels.moe.grouping import group_by_expert, tile_rows
+from batchgen.kernels.moe.grouping import group_by_expert, program_tiles, tile_rows
 from batchgen.kernels.moe.tiles import Weights, kernel_tiles, tile_config, weight_of
 
 __all__ = ["combine_into", "down_into", "gate_up_into", "kernel_tiles", "moe_experts", "product_input",
@@ -85,6 +85,7 @@ def _gate_up_kernel(
     stride_xs,
     up_scale_row,  # the first scale row of the up part: I per channel, cdiv(row0 + I, SCALE_N) per block
     row0,  # block mode: rows of each part's first block before its first row (a rank's share)
+    row_tiles,  # the grid's row tiles (_row_tiles)
     TOP_K: tl.constexpr,
     E_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -92,18 +93,20 @@ def _gate_up_kernel(
     BLOCK_K: tl.constexpr,
     DOT_PREC: tl.constexpr,
     DOT_F32: tl.constexpr,
+    GROUP_M: tl.constexpr = 0,  # the programs' order (grouping.program_tiles)
     SCALES: tl.constexpr = 0,  # 0: 16/32-bit weights; 1: e4m3 per channel; 2: e4m3 per block
     SCALE_N: tl.constexpr = 1,  # weight rows per block scale (1 per channel)
     SCALE_K: tl.constexpr = 1,  # weight columns per block scale: a multiple of BLOCK_K
     ACT_FP8: tl.constexpr = False,  # x in e4m3 with its scales (per token, or per SCALE_K columns)
 ):
-    e, rows, row_mask = tile_rows(counts_ptr, E, BLOCK_M, E_PAD)
+    tile, pid_n = program_tiles(row_tiles, tl.cdiv(INTER, BLOCK_N), GROUP_M)
+    e, rows, row_mask = tile_rows(counts_ptr, E, tile, BLOCK_M, E_PAD)
     if e < 0:
         return
     pairs = tl.load(order_ptr + rows, mask=row_mask, other=0)
     tokens = (pairs // TOP_K).to(tl.int64)
     xs_ptrs = xs_ptr + tokens * stride_xs  # [M]: each row's first activation scale
-    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     k = tl.arange(0, BLOCK_K)
     a_ptrs = x_ptr + tokens[:, None] * stride_x + k[None, :]
     g_ptrs = w_ptr + e.to(tl.int64) * stride_we + n[None, :].to(tl.int64) * stride_wn + k[:, None]  # [K, N]
@@ -176,23 +179,26 @@ def _down_kernel(
     stride_sn,
     stride_as,
     col0,  # block mode: columns of the first block before the first column (a rank's share of I)
+    row_tiles,
     E_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     DOT_PREC: tl.constexpr,
     DOT_F32: tl.constexpr,
+    GROUP_M: tl.constexpr = 0,
     SCALES: tl.constexpr = 0,
     SCALE_N: tl.constexpr = 1,
     SCALE_K: tl.constexpr = 1,
     ACT_FP8: tl.constexpr = False,  # a in e4m3 with its scales (per row, or per SCALE_K columns from 0)
 ):
-    e, rows, row_mask = tile_rows(counts_ptr, E, BLOCK_M, E_PAD)
+    tile, pid_n = program_tiles(row_tiles, tl.cdiv(H, BLOCK_N), GROUP_M)
+    e, rows, row_mask = tile_rows(counts_ptr, E, tile, BLOCK_M, E_PAD)
     if e < 0:
         return
     pairs = tl.load(order_ptr + rows, mask=row_mask, other=0)
     as_ptrs = as_ptr + rows.to(tl.int64) * stride_as  # [M]
-    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     k = tl.arange(0, BLOCK_K)
     a_ptrs = a_ptr + rows[:, None].to(tl.int64) * stride_a + k[None, :]
     w_ptrs = w_ptr + e.to(tl.int64) * stride_we + n[None, :].to(tl.int64) * stride_wn + k[:, None]  # [K, N]
@@ -297,9 +303,10 @@ def gate_up_into(
     w, (experts, inter) = weight_of(gate_up), (weight_of(gate_up).shape[0], act.shape[1])
     s, (se, sn, up_row, row0, _), fp8 = _scale_args(gate_up, inter)
     xs, stride_xs, act_fp8 = _act_args(h, h_scale)
-    _gate_up_kernel[(_row_tiles(order.numel(), experts, cfg), triton.cdiv(inter, cfg["BLOCK_N"]))](
+    row_tiles = _row_tiles(order.numel(), experts, cfg)
+    _gate_up_kernel[(row_tiles * triton.cdiv(inter, cfg["BLOCK_N"]),)](
         h, w, s, xs, counts, order, act, experts, h.shape[1], inter, h.stride(0), w.stride(0),
-        w.stride(1), act.stride(0), se, sn, stride_xs, up_row, row0, TOP_K=top_k, **fp8, **act_fp8,
+        w.stride(1), act.stride(0), se, sn, stride_xs, up_row, row0, row_tiles, TOP_K=top_k, **fp8, **act_fp8,
         **_common(act, experts, cfg),
     )  # fmt: skip
 
@@ -313,9 +320,11 @@ def down_into(
     experts, hidden, inter = w.shape[0], y.shape[1], act.shape[1]
     s, (se, sn, _, _, col0), fp8 = _scale_args(down, hidden)
     scales, stride_as, act_fp8 = _act_args(act, act_scale)
-    _down_kernel[(_row_tiles(order.numel(), experts, cfg), triton.cdiv(hidden, cfg["BLOCK_N"]))](
+    row_tiles = _row_tiles(order.numel(), experts, cfg)
+    _down_kernel[(row_tiles * triton.cdiv(hidden, cfg["BLOCK_N"]),)](
         act, w, s, scales, counts, order, y, experts, hidden, inter, act.stride(0), w.stride(0),
-        w.stride(1), y.stride(0), se, sn, stride_as, col0, **fp8, **act_fp8, **_common(y, experts, cfg),
+        w.stride(1), y.stride(0), se, sn, stride_as, col0, row_tiles, **fp8, **act_fp8,
+        **_common(y, experts, cfg),
     )  # fmt: skip
 
 

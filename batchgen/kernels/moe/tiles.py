@@ -8,6 +8,9 @@ import torch
 from batchgen.kernels.moe.expert_format import Fp8Experts
 
 Weights = torch.Tensor | Fp8Experts  # [E, N, K]
+# Prompt-sized groups: row tiles of activations swept across every column tile in groups of this many
+# (grouping.program_tiles), so each is read from memory once, not once per column tile.
+PREFILL_GROUP_M = 8
 
 
 def config_for(
@@ -29,10 +32,12 @@ def config_for(
     elif per_expert <= 128:
         cfg = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3)
     elif weight_itemsize == 1:  # e4m3: each GEMM the sweep's best tiles
-        cfg = dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3)
-        cfg["down"] = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=4)
+        cfg = dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3, GROUP_M=PREFILL_GROUP_M)
+        cfg["down"] = dict(
+            BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=4, GROUP_M=PREFILL_GROUP_M
+        )
     else:  # wide N tiles: each A tile gathered from the hidden states feeds twice the columns
-        cfg = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=4)
+        cfg = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=4, GROUP_M=PREFILL_GROUP_M)
     for tiles in [cfg, *([cfg["down"]] if "down" in cfg else [])]:
         if itemsize > 2:
             tiles["BLOCK_K"] //= 2

@@ -60,6 +60,17 @@ def test_moe_experts_match_reference(dtype, tokens, hidden, inter, experts, top_
     _assert_close(moe_experts(*case), reference.moe_experts(*case))
 
 
+@pytest.mark.parametrize("group_m", [0, 1, 5, 64])
+def test_every_program_order_computes_every_tile_once(group_m):
+    """The grouped GEMMs' programs in each order (grouping.program_tiles): row tiles fastest (0), each row
+    tile across every column tile (1), groups of 5 (the grid's 9 row tiles: the last group cut short) and
+    one group larger than the grid. 40 tokens on 4 experts, skewed: several 16-row tiles per expert; 3 and
+    6 column tiles."""
+    case = _case(40, 96, 40, 4, 2, torch.float32, skew=True, seed=2)
+    cfg = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, num_warps=4, num_stages=1, GROUP_M=group_m)
+    _assert_close(moe_experts(*case, config=cfg), reference.moe_experts(*case))
+
+
 def test_fp32_routing_weights_and_an_empty_batch():
     """Mixtral's fp32 weights (the product is not rounded to bf16), and zero tokens (a graph bucket can
     hold none of a kind)."""
