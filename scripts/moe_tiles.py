@@ -100,7 +100,7 @@ def summarize(layer: Layer, s: Step, timed: dict[str, list], env: dict) -> dict:
     for kernel, rows in timed.items():
         best = min(rows, key=lambda r: r["ms"], default=None)
         current_ms = _ms_of(rows, kernels().kernel_tiles(cur, kernel))
-        out[kernel] = {"current_ms": current_ms, "best": best, "tried": len(rows)}
+        out[kernel] = {"current_ms": current_ms, "best": best, "tried": len(rows), "timed": rows}
     if out["gate_up"]["best"] and out["down"]["best"]:
         cfg = {**out["gate_up"]["best"]["config"], "down": out["down"]["best"]["config"]}
         current_ms = time_ms(
@@ -129,11 +129,30 @@ def print_sweep(sweeps: dict) -> None:
             ratio = "" if k["current_ms"] is None else f"{k['current_ms'] / k['best']['ms']:.2f}"
             print(f"| {t} | {kernel} | {cfg_name(s['current'])} | {cur} | {cfg_name(k['best']['config'])} | "
                   f"{k['best']['ms']:.4f} | {ratio} |")  # fmt: skip
+        orders = _orders(s)
+        if orders:
+            print(f"| {t} | program orders (GROUP_M: ms) | {orders} |  |  |  |  |")
         if "joint" in s:
             j = s["joint"]
             cur, best = j["current_layer_ms"], j["layer_ms"]
             print(f"| {t} | whole layer | {cfg_name(s['current'])} | {cur:.4f} | {cfg_name(j['config'])} | "
                   f"{best:.4f} | {cur / best:.2f} |")  # fmt: skip
+
+
+def _orders(s: dict) -> str:
+    """Each kernel's current tiles timed in every program order (GROUP_M), e.g. "gate_up g0 0.91, g4 0.83"."""
+    parts = []
+    for kernel in ("gate_up", "down"):
+        tiles = {k: v for k, v in kernels().kernel_tiles(s["current"], kernel).items() if k != "GROUP_M"}
+        same = [
+            r
+            for r in s[kernel].get("timed", [])
+            if {**r["config"], "GROUP_M": None} == {**tiles, "GROUP_M": None}
+        ]
+        times = sorted((r["config"].get("GROUP_M", 0), r["ms"]) for r in same)
+        if len(times) > 1:
+            parts.append(f"{kernel} " + ", ".join(f"g{g} {ms:.4f}" for g, ms in times))
+    return "; ".join(parts)
 
 
 def sweep_configs(layer: Layer, steps: dict[int, Step], shape: Shape, args: argparse.Namespace) -> list[dict]:

@@ -101,7 +101,8 @@ def _timed(llm: LLM, prompts, params, kind: str) -> dict:
     wall = time.perf_counter() - t0
     engine.speculator = speculator
     stats = vars(llm.stats)
-    counted = ("steps", "verify_steps", "draft_tokens", "accepted_tokens", "void_rows", "overlapped_steps")
+    counted = ("steps", "verify_steps", "warm_verify_steps", "draft_tokens", "accepted_tokens", "void_rows",
+               "overlapped_steps")  # fmt: skip
     delta = {k: stats[k] - before[k] for k in counted}
     tokens = sum(len(o.token_ids) for o in outs)
     busy = stats["gpu_busy_s"] - before["gpu_busy_s"]

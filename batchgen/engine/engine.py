@@ -361,6 +361,7 @@ class Engine:
         """The speculation policy's measure: a decode step's tokens and the time since the last step's
         (not a step that warmed up or captured a graph: a one-time cost)."""
         now, kind = time.perf_counter(), self._speculated.pop(step.step_id, PLAIN)
+        self.stats.warm_verify_steps += warming and step.decodes.drafts is not None
         if not step.items and not warming and self._done_at:
             self.speculator.policy.timed(len(step.decodes.requests), kind, made, now - self._done_at)
         self._done_at = now

@@ -26,6 +26,7 @@ class EngineStats:
     draft_tokens: int = 0
     accepted_tokens: int = 0
     void_rows: int = 0  # rows of a chained step that continued guesses rejected in the step before
+    warm_verify_steps: int = 0  # verify steps run eagerly or captured: their graph's first uses (CUDA)
     acceptance_rate: float = 0.0  # accepted / draft tokens
     accepted_per_verify_step: float = 0.0
     speculation_rates: dict[str, Any] = field(default_factory=dict)  # tokens/s by width and kind (policy.py)

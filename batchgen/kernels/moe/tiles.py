@@ -10,7 +10,7 @@ from batchgen.kernels.moe.expert_format import Fp8Experts
 Weights = torch.Tensor | Fp8Experts  # [E, N, K]
 # Prompt-sized groups: row tiles of activations swept across every column tile in groups of this many
 # (grouping.program_tiles), so each is read from memory once, not once per column tile.
-PREFILL_GROUP_M = 8
+PREFILL_GROUP_M = 4
 
 
 def config_for(
