@@ -32,9 +32,8 @@ def test_cuda_verify_steps_give_plain_output_in_fp32(tiny_llama, async_mode):
     assert (_outs(llm, prompts, GREEDY), _outs(llm, prompts, SAMPLED)) == want
     stats = llm.stats
     assert stats.verify_steps > 0 and stats.accepted_tokens > 0
-    assert (
-        0 < stats.warm_verify_steps < stats.verify_steps
-    )  # the first uses of each verify graph, then replays
+    # each verify graph's first uses run eagerly, then it is captured
+    assert 0 < stats.warm_verify_steps <= stats.verify_steps
     if async_mode:  # verify steps chained: launched behind another, some rows voided by a rejection
         assert stats.overlapped_steps > stats.verify_steps // 2 and stats.void_rows > 0, stats
 
