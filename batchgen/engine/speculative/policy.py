@@ -181,7 +181,8 @@ class SpecPolicy:
             if seconds > 0:
                 if not width.probing and kind in rate:  # the others drifted as the run's own kind did
                     drift = tokens / seconds / rate[kind]
-                    width.rate = rate = {k: r * drift if k != kind else r for k, r in rate.items()}
+                    for other in rate:
+                        rate[other] *= drift
                 rate[kind] = tokens / seconds
                 width.window[kind] = [0.0, 0.0, 0]
         # verify steps far slower than plain ones: waiting for each other cannot save them
