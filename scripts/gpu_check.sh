@@ -172,13 +172,14 @@ done
 # STAGES=spec: speculative decoding against plain on one engine (scripts/spec_bench.py): its GPU tests, then
 # SPEC_RUNS "WORKLOAD:ROWS:NEW_TOKENS[:PROMPTS] ..." (rewrite = B8 on the embedded model's real weights, when
 # this machine has them: scripts/device_model.sh brings them in two calls; PROMPTS: a job of that many
-# streamed ROWS wide, else one wave; B1s/B2/B3: random weights, guesses fail: what speculation costs where it
-# cannot help).
+# streamed ROWS wide, else one wave; B1s/B2/B3: random weights, what speculation costs where it cannot help:
+# guesses fail, or, on B3's looping text, are accepted at a width where verify steps cost more than they make;
+# B3 at its own 1024 new tokens).
 # SPEC_ARGS adds spec_bench options (e.g. "--k 8"). SPEC_DRAFT_RUNS: the same with --draft random (a 2-layer
 # random draft: acceptance near zero, what a failed draft model costs).
 has spec && stage spec-tests 200 "$RUN/spec-tests.log" "$PY" -m pytest -q -m gpu tests/engine/test_speculative_cuda.py \
     -p no:cacheprovider -s
-for run in ${SPEC_RUNS:-rewrite:32:512 rewrite:32:512:256 B3:256:256 B1s:32:512}; do
+for run in ${SPEC_RUNS:-rewrite:32:512 rewrite:32:512:256 B3:256:1024 B2:256:256 B1s:32:512}; do
     IFS=: read -r w rows new prompts <<<"$run"
     name="spec-$w${prompts:+-$prompts}"
     has spec && stage "$name" 300 "$RUN/$name.log" "$PY" scripts/spec_bench.py --workload "$w" --rows "$rows" \
