@@ -64,7 +64,9 @@ def _dot(a, b, acc, DOT_PREC: tl.constexpr, ACT_FP8: tl.constexpr):
     return tl.dot(a, b, acc, input_precision=DOT_PREC)
 
 
-@triton.jit
+# The row tiles change with every step's token count: specializing on them (== 1, divisible by 16) would
+# compile more variants of each kernel for no faster code (they only order the programs).
+@triton.jit(do_not_specialize=["row_tiles"])
 def _gate_up_kernel(
     x_ptr,  # [T, H] hidden states
     w_ptr,  # [E, 2I, H] gate rows then up rows of every expert (model dtype, or e4m3 when SCALES)
@@ -159,7 +161,7 @@ def _gate_up_kernel(
     tl.store(o_ptrs, (act * up).to(dt), mask=row_mask[:, None] & n_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["row_tiles"])
 def _down_kernel(
     a_ptr,  # [P, I] in sorted order
     w_ptr,  # [E, H, I] (model dtype, or e4m3 when SCALES)
