@@ -41,8 +41,13 @@ MAX_EXPLOIT = 4096  # ... that confirms it, up to this
 # its other steps are timed (they come back a step or two after the next ones are decided), up to LAG more.
 TRANSIENT, LAG = 2, 16
 # A timed run of a slower kind ends after this many steps when it makes under this share of the fastest
-# other kind's rate: a verify step several times a plain one's cost (a wide batch) is not timed eight times.
-EARLY_STEPS, EARLY_SHARE = 2, 0.5
+# other kind's rate: each step of a probe that loses costs its share of a step, and a verify step several
+# times a plain one's cost (a wide batch) is not timed eight times. Two steps past the switch's transient
+# ones time a kind well enough to see it clearly slower.
+EARLY_STEPS, EARLY_SHARE = 2, 0.8
+# Verify steps that wait are not timed where chained ones make under this share of plain's rate: waiting
+# for each other cannot save them.
+FAR_SHARE = 0.5
 # A row's accepted and rejected guesses count with this weight per verify step (its recent acceptance); under
 # one half it sits out its next REST tokens, twice as many each time in a row, up to MAX_REST.
 DECAY, REST, MAX_REST = 0.8, 4, 64
@@ -185,8 +190,7 @@ class SpecPolicy:
                         rate[other] *= drift
                 rate[kind] = tokens / seconds
                 width.window[kind] = [0.0, 0.0, 0]
-        # verify steps far slower than plain ones: waiting for each other cannot save them
-        far = VERIFY in rate and PLAIN in rate and rate[VERIFY] < EARLY_SHARE * rate[PLAIN]
+        far = VERIFY in rate and PLAIN in rate and rate[VERIFY] < FAR_SHARE * rate[PLAIN]
         if WAITED in width.kinds and WAITED not in rate and far:
             rate[WAITED] = rate[VERIFY]
         unmeasured = [kind for kind in width.kinds if kind not in rate]  # plain first: it is free
