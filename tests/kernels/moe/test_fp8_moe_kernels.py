@@ -151,7 +151,8 @@ def test_block_scales_need_k_tiles_inside_a_block():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("act_fp8", [False, True])
 @pytest.mark.parametrize("block", [None, (128, 128)])
-@pytest.mark.parametrize("tokens", [1, 64, 2048])  # decode sizes and a prefill chunk: every tile config
+# decode sizes and prefill chunks: every tile config (4096 tokens: the prompt-sized tiles and their order)
+@pytest.mark.parametrize("tokens", [1, 64, 2048, 4096])
 def test_fp8_moe_experts_on_cuda(block, tokens, act_fp8):
     """Qwen3-30B-A3B's expert shapes (128 experts, top-8, H 2048, I 768) with e4m3 experts in bf16: the
     Triton path against the CPU path's arithmetic (dequantized bf16 weights; with ``act_fp8`` e4m3

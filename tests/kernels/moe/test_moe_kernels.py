@@ -83,7 +83,9 @@ def test_fp32_routing_weights_and_an_empty_batch():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("tokens", [1, 256, 2048])  # decode sizes and a prefill chunk: every tile config
+# decode sizes and prefill chunks: every tile config (4096 tokens: 256 pairs an expert, the prompt-sized tiles
+# and their program order)
+@pytest.mark.parametrize("tokens", [1, 256, 2048, 4096])
 def test_bf16_moe_experts_on_cuda(tokens):
     """Qwen3-30B-A3B's expert shapes (128 experts, top-8, H 2048, I 768) in bf16 against the torch
     reference, and a CUDA-graph replay after the routing changed in place."""
