@@ -143,16 +143,18 @@ def _orders(s: dict) -> str:
     """Each kernel's current tiles timed in every program order (GROUP_M), e.g. "gate_up g0 0.91, g4 0.83"."""
     parts = []
     for kernel in ("gate_up", "down"):
-        tiles = {k: v for k, v in kernels().kernel_tiles(s["current"], kernel).items() if k != "GROUP_M"}
-        same = [
-            r
-            for r in s[kernel].get("timed", [])
-            if {**r["config"], "GROUP_M": None} == {**tiles, "GROUP_M": None}
-        ]
-        times = sorted((r["config"].get("GROUP_M", 0), r["ms"]) for r in same)
+        tiles = _without_order(kernels().kernel_tiles(s["current"], kernel))
+        timed = s[kernel].get("timed", [])
+        times = sorted(
+            (r["config"].get("GROUP_M", 0), r["ms"]) for r in timed if _without_order(r["config"]) == tiles
+        )
         if len(times) > 1:
             parts.append(f"{kernel} " + ", ".join(f"g{g} {ms:.4f}" for g, ms in times))
     return "; ".join(parts)
+
+
+def _without_order(cfg: dict) -> dict:
+    return {k: v for k, v in cfg.items() if k != "GROUP_M"}
 
 
 def sweep_configs(layer: Layer, steps: dict[int, Step], shape: Shape, args: argparse.Namespace) -> list[dict]:
