@@ -86,7 +86,7 @@ def _random_draft(vocab: int, save_tokenizer: Callable[[str], None]) -> str:
     return path
 
 
-def _timed(llm: LLM, prompts, params, kind: str) -> dict:
+def _timed(llm: LLM, prompts, params, kind: str, trace: StepTrace | None = None) -> dict:
     engine = llm._engine
     speculator = engine.speculator
     if kind == "plain":
@@ -95,6 +95,8 @@ def _timed(llm: LLM, prompts, params, kind: str) -> dict:
         speculator.policy.adaptive = kind == "adaptive"
     before = dict(vars(llm.stats))
     _sync()
+    if trace:
+        trace.start()
     t0 = time.perf_counter()
     outs = llm.generate_samples(prompts, params)
     _sync()
@@ -117,7 +119,61 @@ def _timed(llm: LLM, prompts, params, kind: str) -> dict:
         "gpu_ms_per_step": round(1000 * busy / max(1, delta["steps"]), 3),
         "acceptance_rate": round(delta["accepted_tokens"] / max(1, delta["draft_tokens"]), 4),
         **delta,
+        **({"trace": trace.summary()} if trace else {}),
     }
+
+
+class StepTrace:
+    """``--trace``: each step's interval between taking its tokens and the last step's, by the policy's
+    kind (0 plain, then policy.py's kinds), verify or not, warming a graph or not: where a run's time goes."""
+
+    def __init__(self, llm: LLM) -> None:
+        engine, self.steps, self._last = llm._engine, [], 0.0
+        postprocess = engine._postprocess
+
+        def traced(step, handle):
+            kind = engine._speculated.get(step.step_id, 0)
+            warm = engine.runner.warming(handle) if hasattr(engine.runner, "warming") else False
+            postprocess(step, handle)
+            now = time.perf_counter()
+            verify = step.decodes.drafts is not None
+            row = (kind, verify, bool(warm), bool(step.items), len(step.decodes.requests), now - self._last)
+            self.steps.append(row)
+            self._last = now
+
+        engine._postprocess = traced
+
+    def start(self) -> None:
+        self.steps, self._last = [], time.perf_counter()
+
+    def summary(self, slowest: int = 12) -> dict:
+        groups: dict[str, list[float]] = {}
+        for kind, verify, warm, prompts, _, dt in self.steps:
+            name = (
+                f"kind{kind}"
+                + ("-verify" if verify else "")
+                + ("-warm" if warm else "")
+                + ("-prompts" * prompts)
+            )
+            groups.setdefault(name, []).append(dt)
+        by_group = {g: _spread(v) for g, v in sorted(groups.items())}
+        worst = sorted(range(len(self.steps)), key=lambda i: -self.steps[i][5])[:slowest]
+        return {
+            "by_group": by_group,
+            "slowest": [[i, *self.steps[i][:5], _ms(self.steps[i][5])] for i in worst],
+        }
+
+
+def _spread(seconds: list[float]) -> dict:
+    return {
+        "steps": len(seconds),
+        "s": round(sum(seconds), 3),
+        "ms_median": _ms(sorted(seconds)[len(seconds) // 2]),
+    }
+
+
+def _ms(seconds: float) -> float:
+    return round(1000 * seconds, 2)
 
 
 def _sync() -> None:
@@ -139,14 +195,16 @@ def main() -> None:
     ap.add_argument("--draft", help="a draft model's directory, or 'random' (default: prompt lookup)")
     ap.add_argument("--ngram-min", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--trace", action="store_true", help="each run's time by kind of step, its slowest steps")
     ap.add_argument("--out")
     args = ap.parse_args()
     llm, prompts, params = _engine(args)
+    trace = StepTrace(llm) if args.trace else None
     llm.generate_samples(prompts[:4], params.with_overrides(max_new_tokens=8))  # compiles, first graphs
     runs = []
     for _ in range(args.repeats):
         for kind in ("plain", "adaptive", "always"):
-            runs.append(_timed(llm, prompts, params, kind))
+            runs.append(_timed(llm, prompts, params, kind, trace))
             print(json.dumps(runs[-1]), flush=True)
     best = {k: max(r["tok_per_s"] for r in runs if r["kind"] == k) for k in ("plain", "adaptive", "always")}
     summary = {
