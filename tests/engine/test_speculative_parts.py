@@ -169,6 +169,33 @@ def test_three_kinds_the_fastest_runs_and_the_slower_two_are_probed_in_turn():
     assert set(policy.summary()["8"]) == {"plain", "speculative", "speculative_waited"}
 
 
+def test_the_slower_kind_timed_longest_ago_is_probed_next():
+    """The fastest kind changes between probes (plain's probe finds it faster than waited verify steps
+    now): the next probe times chained verify steps, whose rate is the oldest, not waited ones again (turns
+    counted over the changing list of slower kinds would skip a kind for good)."""
+    plain, verify, waited = policy_module.PLAIN, policy_module.VERIFY, policy_module.WAITED
+    rates = {plain: 100.0, verify: 60.0, waited: 110.0}
+    policy, kinds = SpecPolicy(4, chained=True), []
+    for _ in range(3 * policy_module.WINDOW + 4 * policy_module.EXPLOIT):
+        kinds.append(policy.speculate(8))
+        if kinds[-2:] == [waited, plain]:
+            rates[plain] = 120.0
+        policy.timed(8, kinds[-1], 10, 10 / rates[kinds[-1]])
+    runs = [kind for i, kind in enumerate(kinds) if i == 0 or kinds[i - 1] != kind]
+    assert runs[:5] == [plain, verify, waited, plain, verify]
+
+
+def test_a_long_runs_drift_moves_plain_only_by_its_step_time():
+    """A long run's rate moves the others' (policy._drift): a step's time for every kind, its tokens a step
+    (its rows' acceptance) for the verify kinds only."""
+    plain, verify, waited = policy_module.PLAIN, policy_module.VERIFY, policy_module.WAITED
+    rates = {plain: 100.0, verify: 150.0, waited: 120.0}
+    policy_module._drift(rates, (30.0, 0.01), (15.0, 0.01))  # verify steps: half the tokens, same time
+    assert rates == {plain: 100.0, verify: 75.0, waited: 60.0}
+    policy_module._drift(rates, (8.0, 0.01), (8.0, 0.02))  # plain steps twice as long
+    assert rates == {plain: 50.0, verify: 37.5, waited: 30.0}
+
+
 def test_waited_verify_steps_are_not_timed_when_chained_ones_are_far_slower_than_plain():
     window, early, transient = policy_module.WINDOW, policy_module.EARLY_STEPS, policy_module.TRANSIENT
     rates = {policy_module.PLAIN: 100.0, policy_module.VERIFY: 20.0, policy_module.WAITED: 25.0}

@@ -1,20 +1,21 @@
 """When speculation pays: measured, per batch width, never assumed.
 
-A verify step computes K + 1 positions a row, and a rejected guess voids the row's part of the step
-launched behind it (accept.py), so at a large width, or with guesses that fail, it costs more than it
-gains. Where verify steps can chain there is a third kind: verify steps that wait (nothing voided, but the
-host's work between them not hidden: at a few rows, where that work is small, they can be the fastest).
-The policy times each kind of step at each width (a power of two of decoding rows; plain steps first) and
-runs the fastest, timing the slower ones again now and then, in turn, less often each time they stay
+A verify step computes K + 1 positions a row, and a rejected guess voids the row's part of the step launched
+behind it (accept.py), so at a large width, or with guesses that fail, it costs more than it gains. Where
+verify steps can chain there is a third kind: verify steps that wait (nothing voided, but the host's work
+between them not hidden: at a few rows, where that work is small, they can be the fastest). The policy times
+each kind of step at each width (a power of two of decoding rows; plain steps first) and runs the fastest,
+timing the slower ones again now and then (the one timed longest ago), less often each time they stay
 slower: turning speculation on then costs the first probes where it cannot help, and a share of steps that
 shrinks as the run goes on. A kind's rate is its newest timing, not an average over the run: rows'
 acceptance moves as they go (an answer's opening copies less of its prompt than its body), and a rate timed
 in one phase must not outvote a probe in the next. Every step also slows as the rows' contexts grow, so
 kinds timed at different times are compared as ratios: a long run's rate is its last steps', and the rates
-of the kinds not run meanwhile move by as much as its own did. A width next to one already measured (half
-or twice its rows: a batch whose rows finish one by one passes through each) starts with that width's
-fastest kind and times the others only at its probes: a width a run passes through for a few dozen steps
-would otherwise spend most of them timing every kind.
+of the kinds not run meanwhile move with it: by its step time's change (every kind's steps slow alike), and
+for verify kinds also by its tokens a step's (the rows' acceptance, which plain steps do not have). A width
+next to one already measured (half or twice its rows: a batch whose rows finish one by one passes through
+each) starts with that width's fastest kind and times the others only at its probes: a width a run passes
+through for a few dozen steps would otherwise spend most of them timing every kind.
 
 Where verify steps wait for each other, a row proposes fewer tokens after its guesses fail (its
 ``RowDrafts.k``): one accepted guess out of four costs three wasted positions a step. Where they chain
@@ -95,7 +96,9 @@ class _Width:
     need: int = 0  # steps a timing run needs timed
     skip: int = 0  # its first steps, not timed (TRANSIENT)
     confirmed: int = 0  # probes in a row that found the faster kind still the faster
-    probed: int = 0  # probes so far (the slower kinds are probed in turn)
+    runs: int = 0  # runs ended so far
+    timed_at: dict[int, int] = field(default_factory=dict)  # each kind's run count when its rate was set
+    step: dict[int, tuple[float, float]] = field(default_factory=dict)  # each kind: tokens, seconds a step
     inherited: int | None = None  # the faster kind taken from a neighbouring width, until measured here
 
     def __post_init__(self) -> None:
@@ -182,17 +185,19 @@ class SpecPolicy:
         """Close the run just ended (its rate replaces the kind's) and pick the next: each kind is timed once
         first, then the fastest runs long and the slower ones are timed again between, in turn."""
         rate = width.rate
-        for kind, (tokens, seconds, _) in width.window.items():
+        width.runs += 1
+        for kind, (tokens, seconds, steps) in width.window.items():
             if seconds > 0:
-                if not width.probing and kind in rate:  # the others drifted as the run's own kind did
-                    drift = tokens / seconds / rate[kind]
-                    for other in rate:
-                        rate[other] *= drift
+                if not width.probing and kind in rate:
+                    _drift(rate, width.step[kind], (tokens / steps, seconds / steps))
                 rate[kind] = tokens / seconds
+                width.step[kind] = (tokens / steps, seconds / steps)
+                width.timed_at[kind] = width.runs
                 width.window[kind] = [0.0, 0.0, 0]
         far = VERIFY in rate and PLAIN in rate and rate[VERIFY] < FAR_SHARE * rate[PLAIN]
         if WAITED in width.kinds and WAITED not in rate and far:
             rate[WAITED] = rate[VERIFY]
+            width.timed_at[WAITED] = width.timed_at[VERIFY]
         unmeasured = [kind for kind in width.kinds if kind not in rate]  # plain first: it is free
         if unmeasured:
             self._start(width, unmeasured[0], WINDOW, probing=True)
@@ -202,10 +207,9 @@ class SpecPolicy:
             width.confirmed = width.confirmed + 1 if best != width.speculate else 0
             exploit = min(MAX_EXPLOIT, EXPLOIT << max(0, width.confirmed - 1))
             self._start(width, best, exploit, probing=False)
-        else:  # time a slower kind again
+        else:  # time a slower kind again: the one timed longest ago
             slower = [kind for kind in width.kinds if kind != best]
-            self._start(width, slower[width.probed % len(slower)], PROBE, probing=True)
-            width.probed += 1
+            self._start(width, min(slower, key=lambda kind: width.timed_at[kind]), PROBE, probing=True)
 
     def next_k(self, drafts: RowDrafts, proposed: int, accepted: int, length: int = 0) -> None:
         """A row's guesses after a verify: one more after all were accepted, else one past the accepted;
@@ -230,6 +234,16 @@ class SpecPolicy:
             str(bucket): {NAMES[kind]: round(rate, 1) for kind, rate in sorted(w.rate.items())}
             for bucket, w in sorted(self._widths.items())
         }
+
+
+def _drift(rate: dict[int, float], before: tuple[float, float], now: tuple[float, float]) -> None:
+    """A long run ended with its kind's tokens and seconds a step moved from ``before`` to ``now``: move the
+    other kinds' rates alike. A step's time changes for every kind alike (longer contexts); its tokens,
+    the rows' acceptance, only for verify steps (a plain step makes one token a row)."""
+    cost = before[1] / now[1]
+    gain = now[0] / before[0]
+    for kind in rate:
+        rate[kind] *= cost * gain if kind != PLAIN else cost
 
 
 def _faster(width: _Width) -> int | None:
