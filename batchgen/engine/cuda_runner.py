@@ -116,6 +116,7 @@ class CudaRunner(GraphCaptures, Runner):
         self.graphs: dict[tuple[int, int, str, SamplingFeatures], torch.cuda.CUDAGraph] = {}
         self.capture_after = capture_after  # eager uses of a key before its graph is captured
         self._eager_uses: dict[tuple[int, int, str, SamplingFeatures], int] = {}
+        self.padded_steps = 0  # steps whose own key was not captured, replayed in a larger bucket's graph
         self._logits: torch.Tensor | None = None  # [max_seqs, V / K] float32: a masked step's logits
         self.pool = torch.cuda.graph_pool_handle() if cuda_graphs else None
         self.gpu_busy_s = 0.0
@@ -144,6 +145,9 @@ class CudaRunner(GraphCaptures, Runner):
             self._ready_row_tokens(inputs.rows_capacity)  # before a graph that reads them is chosen
         graphs = len(self.graphs)
         graph = self._graph(slot_id, bucket, part, features) if bucket else None
+        if graph is None and bucket and (padded := self._padded(slot_id, bucket, part, features)):
+            (bucket, part, shape, bounds), graph = padded
+            self.padded_steps += 1
         self._wait(slot.h2d_done)  # the pinned inputs of this slot's last step are on the device
         views = slot.views(shape)
         fill_host(views.host, inputs)

@@ -10,11 +10,12 @@ the key's shape, so a graph serves every step of its key.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 
 import torch
 
-from batchgen.engine.cuda_slots import graph_layout, reset_inputs
+from batchgen.engine.cuda_slots import Layout, graph_layout, reset_inputs
 from batchgen.engine.step_sampling import GREEDY, SamplingFeatures
 
 # Device bytes free below which a mid-run capture first empties the allocator's cache (a capture cannot
@@ -22,6 +23,11 @@ from batchgen.engine.step_sampling import GREEDY, SamplingFeatures
 # 150k vocabulary for 512 rows takes ~1 GB), and per 2048 tokens of a mixed graph (its activations).
 CAPTURE_ROOM = 1 << 30
 ROOM_TOKENS = 2048
+VERIFY_CAPTURE_AFTER = 1  # eager uses of a verify key before its capture (see _eager_before_capture)
+# A key not captured yet runs padded in a captured graph of the same part up to twice its bucket, and a
+# decode step in any of up to this many rows: a decode step of that many rows costs about what one of a
+# few rows does (both read every weight once), an eager one a kernel launch per op.
+PADDED_DECODE_ROWS = 256
 
 
 class GraphCaptures:
@@ -39,10 +45,35 @@ class GraphCaptures:
         graph = self.graphs.get(key)
         if graph is None:
             uses = self._eager_uses[key] = self._eager_uses.get(key, 0) + 1
-            if uses > self.capture_after and (part != "mixed" or self.mixed.may_capture(bucket)):
+            if uses > self._eager_before_capture(part) and (
+                part != "mixed" or self.mixed.may_capture(bucket)
+            ):
                 self._room_for_capture(bucket if part in ("mixed", "verify") else 0)
                 graph = self.graphs[key] = self._capture(slot_id, bucket, part, key[3], warm=uses == 1)
         return graph
+
+    def _padded(
+        self, slot_id: int, bucket: int, part: str, features: SamplingFeatures
+    ) -> tuple[Layout, torch.cuda.CUDAGraph] | None:
+        """A captured graph of a larger bucket, and its layout, for a decode or verify step whose own key
+        runs eagerly still (None: none close enough). The rows or tokens past the step's are padding, as
+        in any bucket; rows that pass through widths a few steps each (a batch whose rows finish apart)
+        then replay graphs instead of running eagerly and capturing one per width."""
+        if part not in ("step", "verify"):
+            return None
+        buckets = self.buckets if part == "step" else self.verify_buckets
+        limit = max(2 * bucket, PADDED_DECODE_ROWS if part == "step" else 0)
+        for larger in buckets[bisect.bisect_right(buckets, bucket) :]:
+            graph = self.graphs.get(_key(slot_id, larger, part, features)) if larger <= limit else None
+            if graph is not None:
+                return graph_layout(larger, part, self.slots[0].max_seqs, self.max_model_len), graph
+        return None
+
+    def _eager_before_capture(self, part: str) -> int:
+        """A verify key is captured after one eager use: each eager verify step is a whole model's
+        launches for K+1 tokens a row, and the speculation policy probes a verify kind in a few steps,
+        which eager uses would fill (and it does not time them)."""
+        return min(self.capture_after, VERIFY_CAPTURE_AFTER) if part == "verify" else self.capture_after
 
     def _room_for_capture(self, tokens: int) -> None:
         """A capture cannot hand the allocator's cached blocks back to the driver (no cudaFree while

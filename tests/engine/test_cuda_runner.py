@@ -165,6 +165,29 @@ def test_decode_graphs_are_captured_on_demand(tiny_models):
     }
 
 
+def test_widths_not_captured_yet_replay_a_larger_graph_padded(tiny_models):
+    """Rows ending one by one after the full width's graph was captured (a first run): the narrower
+    widths' uses before their own capture replay a larger captured graph padded (graph_capture._padded)
+    instead of running eagerly, and the tokens equal the eager engine's, greedy and sampled."""
+    path, prompts = tiny_models["llama"], [[1, 2, 3, 4 + i] for i in range(16)]
+    sampled = SamplingParams(temperature=0.8, seed=1, logprobs=True, ignore_eos=True)
+    want = {}
+    for graphs in (False, True):
+        llm = LLM(path, dtype="float32", max_num_seqs=16, cuda_graphs=graphs)
+        runner = llm._engine.runner
+        outs = {}
+        for params in (SamplingParams(ignore_eos=True), sampled):
+            _outputs(llm, prompts, params.with_overrides(max_new_tokens=12))  # width 16's graphs
+            rows = [GenerationRequest(i, p, params.with_overrides(max_new_tokens=4 + 3 * i))
+                    for i, p in enumerate(prompts)]  # fmt: skip
+            outs[params.temperature] = {o.index: o.token_ids for o in llm.stream(rows)}
+        want[graphs] = outs
+    assert want[True] == want[False]
+    assert runner.padded_steps > 0, runner._eager_uses
+    narrow = [key for key in runner._eager_uses if key[1] < 16 and key[2] == "step"]
+    assert narrow and all(runner._eager_uses[key] <= CAPTURE_AFTER + 1 for key in narrow)
+
+
 def test_every_sampling_parameter_in_captured_graphs_equals_the_eager_engine(tiny_models):
     """Penalties (per-row token counts kept on the device, inside the graphs), a logit bias, min_tokens,
     stop token ids, min-p, top-N and prompt log-probabilities, rows mixing them: captured decode and mixed

@@ -24,8 +24,9 @@ MAX_SEQS, MAX_TOKENS, BLOCK_SIZE = 8, 160, 16
 class PaddedRunner(EagerRunner):
     """The CPU runner on inputs laid out and padded by the CUDA runner's packed buffers."""
 
-    def __init__(self, runner: EagerRunner, max_model_len: int) -> None:
+    def __init__(self, runner: EagerRunner, max_model_len: int, larger: bool = False) -> None:
         super().__init__(runner.forward, runner.kv_caches, runner.backend, runner.device, runner.sampler)
+        self.larger = larger  # decode steps padded to the bucket above their own (a captured larger graph)
         self.max_model_len, self.max_blocks = max_model_len, -(-max_model_len // BLOCK_SIZE)
         self.padded = {"mixed": 0, "decode": 0}  # steps given padding rows
         self.mixed = MixedGraphs(token_buckets(MAX_TOKENS), forced=True)
@@ -44,9 +45,14 @@ class PaddedRunner(EagerRunner):
     def _pad(self, inputs: StepInputs) -> StepInputs:
         """The CUDA runner's layout and bounds (``cuda_slots.step_layout``), every bucket graphed."""
         decode_buckets = cuda_slots.decode_buckets(MAX_SEQS)
-        _, part, shape, (max_q_len, max_seq_len, _) = cuda_slots.step_layout(
+        bucket, part, shape, (max_q_len, max_seq_len, _) = cuda_slots.step_layout(
             inputs, decode_buckets, self.mixed.bucket, MAX_SEQS, self.max_model_len
         )
+        if self.larger and part == "step" and bucket < decode_buckets[-1]:
+            above = decode_buckets[decode_buckets.index(bucket) + 1]
+            _, part, shape, (max_q_len, max_seq_len, _) = cuda_slots.graph_layout(
+                above, part, MAX_SEQS, self.max_model_len
+            )
         kind = "mixed" if part == "mixed" else "decode"
         self.padded[kind] += shape.tokens > inputs.num_tokens or shape.seqs > len(inputs.seq_lens)
         views = cuda_slots.packed_views(self._host, self._host, shape, self.max_blocks)
@@ -55,8 +61,11 @@ class PaddedRunner(EagerRunner):
         return inputs._replace(**arrays, max_q_len=max_q_len, max_seq_len=max_seq_len)
 
 
-def test_padded_steps_give_the_unpadded_steps_tokens(tiny_llama):
-    """A small KV pool hands every block out, so a padding row writing KV anywhere would show."""
+@pytest.mark.parametrize("larger", [False, True], ids=["own-bucket", "bucket-above"])
+def test_padded_steps_give_the_unpadded_steps_tokens(tiny_llama, larger):
+    """A small KV pool hands every block out, so a padding row writing KV anywhere would show. Decode steps
+    padded to the bucket above their own: a key not captured yet replays a larger captured graph
+    (graph_capture._padded)."""
     from transformers import AutoConfig
 
     pool = 40 * kv_shape(AutoConfig.from_pretrained(tiny_llama)).bytes_per_block(BLOCK_SIZE, torch.float32)
@@ -70,7 +79,7 @@ def test_padded_steps_give_the_unpadded_steps_tokens(tiny_llama):
         llm = LLM(tiny_llama, dtype="float32", max_num_seqs=MAX_SEQS, max_batch_tokens=MAX_TOKENS,
                   block_size=BLOCK_SIZE, kv_cache_bytes=pool)  # fmt: skip
         if padded:
-            llm._engine.runner = runner = PaddedRunner(llm._engine.runner, llm.max_model_len)
+            llm._engine.runner = runner = PaddedRunner(llm._engine.runner, llm.max_model_len, larger)
         outs = sorted(llm.stream(rows), key=lambda o: o.index)
         results[padded] = ([o.token_ids for o in outs], [lp for o in outs for lp in o.logprobs or []])
     assert runner.padded["mixed"] > 0 and runner.padded["decode"] > 0
