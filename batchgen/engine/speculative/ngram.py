@@ -14,6 +14,9 @@ if TYPE_CHECKING:
     from batchgen.engine.request import Request
 
 
+BULK = 16  # positions from which ``_index`` takes the whole-slice path (below it, one position at a time)
+
+
 class NgramIndex:
     """One row's n-gram positions, built incrementally from its token list."""
 
@@ -33,10 +36,18 @@ class NgramIndex:
     def _index(self, tokens: list[int], known: int) -> None:
         """Register the n-gram ending just before each of the first ``known`` positions not yet indexed
         (the suffix being looked up is never its own match: nothing follows it yet). Guesses held past
-        ``known`` may be rolled back: never indexed."""
-        for pos in range(max(self._indexed, 1), known):
-            for n in range(self.n_min, min(self.n_max, pos) + 1):
-                self._next[tuple(tokens[pos - n : pos])] = pos
+        ``known`` may be rolled back: never indexed. Many positions at once (a prompt) are indexed one n
+        at a time with the loops in C: a wide batch's new prompts are indexed between two steps."""
+        start = max(self._indexed, 1)
+        if known - start < BULK:
+            for pos in range(start, known):
+                for n in range(self.n_min, min(self.n_max, pos) + 1):
+                    self._next[tuple(tokens[pos - n : pos])] = pos
+        else:  # positions ascend: a later copy of an n-gram replaces an earlier one, as above
+            for n in range(self.n_min, self.n_max + 1):
+                first = max(start, n)
+                grams = zip(*(tokens[first - n + i : known - n + i] for i in range(n)), strict=True)
+                self._next.update(zip(grams, range(first, known), strict=True))
         self._indexed = max(self._indexed, known)
 
     def propose(self, tokens: list[int], k: int, known: int | None = None) -> list[int]:
