@@ -359,21 +359,24 @@ def test_config_refuses_what_cannot_run(options, message):
         EngineConfig(**options)
 
 
+class _Row:
+    """What ``Speculator.prepare`` reads of a request."""
+
+    def __init__(self, tokens: list[int]) -> None:
+        self.tokens, self.draft, self.guide, self.params = tokens, None, None, SamplingParams()
+
+    @property
+    def num_confirmed(self) -> int:
+        return len(self.tokens)
+
+
 def test_prepare_indexes_new_rows_at_once_and_the_others_in_turn():
     """Behind plain steps: a new row's prompt is indexed by the next call; a running row's new tokens by
     one call in PREPARE_EVERY (a wide batch's host work a step stays small, and no row lags far)."""
     from batchgen.engine.speculative.speculator import PREPARE_EVERY, Speculator
 
-    class Row:
-        def __init__(self, tokens: list[int]) -> None:
-            self.tokens, self.draft, self.guide, self.params = tokens, None, None, SamplingParams()
-
-        @property
-        def num_confirmed(self) -> int:
-            return len(self.tokens)
-
     speculator = Speculator("ngram", 4, 1, 3)
-    rows = [Row(list(range(i, i + 40))) for i in range(3 * PREPARE_EVERY)]
+    rows = [_Row(list(range(i, i + 40))) for i in range(3 * PREPARE_EVERY)]
     speculator.prepare(rows)
     assert all(row.draft.state.indexed == 40 for row in rows)
     for row in rows:
@@ -383,3 +386,19 @@ def test_prepare_indexes_new_rows_at_once_and_the_others_in_turn():
     for _ in range(PREPARE_EVERY - 1):
         speculator.prepare(rows)
     assert all(row.draft.state.indexed == 43 for row in rows)
+
+
+def test_prepare_spreads_a_wide_batchs_new_prompts_over_calls(monkeypatch):
+    """New rows' prompts beyond PREPARE_TOKENS a call wait for the next calls (each takes at least one row):
+    a wide batch joining at once is indexed over the plain steps before its first verify step."""
+    from batchgen.engine.speculative import speculator as speculator_module
+
+    monkeypatch.setattr(speculator_module, "PREPARE_TOKENS", 100)
+
+    speculator = speculator_module.Speculator("ngram", 4, 1, 3)
+    rows = [_Row(list(range(i, i + 40))) for i in range(8)]
+    indexed = []
+    for _ in range(4):
+        speculator.prepare(rows)
+        indexed.append(sum(row.draft is not None and row.draft.state is not None for row in rows))
+    assert indexed == [3, 6, 8, 8]  # 40-token prompts: the third row a call takes it past 100 tokens

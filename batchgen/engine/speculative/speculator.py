@@ -28,6 +28,9 @@ if TYPE_CHECKING:
 
 METHODS = ("ngram", "draft")
 PREPARE_EVERY = 8  # a running row's new tokens are indexed by every this many calls of ``prepare``
+# New rows' tokens (their prompts) that one call of ``prepare`` takes, at least one row: a wide batch's
+# prompts joining at once are spread over the plain steps before the first verify step.
+PREPARE_TOKENS = 16384
 
 
 class Proposer(Protocol):
@@ -79,19 +82,23 @@ class Speculator:
     def prepare(self, running: list[Request]) -> None:
         """While a plain step runs: the rows' one-time proposal work (prompt lookup's index of a new row's
         prompt), so that the first verify step neither waits for it nor counts it in the policy's timing.
-        Each call takes the new rows and one in PREPARE_EVERY of the others (their tokens since), so that a
-        wide batch's host work a plain step stays small. Rows that never guess (penalised, constrained)
-        are left out."""
+        Each call takes new rows up to PREPARE_TOKENS of their tokens and one in PREPARE_EVERY of the
+        others (their tokens since), so that a wide batch's host work a plain step stays small. Rows that
+        never guess (penalised, constrained) are left out."""
         self._prepared += 1
-        phase = self._prepared % PREPARE_EVERY
-        rows = [
-            req for i, req in enumerate(running)
-            if (req.draft is None or req.draft.state is None or i % PREPARE_EVERY == phase)
-            and not req.params.penalized and req.guide is None
-        ]  # fmt: skip
-        for req in rows:
+        phase, budget, rows = self._prepared % PREPARE_EVERY, PREPARE_TOKENS, []
+        for i, req in enumerate(running):
+            if req.params.penalized or req.guide is not None:
+                continue
+            if req.draft is None or req.draft.state is None:  # new to the proposer: its prompt
+                if budget <= 0:
+                    continue  # the next call's
+                budget -= req.num_confirmed
+            elif i % PREPARE_EVERY != phase:
+                continue
             if req.draft is None:
                 req.draft = RowDrafts(self.k_max)
+            rows.append(req)
         self.proposer.prepare(rows)
 
     def drafts(self, running: list[Request]) -> dict[int, list[int]] | None:
