@@ -64,7 +64,9 @@ class GraphCaptures:
         buckets = self.buckets if part == "step" else self.verify_buckets
         limit = max(2 * bucket, PADDED_DECODE_ROWS if part == "step" else 0)
         for larger in buckets[bisect.bisect_right(buckets, bucket) :]:
-            graph = self.graphs.get(_key(slot_id, larger, part, features)) if larger <= limit else None
+            if larger > limit:
+                break
+            graph = self.graphs.get(_key(slot_id, larger, part, features))
             if graph is not None:
                 return graph_layout(larger, part, self.slots[0].max_seqs, self.max_model_len), graph
         return None

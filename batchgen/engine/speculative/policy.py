@@ -98,7 +98,9 @@ class _Width:
     confirmed: int = 0  # probes in a row that found the faster kind still the faster
     runs: int = 0  # runs ended so far
     timed_at: dict[int, int] = field(default_factory=dict)  # each kind's run count when its rate was set
-    step: dict[int, tuple[float, float]] = field(default_factory=dict)  # each kind: tokens, seconds a step
+    per_step: dict[int, tuple[float, float]] = field(
+        default_factory=dict
+    )  # each kind: tokens, seconds a step
     inherited: int | None = None  # the faster kind taken from a neighbouring width, until measured here
 
     def __post_init__(self) -> None:
@@ -183,15 +185,16 @@ class SpecPolicy:
 
     def _next_run(self, width: _Width) -> None:
         """Close the run just ended (its rate replaces the kind's) and pick the next: each kind is timed once
-        first, then the fastest runs long and the slower ones are timed again between, in turn."""
+        first, then the fastest runs long and the slower ones are timed again between, the one timed longest
+        ago first."""
         rate = width.rate
         width.runs += 1
         for kind, (tokens, seconds, steps) in width.window.items():
             if seconds > 0:
                 if not width.probing and kind in rate:
-                    _drift(rate, width.step[kind], (tokens / steps, seconds / steps))
+                    _drift(rate, width.per_step[kind], (tokens / steps, seconds / steps))
                 rate[kind] = tokens / seconds
-                width.step[kind] = (tokens / steps, seconds / steps)
+                width.per_step[kind] = (tokens / steps, seconds / steps)
                 width.timed_at[kind] = width.runs
                 width.window[kind] = [0.0, 0.0, 0]
         far = VERIFY in rate and PLAIN in rate and rate[VERIFY] < FAR_SHARE * rate[PLAIN]
@@ -241,7 +244,7 @@ def _drift(rate: dict[int, float], before: tuple[float, float], now: tuple[float
     other kinds' rates alike. A step's time changes for every kind alike (longer contexts); its tokens,
     the rows' acceptance, only for verify steps (a plain step makes one token a row)."""
     cost = before[1] / now[1]
-    gain = now[0] / before[0]
+    gain = now[0] / before[0] if before[0] else 1.0  # (a run of voided rows only: no tokens to compare)
     for kind in rate:
         rate[kind] *= cost * gain if kind != PLAIN else cost
 
