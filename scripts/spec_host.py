@@ -75,8 +75,11 @@ class CycleRunner(Runner):
         rows = inputs.logits_indices
         token, pos = ids[rows], inputs.positions[rows]
         phase = token // CYCLE  # each row's walk stays in its own cycle: rows break at different steps
-        skip = ((pos + phase) % self.break_every == 0) | ((pos < self.preamble) & (pos % 2 == 1))
-        self._prev = _next(token, np.where(skip, 5, 1))
+        if not self.break_every:  # text that copies nothing: prompt lookup finds no guess
+            self._prev = (token * 7919 + pos * 104729) % (VOCAB - 3) + 3
+        else:
+            skip = ((pos + phase) % self.break_every == 0) | ((pos < self.preamble) & (pos % 2 == 1))
+            self._prev = _next(token, np.where(skip, 5, 1))
         return inputs.step_id, self._prev.tolist(), None, self._queue(inputs)
 
     def ready(self, handle) -> bool:
@@ -145,7 +148,10 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--staggered", action="store_true", help="rows end one by one (the width shrinks)")
     ap.add_argument(
-        "--break-every", type=int, default=97, help="positions where the cycle skips: guesses fail"
+        "--break-every",
+        type=int,
+        default=97,
+        help="positions where the cycle skips: guesses fail (0: random text, no guess at all, as B2's)",
     )
     ap.add_argument(
         "--preamble",
