@@ -363,8 +363,7 @@ class Engine:
         now, kind = time.perf_counter(), self._speculated.pop(step.step_id, PLAIN)
         self.stats.warm_verify_steps += warming and step.decodes.drafts is not None
         if not step.items and not warming and self._done_at:
-            rows, guessed = len(step.decodes.requests), step.decodes.drafts is not None
-            self.speculator.policy.timed(rows, kind, made, now - self._done_at, guessed)
+            self.speculator.policy.timed(len(step.decodes.requests), kind, made, now - self._done_at)
         self._done_at = now
 
     def _check(self, req: Request, step_id: int) -> None:

@@ -76,21 +76,6 @@ def test_waited_verify_steps_are_not_timed_when_chained_ones_are_far_slower_than
     assert kinds == [0] * window + [1] * (transient + early) + [0] * 50
 
 
-def test_a_probe_that_finds_no_guess_ends_early_and_its_kind_waits_for_the_next():
-    """Text that copies nothing (random tokens): steps of a verify kind find no guess and run as plain ones,
-    a little slower (the lookups). Each probe ends after EARLY_STEPS such steps past its transient ones,
-    and waited steps, which would drain the pipeline for nothing, are not timed after it."""
-    window, early, transient = policy_module.WINDOW, policy_module.EARLY_STEPS, policy_module.TRANSIENT
-    exploit, plain, verify = policy_module.EXPLOIT, policy_module.PLAIN, policy_module.VERIFY
-    policy, kinds = SpecPolicy(4, chained=True), []
-    for _ in range(window + transient + early + exploit + 30):
-        kinds.append(policy.speculate(8))
-        policy.timed(8, kinds[-1], 8, 0.1 if kinds[-1] == plain else 0.098, guessed=kinds[-1] == plain)
-    probe = [verify] * (transient + early)
-    assert kinds[: window + len(probe) + exploit] == [plain] * window + probe + [plain] * exploit
-    assert policy.summary()["8"]["speculative"] == 0.0 and policy_module.WAITED not in set(kinds)
-
-
 def test_policy_runs_the_faster_kind_and_probes_the_slower_ever_less_often():
     window, probe, exploit = policy_module.WINDOW, policy_module.PROBE, policy_module.EXPLOIT
     steps = 2 * window + 16 * exploit

@@ -15,10 +15,7 @@ of the kinds not run meanwhile move with it: by its step time's change (every ki
 for verify kinds also by its tokens a step's (the rows' acceptance, which plain steps do not have). A width
 next to one already measured (half or twice its rows: a batch whose rows finish one by one passes through
 each) starts with that width's fastest kind and times the others only at its probes: a width a run passes
-through for a few dozen steps would otherwise spend most of them timing every kind. A probe whose steps find
-no guess to verify (text that copies nothing) ends after two of them, its kind's rate zero until its next
-probe: steps of a verify kind without guesses run as plain ones, and waited ones would drain the pipeline
-for nothing.
+through for a few dozen steps would otherwise spend most of them timing every kind.
 
 Where verify steps wait for each other, a row proposes fewer tokens after its guesses fail (its
 ``RowDrafts.k``): one accepted guess out of four costs three wasted positions a step. Where they chain
@@ -100,7 +97,6 @@ class _Width:
     skip: int = 0  # its first steps, not timed (TRANSIENT)
     confirmed: int = 0  # probes in a row that found the faster kind still the faster
     runs: int = 0  # runs ended so far
-    guessless: int = 0  # steps of this probe that had no guess to verify
     timed_at: dict[int, int] = field(default_factory=dict)  # each kind's run count when its rate was set
     per_step: dict[int, tuple[float, float]] = field(
         default_factory=dict
@@ -143,7 +139,7 @@ class SpecPolicy:
     def _start(self, width: _Width, kind: int, steps: int, probing: bool) -> None:
         """A run of ``steps`` steps of ``kind``; a timing run (``probing``) lasts until that many are timed,
         less the transient ones."""
-        width.speculate, width.probing, width.guessless = kind, probing, 0
+        width.speculate, width.probing = kind, probing
         width.skip = TRANSIENT if kind != self._last else 0
         width.need = max(1, steps - width.skip)
         width.left = steps + LAG if probing else steps
@@ -160,13 +156,11 @@ class SpecPolicy:
                 break
         return width
 
-    def timed(self, rows: int, kind: int, tokens: int, seconds: float, guessed: bool = True) -> None:
+    def timed(self, rows: int, kind: int, tokens: int, seconds: float) -> None:
         """A decode step's output tokens and wall time (from the previous step's tokens to its own). The
         tokens count as at the width's full rows: a width spans rows up to twice as many, and a kind timed as
         rows finish must not look slower than one timed before (a step's time varies far less than its
-        rows). ``guessed``: a step of a verify kind had guesses to verify (without, it ran as a plain one);
-        a probe whose steps find none (text that copies nothing) ends after EARLY_STEPS of them, its kind's
-        rate zero: it cannot gain now."""
+        rows)."""
         bucket = _bucket(rows)
         width = self._widths.get(bucket)
         # a step of another kind was decided under a neighbouring width's run (the rows changed between
@@ -178,10 +172,6 @@ class SpecPolicy:
             return
         if not width.probing and width.left > WINDOW:
             return  # a long run's rate is its last steps': a probe after it is compared with now
-        if not guessed and kind != PLAIN:
-            width.guessless += width.probing
-            width.left = 0 if width.guessless >= EARLY_STEPS else width.left
-            return
         sums = width.window[kind]
         sums[0] += tokens * bucket / max(1, rows)
         sums[1] += seconds
@@ -199,10 +189,6 @@ class SpecPolicy:
         ago first."""
         rate = width.rate
         width.runs += 1
-        if width.guessless >= EARLY_STEPS:  # the probe found nothing to verify
-            width.window[width.speculate] = [0.0, 0.0, 0]
-            rate[width.speculate] = 0.0
-            width.timed_at[width.speculate] = width.runs
         for kind, (tokens, seconds, steps) in width.window.items():
             if seconds > 0:
                 if not width.probing and kind in rate:
