@@ -98,9 +98,8 @@ class _Width:
     confirmed: int = 0  # probes in a row that found the faster kind still the faster
     runs: int = 0  # runs ended so far
     timed_at: dict[int, int] = field(default_factory=dict)  # each kind's run count when its rate was set
-    per_step: dict[int, tuple[float, float]] = field(
-        default_factory=dict
-    )  # each kind: tokens, seconds a step
+    # each kind's tokens and seconds a step when its rate was set (a long run's drift: ``_drift``)
+    per_step: dict[int, tuple[float, float]] = field(default_factory=dict)
     inherited: int | None = None  # the faster kind taken from a neighbouring width, until measured here
 
     def __post_init__(self) -> None:
