@@ -175,7 +175,8 @@ done
 # streamed ROWS wide, else one wave; B1s/B2/B3: random weights, what speculation costs where it cannot help:
 # guesses fail, or, on B3's looping text, are accepted at a width where verify steps cost more than they make;
 # B3 at its own 1024 new tokens).
-# SPEC_ARGS adds spec_bench options (e.g. "--k 8"). SPEC_DRAFT_RUNS: the same with --draft random (a 2-layer
+# Each run's JSON holds its --trace (time by kind of step, its slowest steps). SPEC_ARGS adds spec_bench
+# options (e.g. "--k 8"). SPEC_DRAFT_RUNS: the same with --draft random (a 2-layer
 # random draft: acceptance near zero, what a failed draft model costs).
 has spec && stage spec-tests 200 "$RUN/spec-tests.log" "$PY" -m pytest -q -m gpu tests/engine/test_speculative_cuda.py \
     -p no:cacheprovider -s
@@ -183,7 +184,7 @@ for run in ${SPEC_RUNS:-rewrite:32:512 rewrite:32:512:256 B3:256:1024 B2:256:256
     IFS=: read -r w rows new prompts <<<"$run"
     name="spec-$w${prompts:+-$prompts}"
     has spec && stage "$name" 300 "$RUN/$name.log" "$PY" scripts/spec_bench.py --workload "$w" --rows "$rows" \
-        --new-tokens "$new" ${prompts:+--prompts "$prompts"} --repeats "${SPEC_REPEATS:-2}" ${SPEC_ARGS:-} \
+        --new-tokens "$new" ${prompts:+--prompts "$prompts"} --repeats "${SPEC_REPEATS:-2}" --trace ${SPEC_ARGS:-} \
         --out "$RUN/$name.json"
 done
 for run in ${SPEC_DRAFT_RUNS:-B1s:32:512}; do
