@@ -26,6 +26,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -123,22 +124,31 @@ def _timed(llm: LLM, prompts, params, kind: str, trace: StepTrace | None = None)
     }
 
 
+class TracedStep(NamedTuple):
+    kind: int  # the policy's kind (0 plain, then policy.py's kinds)
+    verify: bool  # it verified guesses
+    warm: bool  # it ran a graph key eagerly or captured it
+    prompts: bool  # it had new prompts (or their chunks)
+    rows: int  # decoding rows
+    seconds: float  # since the last step's tokens were taken
+
+
 class StepTrace:
-    """``--trace``: each step's interval between taking its tokens and the last step's, by the policy's
-    kind (0 plain, then policy.py's kinds), verify or not, warming a graph or not: where a run's time goes."""
+    """``--trace``: each step's interval between taking its tokens and the last step's, by kind of step:
+    where a run's time goes."""
 
     def __init__(self, llm: LLM) -> None:
         engine, self.steps, self._last = llm._engine, [], 0.0
         postprocess = engine._postprocess
 
         def traced(step, handle):
-            kind = engine._speculated.get(step.step_id, 0)
-            warm = engine.runner.warming(handle) if hasattr(engine.runner, "warming") else False
+            kind, warm = engine._speculated.get(step.step_id, 0), engine.runner.warming(handle)
             postprocess(step, handle)
             now = time.perf_counter()
-            verify = step.decodes.drafts is not None
-            row = (kind, verify, bool(warm), bool(step.items), len(step.decodes.requests), now - self._last)
-            self.steps.append(row)
+            verify, prompts = step.decodes.drafts is not None, bool(step.items)
+            self.steps.append(
+                TracedStep(kind, verify, warm, prompts, len(step.decodes.requests), now - self._last)
+            )
             self._last = now
 
         engine._postprocess = traced
@@ -148,19 +158,13 @@ class StepTrace:
 
     def summary(self, slowest: int = 12) -> dict:
         groups: dict[str, list[float]] = {}
-        for kind, verify, warm, prompts, _, dt in self.steps:
-            name = (
-                f"kind{kind}"
-                + ("-verify" if verify else "")
-                + ("-warm" if warm else "")
-                + ("-prompts" * prompts)
-            )
-            groups.setdefault(name, []).append(dt)
-        by_group = {g: _spread(v) for g, v in sorted(groups.items())}
-        worst = sorted(range(len(self.steps)), key=lambda i: -self.steps[i][5])[:slowest]
+        for s in self.steps:
+            name = f"kind{s.kind}" + "-verify" * s.verify + "-warm" * s.warm + "-prompts" * s.prompts
+            groups.setdefault(name, []).append(s.seconds)
+        worst = sorted(range(len(self.steps)), key=lambda i: -self.steps[i].seconds)[:slowest]
         return {
-            "by_group": by_group,
-            "slowest": [[i, *self.steps[i][:5], _ms(self.steps[i][5])] for i in worst],
+            "by_group": {g: _spread(v) for g, v in sorted(groups.items())},
+            "slowest": [[i, *self.steps[i][:5], _ms(self.steps[i].seconds)] for i in worst],
         }
 
 
