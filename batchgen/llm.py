@@ -40,6 +40,7 @@ from batchgen.model import attention
 from batchgen.model.build import ModelFiles
 from batchgen.model.loader import DEFAULT_MODEL_NAME, local_model_dir, open_checkpoint
 from batchgen.model.tokenize import Messages, encode_prompt
+from batchgen.model.weights.calibration_text import calibration_ids
 from batchgen.outputs import RequestOutput
 from batchgen.threads import HostTurns
 
@@ -93,6 +94,8 @@ class LLM:
 
     def _start(self, config, files: ModelFiles, tokenizer, generation_config, name: str, dtype=None) -> None:
         self.config, self.tokenizer, self.model_name = config, tokenizer, name
+        if config.quantization == "fp8":  # its rounding calibrates on these chats (model/calibrate.py)
+            files = files._replace(calibration=tuple(map(tuple, calibration_ids(tokenizer))))
         self.hf_config, self.generation_config = files.hf_config, generation_config
         self._workers = None
         self._tp_runner = None  # rank 0's runner of a tensor-parallel job

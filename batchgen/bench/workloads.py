@@ -233,6 +233,32 @@ def staggered_lengths(num: int) -> list[int]:
     return [16 + (7919 * i) % 481 for i in range(num)]
 
 
+# The quality measures' chat prompts (FP8 agreement: tests/model/test_fp8_quality.py,
+# scripts/fp8_quality.py): questions, instructions, code, poems, translation and arithmetic, written to span
+# the kinds of chat a synthesis job sends; with mixed_prompts' short questions they make 178.
+VARIED_PROMPTS = [
+    "What is the capital of France?", "Write a haiku about autumn leaves.", "Explain recursion to a child.",
+    "List three uses of a paperclip.", "Translate 'good morning' into Spanish.", "Why is the sky blue?",
+    "Summarise the water cycle in one sentence.", "Name two prime numbers greater than fifty.",
+    "Describe a cat in five words.", "What does a compiler do?", "Suggest a name for a bakery.",
+    "How many legs does a spider have?", "Write a limerick about a robot.", "What is photosynthesis?",
+    "Explain what a linked list is.", "Give a tip for learning a new language.", "What is 17 times 3?",
+    "Write a Python function that reverses a string.", "Who wrote Romeo and Juliet?",
+    "What causes earthquakes?", "Give me a recipe for pancakes.", "What is the boiling point of water?",
+    "Tell me a joke about computers.", "How do vaccines work?", "Write the opening line of a mystery novel.",
+    "What are the primary colours?", "Explain the difference between weather and climate.",
+    "Convert 5 kilometres to miles.", "What is a black hole?", "Write a short poem about the sea.",
+    "How do I make a cup of green tea?", "What is the largest planet in our solar system?",
+    "Give three synonyms for happy.", "Explain how a bicycle stays upright.", "What is machine learning?",
+    "Describe the taste of a lemon.", "Write an email asking for a day off.", "What is the speed of light?",
+    "Why do leaves change colour in autumn?", "Name a famous painting by Leonardo da Vinci.",
+    "What is the square root of 144?", "How does a refrigerator keep food cold?",
+    "Write a two-sentence horror story.", "What language is spoken in Brazil?",
+    "Explain what an API is to a beginner.", "What should I pack for a beach holiday?",
+    "How many continents are there?", "Write a motivational quote.",
+]  # fmt: skip
+
+
 def mixed_prompts(num: int = 78, long_notes: tuple[int, ...] = _LONG_NOTES) -> list[str]:
     """``num`` prompts: the long ones spread evenly among short questions."""
     short = num - len(long_notes)

@@ -40,7 +40,7 @@ def is_fp8(t: torch.Tensor) -> bool:
     return t.dtype == FP8
 
 
-def _cast(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+def cast(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """x / scale rounded to e4m3, saturated (a plain cast would not saturate on every torch version)."""
     return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
 
@@ -62,13 +62,13 @@ def quantize_act(x: torch.Tensor, quant: ActQuant) -> Fp8Act:
     """[T, K] in the model dtype -> e4m3 with its scales (see ``ActQuant``)."""
     if quant.static_scale is not None:
         scale = quant.static_scale.float().reshape(1, 1).expand(x.shape[0], 1)
-        return Fp8Act(_cast(x, scale), scale.contiguous())
+        return Fp8Act(cast(x, scale), scale.contiguous())
     if quant.group is None:
         amax = x.abs().amax(dim=-1, keepdim=True).float()  # [T, 1]
     else:
         amax = _groups(x, quant.group).abs().amax(dim=-1).float()  # [T, G]
     scale = (amax / FP8_MAX).clamp(min=MIN_SCALE)
-    return Fp8Act(_cast(x, expand_groups(scale, quant.group, x.shape[-1])), scale)
+    return Fp8Act(cast(x, expand_groups(scale, quant.group, x.shape[-1])), scale)
 
 
 def dequantize_act(act: Fp8Act, group: int | None) -> torch.Tensor:  # -> [T, K] fp32
@@ -90,7 +90,7 @@ def quantize_blocks(weight: torch.Tensor, rows: int, cols: int) -> tuple[torch.T
     amax = padded.view(nb, rows, kb, cols).abs().amax(dim=(1, 3))
     scale = (amax / FP8_MAX).clamp(min=MIN_SCALE)  # [nb, kb]
     full = scale.repeat_interleave(rows, dim=0)[:n].repeat_interleave(cols, dim=1)[:, :k]
-    return _cast(weight, full), scale
+    return cast(weight, full), scale
 
 
 def dequantize_blocks(weight: torch.Tensor, scale: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
@@ -105,6 +105,13 @@ def linear_rows(
 ) -> torch.Tensor:  # [T, K] x [N, K] (scales [N]) -> [T, N] in ``dtype``
     """Products of e4m3 values are exact in fp32; the scales multiply the fp32 sums, as cuBLASLt does."""
     return (F.linear(act.data.float(), weight.float()) * act.scale * scale).to(dtype)
+
+
+def linear_weight_only(
+    x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:  # [T, K] in the model dtype x [N, K] e4m3 (scales [N]) -> [T, N] in ``dtype``
+    """W8A16: the input unquantized, each weight ``q * scale``; fp32 sums scaled per output row."""
+    return (F.linear(x.float(), weight.float()) * scale).to(dtype)
 
 
 def linear_blocks(

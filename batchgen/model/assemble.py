@@ -7,6 +7,7 @@ process nothing is sliced (an in-memory model's projections merge into views, co
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
@@ -14,11 +15,13 @@ import torch
 from batchgen.distributed.group import ParallelGroup
 from batchgen.distributed.layers import LMHead, VocabEmbedding
 from batchgen.distributed.shard import HeadShard, Span, config_problem, even_span, head_shard, vocab_span
+from batchgen.model.calibrate import Calibration
 from batchgen.model.fused import Attention, DenseMLP, FusedForward, Layer, ProjectionNorm
+from batchgen.model.kv_cache import KVShape
 from batchgen.model.moe_layer import moe_mlp
 from batchgen.model.moe_layout import MoELayout
 from batchgen.model.spec import ModelSpec, ModelStructure, rope_tables
-from batchgen.model.weights.formats import WeightFormat
+from batchgen.model.weights.formats import DenseFormat, WeightFormat
 from batchgen.model.weights.fp8 import kv_scales
 from batchgen.model.weights.rank_loader import Loader
 from batchgen.model.weights.sources import Part, WeightSource
@@ -34,8 +37,11 @@ class Assembled(NamedTuple):
 def assemble(
     structure: ModelStructure, source: WeightSource, fmt: WeightFormat, group: ParallelGroup,
     dtype: torch.dtype, max_positions: int, fp8_cache: bool = False,
+    calibration: Sequence[Sequence[int]] = (),
 ) -> Assembled:  # fmt: skip
-    """``fp8_cache``: the KV cache is FP8, so each layer takes the checkpoint's KV scales (else 1.0)."""
+    """``fp8_cache``: the KV cache is FP8, so each layer takes the checkpoint's KV scales (else 1.0).
+    ``calibration``: token sequences that a format which calibrates (``--quantization fp8``) records each
+    layer's inputs on (``model/calibrate.py``); one process only (ranks would record their shards apart)."""
     spec = structure.spec
     problem = config_problem(structure.config, group.size)
     if problem is not None:
@@ -43,7 +49,6 @@ def assemble(
     heads = head_shard(spec.q_heads, spec.kv_heads, group.rank, group.size)
     vocab = vocab_span(spec.vocab, group.rank, group.size)
     load = Loader(source, fmt, group, dtype)
-    layers = [_layer(load, spec, moe, i, heads, fp8_cache) for i, moe in enumerate(structure.layers)]
     embed = load.dense("model.embed_tokens.weight", load.span(vocab))
     head_name = "model.embed_tokens.weight" if spec.tied_embeddings else "lm_head.weight"
     head = embed if spec.tied_embeddings else load.dense(head_name, load.span(vocab))
@@ -51,9 +56,22 @@ def assemble(
     rope = rope_tables(spec, max_positions, dtype, source.device)
     embedding, lm_head = VocabEmbedding(embed, vocab, group), LMHead(head, bias, vocab)
     forward = FusedForward(
-        layers, embedding, load.dense("model.norm.weight"), lm_head, rope, (heads.q.size, heads.kv.size),
+        [], embedding, load.dense("model.norm.weight"), lm_head, rope, (heads.q.size, heads.kv.size),
         spec.scale, spec.eps,
     )  # fmt: skip
+    calibrate = None
+    if calibration and hasattr(fmt, "hessians") and not group.is_parallel:
+        kv = KVShape(spec.num_layers, heads.kv.size, spec.head_dim)
+        calibrate = Calibration(forward, calibration, kv, dtype, source.device)
+        dense = Loader(source, DenseFormat(dtype), group, dtype)
+    for i, moe in enumerate(structure.layers):
+        if calibrate is not None:  # layer i in 16 bits first: its projections' inputs for GPTQ
+            fmt.hessians.update(
+                calibrate.record(i, _layer(dense, spec, moe, i, heads, False), f"model.layers.{i}.")
+            )
+        forward.layers.append(_layer(load, spec, moe, i, heads, fp8_cache))
+        if calibrate is not None:
+            fmt.hessians.clear()  # any a layer did not take (a projection built otherwise)
     return Assembled(forward, spec, heads, vocab)
 
 

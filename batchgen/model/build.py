@@ -47,6 +47,7 @@ class ModelFiles(NamedTuple):
     path: str | None  # a local directory (None: the model exists only in memory)
     hf_config: Any
     module: torch.nn.Module | None = None
+    calibration: tuple[tuple[int, ...], ...] = ()  # token ids that --quantization fp8 calibrates on
 
 
 def meta_skeleton(hf_config, trust_remote_code: bool = False) -> torch.nn.Module:
@@ -124,7 +125,9 @@ def build_model(
     source = _source(options, files, choice.skeleton, group, device, dtype)
     fmt = weight_format(files.hf_config, dtype, options.quantization)
     fp8_cache = options.kv_cache_dtype == "fp8"
-    built = assemble(choice.structure, source, fmt, group, dtype, max_positions, fp8_cache)
+    # Random weights have no quality to keep: their FP8 codes round to nearest (the same kernels and bytes).
+    calibration = () if options.load_format == "random" else files.calibration
+    built = assemble(choice.structure, source, fmt, group, dtype, max_positions, fp8_cache, calibration)
     if fmt.name != "dense" and device.type == "cuda":
         # Quantizing at load left 16-bit parts in the allocator's cache: give them back before the KV
         # pool is sized from the device's free memory.

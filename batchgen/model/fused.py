@@ -124,12 +124,21 @@ class FusedForward:
         x = self.embed(input_ids)  # [T, H]
         residual = None
         for i, layer in enumerate(self.layers):
-            h, residual = ops.rms_norm(x, layer.input_norm, self.eps, residual, layer.attn.qkv.act_quant)
-            h = self._attention(i, layer.attn, h, positions, ctx)
-            h, residual = ops.rms_norm(h, layer.post_norm, self.eps, residual, layer.mlp_quant)
-            x = layer.mlp(h, ops)
+            x, residual = self.layer_step(i, layer, x, residual, positions, ctx)
         hidden, _ = ops.rms_norm(x, self.final_norm, self.eps, residual)
         return self.lm_head(hidden[logits_indices])
+
+    def layer_step(
+        self, i: int, layer: Layer, x: torch.Tensor | SplitSums, residual: torch.Tensor | None,
+        positions: torch.Tensor, ctx: PagedContext,
+    ) -> tuple[torch.Tensor | SplitSums, torch.Tensor]:  # fmt: skip
+        """Decoder layer ``i`` (``layer``: this model's, or a stand-in for it while it calibrates): its input
+        and the residual stream before it -> its output and the residual stream after its attention."""
+        ops = ctx.backend
+        h, residual = ops.rms_norm(x, layer.input_norm, self.eps, residual, layer.attn.qkv.act_quant)
+        h = self._attention(i, layer.attn, h, positions, ctx)
+        h, residual = ops.rms_norm(h, layer.post_norm, self.eps, residual, layer.mlp_quant)
+        return layer.mlp(h, ops), residual
 
     def _attention(self, i: int, w: Attention, h, positions, ctx: PagedContext) -> torch.Tensor | SplitSums:
         ops = ctx.backend

@@ -19,7 +19,7 @@ def paged_caches(shape: KVShape, tokens: int, block_size: int, dtype: torch.dtyp
     ]
 
 
-def _context(start: int, length: int, caches, backend: KernelBackend) -> PagedContext:
+def context(start: int, length: int, caches, backend: KernelBackend) -> PagedContext:
     """One sequence whose tokens [start, start + length) are this step's; its blocks in reversed order."""
     device = caches[0][0].device
     block = caches[0][0].shape[1]
@@ -41,7 +41,7 @@ def sequence_logits(
     caches = paged_caches(shape, sum(chunks), block_size, cache_dtype, ids.device)
     out, start = [], 0
     for length in chunks:
-        ctx = _context(start, length, caches, backend or TorchBackend())
+        ctx = context(start, length, caches, backend or TorchBackend())
         positions = torch.arange(start, start + length, device=ids.device)
         kept = torch.arange(length, device=ids.device)
         out.append(forward(ids[start : start + length], positions, kept, ctx))

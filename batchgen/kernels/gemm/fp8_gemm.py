@@ -29,7 +29,7 @@ from batchgen.kernels.gemm.fp8_gemm_tma import (
 )
 from batchgen.kernels.gemm.split_sums import SplitSums
 from batchgen.kernels.gemm.split_sums_triton import sum_splits
-from batchgen.kernels.launch.device import num_sms
+from batchgen.kernels.launch.device import needs_f32_dot, num_sms
 from batchgen.kernels.launch.pdl import pdl_options, wait_for_producer
 
 
@@ -56,6 +56,8 @@ def _fp8_matmul_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     PDL: tl.constexpr = False,
+    A16: tl.constexpr = False,  # a in 16 bits (W8A16): no token scales, each weight tile widened to it
+    DOT_F32: tl.constexpr = False,  # interpreter only: bf16 dot operands upcast (``needs_f32_dot``)
 ):
     wait_for_producer(PDL)
     pid_m = tl.program_id(0)
@@ -74,6 +76,11 @@ def _fp8_matmul_kernel(
         k_ok = rk[None, :] < K - kb * BLOCK_K
         a = tl.load(a_ptrs, mask=m_ok[:, None] & k_ok, other=0.0)
         b = tl.load(b_ptrs, mask=n_ok[:, None] & k_ok, other=0.0)
+        if A16:
+            b = b.to(a.dtype)
+        if DOT_F32:
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
         part = tl.dot(a, tl.trans(b))  # [BLOCK_M, BLOCK_N] fp32
         if BLOCKWISE:
             sa = tl.load(as_ptr + rm * stride_as + kb, mask=m_ok, other=0.0)
@@ -83,7 +90,9 @@ def _fp8_matmul_kernel(
             acc += part
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
-    if not BLOCKWISE:
+    if A16:
+        acc = acc * tl.load(bs_ptr + rn, mask=n_ok, other=0.0)[None, :]
+    elif not BLOCKWISE:
         acc = scale_rowwise(acc, as_ptr, bs_ptr, rm, rn, m_ok, n_ok, stride_as)
     c_ptrs = c_ptr + split * stride_split + rm.to(tl.int64)[:, None] * stride_cm + rn[None, :]
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
@@ -151,6 +160,35 @@ def triton_fp8_matmul(
         act.data.stride(0), weight.stride(0), n, act.scale.stride(0),
         scale.stride(0) if group else 0, m * n, per_split, BLOCKWISE=group is not None,
         SCALE_ROWS=scale_rows, BLOCK_K=block_k, **cfg, **pdl_options(act.data)
+    )  # fmt: skip
+    return _split_result(dest, dtype, summed)
+
+
+def weight_only_matmul(
+    x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, *,
+    split_k: int | None = None, summed: bool = True,
+) -> torch.Tensor | SplitSums:  # fmt: skip
+    """W8A16: [M, K] in the model dtype x [N, K] e4m3 (``scale`` [N]) -> [M, N]. Each weight tile is
+    widened to the input's dtype before a 16-bit MMA; at decode sizes the product is bound by reading the
+    e4m3 weights (half a 16-bit model's bytes), as the FP8 one is. ``split_k`` and ``summed`` as in
+    ``triton_fp8_matmul`` (same tiles at decode sizes, 64-deep K tiles above: 16-bit operands)."""
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    m, k = x.shape
+    n = weight.shape[0]
+    if m == 0:
+        return torch.empty((m, n), dtype=dtype, device=x.device)
+    sms = num_sms(x.device)
+    cfg = _config(m, n, sms)
+    block_k = 256 if m <= SMALL_M else 64
+    grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n, cfg["BLOCK_N"]))
+    k_tiles = triton.cdiv(k, block_k)
+    if split_k is None:
+        split_k = choose_split_k(grid[0] * grid[1], k_tiles, sms, cfg["BLOCK_N"]) if m <= SMALL_M else 1
+    dest, per_split, splits = split_destination(m, n, k_tiles, split_k, dtype, x.device)
+    _fp8_matmul_kernel[(*grid, splits)](
+        x, weight, dest, scale, scale, m, n, k, x.stride(0), weight.stride(0), n, 0, 0, m * n, per_split,
+        BLOCKWISE=False, SCALE_ROWS=1, BLOCK_K=block_k, A16=True, DOT_F32=needs_f32_dot(x), **cfg,
+        **pdl_options(x),
     )  # fmt: skip
     return _split_result(dest, dtype, summed)
 

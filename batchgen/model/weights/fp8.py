@@ -2,8 +2,9 @@
 pre-quantized checkpoints load into (``fp8_checkpoint.py`` reads those).
 
 - ``Fp8RowLinear``: one weight scale per output row (per channel; a per-tensor scale repeats over its
-  rows), the input quantized per token at run time (or with the checkpoint's static scale). CUDA:
-  ``torch._scaled_mm`` (cuBLASLt) or the Triton kernel (``kernels/gemm/fp8_gemm.py``).
+  rows), the input quantized per token at run time (or with the checkpoint's static scale), or left in
+  the model dtype (weight-only: ``--quantization fp8``). CUDA: ``torch._scaled_mm`` (cuBLASLt) or the
+  Triton kernel (``kernels/gemm/fp8_gemm.py``).
 - ``Fp8BlockLinear``: one weight scale per block of rows x ``group`` columns (128 x 128 in the Qwen3 FP8
   releases), the input quantized per token per ``group`` columns. CUDA: the Triton kernel.
 
@@ -26,6 +27,7 @@ import torch
 from batchgen.kernels import fp8_format as ref
 from batchgen.kernels.fp8_format import ActQuant, Fp8Act
 from batchgen.kernels.gemm.split_sums import SplitSums
+from batchgen.model.weights import gptq
 from batchgen.model.weights.formats import stacked_bias
 from batchgen.model.weights.sources import Part, WeightSource
 
@@ -41,15 +43,21 @@ def quantize_input(x: torch.Tensor | Fp8Act, quant: ActQuant) -> Fp8Act:
 
 
 class Fp8RowLinear:
+    """``weight_only``: the input stays in the model dtype (W8A16; ``act_quant`` None), else it is
+    quantized per token, or with the checkpoint's static ``input_scale``."""
+
     def __init__(
         self, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype,
-        input_scale: torch.Tensor | None = None,
+        input_scale: torch.Tensor | None = None, weight_only: bool = False,
     ) -> None:  # fmt: skip
         self.weight, self.scale, self.bias, self.dtype = weight, scale.float().contiguous(), bias, dtype
         self.out_features = weight.shape[0]  # weight: [N, K] e4m3; scale: [N] fp32
-        self.act_quant = ActQuant(None, None if input_scale is None else input_scale.float().reshape(()))
+        static = None if input_scale is None else input_scale.float().reshape(())
+        self.act_quant = None if weight_only else ActQuant(None, static)
 
     def __call__(self, x: torch.Tensor | Fp8Act, summed: bool = True) -> torch.Tensor | SplitSums:
+        if self.act_quant is None:
+            return self._weight_only(x, summed)
         act = quantize_input(x, self.act_quant)  # [T, K] -> [T, N]
         if self.weight.is_cuda:
             from batchgen.kernels.gemm.fp8_gemm import rowwise_matmul
@@ -58,6 +66,16 @@ class Fp8RowLinear:
             y = rowwise_matmul(act, self.weight, self.scale, self.dtype, summed=summed)
         else:
             y = ref.linear_rows(act, self.weight, self.scale, self.dtype)
+        return y if self.bias is None else y + self.bias
+
+    def _weight_only(self, x: torch.Tensor, summed: bool) -> torch.Tensor | SplitSums:  # [T, K] -> [T, N]
+        if self.weight.is_cuda:
+            from batchgen.kernels.gemm.fp8_gemm import weight_only_matmul
+
+            summed = summed or self.bias is not None
+            y = weight_only_matmul(x, self.weight, self.scale, self.dtype, summed=summed)
+        else:
+            y = ref.linear_weight_only(x, self.weight, self.scale, self.dtype)
         return y if self.bias is None else y + self.bias
 
     def silu_mul(self, x: torch.Tensor | Fp8Act, quant: ActQuant | None) -> Fp8Act | None:
@@ -97,23 +115,33 @@ class Fp8BlockLinear:
 
 
 class Fp8QuantizeFormat:
-    """``--quantization fp8``: each projection of a 16/32-bit checkpoint quantized per output row at load."""
+    """``--quantization fp8``: each projection of a 16/32-bit checkpoint in e4m3 at load, one scale per
+    output row, its input left in the model dtype (W8A16: quantizing the activations too loses greedy
+    agreement that no rounding of the weights wins back; ``docs/results.md``). A projection whose
+    inputs were recorded on calibration text (``hessians``, by the name of its first checkpoint part:
+    ``model/calibrate.py``) gets GPTQ's codes (``gptq.py``), others round to nearest."""
 
     name = "fp8"
 
     def __init__(self, dtype: torch.dtype) -> None:
         self.dtype = dtype
+        self.hessians: dict[str, torch.Tensor] = {}  # filled layer by layer while a model calibrates
 
     def linear(self, source: WeightSource, parts: Sequence[Part], bias: bool) -> Fp8RowLinear:
+        weight, scale = self._quantized(source, parts)
+        stacked = stacked_bias(source, parts, self.dtype) if bias else None
+        return Fp8RowLinear(weight, scale, stacked, self.dtype, weight_only=True)
+
+    def _quantized(self, source: WeightSource, parts: Sequence[Part]) -> tuple[torch.Tensor, torch.Tensor]:
+        hessian = self.hessians.pop(parts[0].name, None)
+        if hessian is not None:  # GPTQ rounds the stacked rows together: they share the input
+            return gptq.quantize_rows(source.stack_rows(parts), hessian)
         weights, scales = [], []
         for part in parts:  # one part in 16 bits at a time: the peak is the largest part, not the model
             w, s = ref.quantize_rows(source.get(part))
             weights.append(w)
             scales.append(s)
-        weight = torch.cat(weights) if len(weights) > 1 else weights[0]
-        return Fp8RowLinear(
-            weight, torch.cat(scales), stacked_bias(source, parts, self.dtype) if bias else None, self.dtype
-        )
+        return (torch.cat(weights), torch.cat(scales)) if len(weights) > 1 else (weights[0], scales[0])
 
 
 # Names under which FP8 checkpoints store a layer's KV-cache scales, in order of preference: llm-compressor

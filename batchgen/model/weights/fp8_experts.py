@@ -3,8 +3,8 @@
 
 - ``--quantization fp8`` on a 16/32-bit checkpoint: each expert's rows quantized per output channel at
   load (a layer's 16-bit stacks are read whole, then replaced by their e4m3 copies), and the products'
-  inputs quantized per token as they run (W8A8, ``act_fp8``), as the dense projections' are: e4m3 x e4m3
-  products run the grouped GEMMs faster than converting each e4m3 weight tile (docs/results.md).
+  inputs quantized per token as they run (W8A8, ``act_fp8``; the dense projections are weight-only):
+  e4m3 x e4m3 products run the grouped GEMMs faster than converting each e4m3 weight tile (docs/results.md).
 - An FP8 checkpoint whose experts are stored in e4m3 (the fp8 method's releases, e.g. Qwen3-30B-A3B-FP8:
   per-expert ``weight`` + ``weight_scale_inv`` per 128 x 128 block): the weights and scales as published,
   block scales per part (gate's, then up's), per-channel or per-tensor ``weight_scale`` as row scales.
