@@ -9,9 +9,10 @@ For each variant, beside the unquantized model (same prompts, same device and dt
   tokens still the most likely, and the mean absolute log-prob difference (a smoother measure than the
   first: each position is judged on the same context).
 
-The package's configurations are ``fp8`` (``--quantization fp8``), ``fp8+kv`` (with ``--kv-cache-dtype
-fp8``) and ``kv`` (the cache alone). The others change one thing of ``fp8`` through a hook of this script
-(the package's defaults stay as they are), to find which part of the quantization costs the agreement:
+The package's configurations are ``fp8`` (``--quantization fp8``: weight-only, GPTQ's codes), ``fp8+kv``
+(with ``--kv-cache-dtype fp8``) and ``kv`` (the cache alone). ``w8a8`` is what ``fp8`` was before (e4m3
+weights rounded to nearest, per-token e4m3 activations); the others change one thing of ``w8a8`` through a
+hook of this script, to find which part of the quantization costs the agreement:
 
 - ``w-only``: e4m3 weights per output channel, activations left unquantized;
 - ``act-tensor``: one dynamic activation scale per projection call (the step's rows together), not per
@@ -27,8 +28,11 @@ fp8``) and ``kv`` (the cache alone). The others change one thing of ``fp8`` thro
 - ``fp32-2threads``: no quantization, two CPU threads instead of ``--threads``: whether the thread count
   alone changes any token;
 - ``w-gptq``: ``w-only`` with the weights rounded by GPTQ (``scripts/gptq.py``: each row's scale as the
-  package's, the rounding errors spread over later columns by calibration inputs' inverse Hessian); ``gptq``:
-  those weights with the package's activations; ``w-gptq-seq`` / ``gptq-seq``: calibrated layer by layer;
+  package's, the rounding errors spread over later columns by calibration inputs' inverse Hessian, the
+  model's own answers in the text); ``gptq``: those weights with ``w8a8``'s activations; suffixes
+  (``gptq.FORMS``): ``-seq`` calibrated layer by layer, ``-act`` columns by decreasing Hessian diagonal
+  (act-order), ``-cal4`` 4x the calibration text, ``-g128``
+  (``gptq-`` only) rounded under ``row-g128``'s scales, with its activations per token per 128 columns;
 - ``w-bf16``: no FP8 at all, the projections' weights rounded to bf16 (fp32 arithmetic): what any rounding
   of the weights costs on this measure, a floor for the others.
 
@@ -52,7 +56,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from batchgen import LLM, SamplingParams  # noqa: E402
-from batchgen.bench.workloads import mixed_prompts  # noqa: E402
+from batchgen.bench.workloads import VARIED_PROMPTS, mixed_prompts  # noqa: E402
 from batchgen.kernels import fp8_format  # noqa: E402
 from batchgen.kernels.fp8_format import ActQuant, Fp8Act  # noqa: E402
 from batchgen.model.fused import DenseMLP, Layer  # noqa: E402
@@ -60,30 +64,10 @@ from batchgen.model.kv_cache import cache_dtype  # noqa: E402
 from batchgen.model.loader import default_model_dir  # noqa: E402
 from batchgen.model.paged_sequence import sequence_logits  # noqa: E402
 from batchgen.model.weights.formats import DenseLinear  # noqa: E402
-from batchgen.model.weights.fp8 import Fp8BlockLinear  # noqa: E402
+from batchgen.model.weights.fp8 import Fp8BlockLinear, Fp8RowLinear  # noqa: E402
 from scripts import gptq  # noqa: E402
 
-PROMPTS = [
-    "What is the capital of France?", "Write a haiku about autumn leaves.", "Explain recursion to a child.",
-    "List three uses of a paperclip.", "Translate 'good morning' into Spanish.", "Why is the sky blue?",
-    "Summarise the water cycle in one sentence.", "Name two prime numbers greater than fifty.",
-    "Describe a cat in five words.", "What does a compiler do?", "Suggest a name for a bakery.",
-    "How many legs does a spider have?", "Write a limerick about a robot.", "What is photosynthesis?",
-    "Explain what a linked list is.", "Give a tip for learning a new language.", "What is 17 times 3?",
-    "Write a Python function that reverses a string.", "Who wrote Romeo and Juliet?",
-    "What causes earthquakes?", "Give me a recipe for pancakes.", "What is the boiling point of water?",
-    "Tell me a joke about computers.", "How do vaccines work?", "Write the opening line of a mystery novel.",
-    "What are the primary colours?", "Explain the difference between weather and climate.",
-    "Convert 5 kilometres to miles.", "What is a black hole?", "Write a short poem about the sea.",
-    "How do I make a cup of green tea?", "What is the largest planet in our solar system?",
-    "Give three synonyms for happy.", "Explain how a bicycle stays upright.", "What is machine learning?",
-    "Describe the taste of a lemon.", "Write an email asking for a day off.", "What is the speed of light?",
-    "Why do leaves change colour in autumn?", "Name a famous painting by Leonardo da Vinci.",
-    "What is the square root of 144?", "How does a refrigerator keep food cold?",
-    "Write a two-sentence horror story.", "What language is spoken in Brazil?",
-    "Explain what an API is to a beginner.", "What should I pack for a beach holiday?",
-    "How many continents are there?", "Write a motivational quote.",
-]  # fmt: skip
+PROMPTS = VARIED_PROMPTS
 TEXT = (
     "The history of the bicycle begins in the early nineteenth century, when inventors in Europe built "
     "wooden machines that riders pushed along with their feet. Pedals attached to the front wheel came "
@@ -213,12 +197,10 @@ def from_file(make):
 
     def replace(i: int, layer: Layer) -> Layer:
         attn, mlp = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
-        qkv, o_proj = linear(attn, ("q_proj", "k_proj", "v_proj")), linear(attn, ("o_proj",))
-        gate_up, down = linear(mlp, ("gate_proj", "up_proj")), linear(mlp, ("down_proj",))
-        return layer._replace(
-            attn=layer.attn._replace(qkv=qkv, o_proj=o_proj), mlp=DenseMLP(gate_up, down),
-            mlp_quant=gate_up.act_quant,
-        )  # fmt: skip
+        return gptq.with_projections(layer, {
+            "qkv": linear(attn, ("q_proj", "k_proj", "v_proj")), "o": linear(attn, ("o_proj",)),
+            "gate_up": linear(mlp, ("gate_proj", "up_proj")), "down": linear(mlp, ("down_proj",)),
+        })  # fmt: skip
 
     return replace
 
@@ -235,30 +217,53 @@ def blocks(rows: int, cols: int):
 
 
 def gptq_variants(base: LLM, table: dict) -> None:
-    """``w-gptq``, ``gptq`` and their ``-seq`` forms; each calibration runs once, at its first variant."""
-    done: dict[bool, list] = {}
+    """``w-gptq`` / ``gptq`` in each of ``gptq.FORMS`` (no ``w-`` with ``-g128``: its Fp8BlockLinear wants
+    group scales); each calibration text and each rounding is made once, at its first variant."""
+    made: dict = {}
 
-    def hook(sequential: bool, acts: bool):
+    def hook(form: str, acts: bool):
         def enter(llm: LLM) -> contextlib.ExitStack:
-            if sequential not in done:
-                done[sequential] = gptq.quantize(base, gptq.calibration(base), sequential)
             stack = contextlib.ExitStack()
-            stack.enter_context(gptq.rounded(llm, done[sequential]))
+            stack.enter_context(gptq.rounded(llm, gptq.cached(base, form, made), gptq.FORMS[form][3]))
             if not acts:
                 stack.enter_context(activations(_unquantized))
             return stack
 
         return enter
 
-    for seq, suffix in ((False, ""), (True, "-seq")):
-        table[f"w-gptq{suffix}"] = (PACKAGE["fp8"], hook(seq, False))
-        table[f"gptq{suffix}"] = (PACKAGE["fp8"], hook(seq, True))
+    for form, (*_, group) in gptq.FORMS.items():
+        if group is None:
+            table[f"w-gptq{form}"] = (PACKAGE["fp8"], hook(form, False))
+        table[f"gptq{form}"] = (PACKAGE["fp8"], hook(form, True))
+
+
+def on_w8a8(hook):
+    """``hook`` over the arithmetic ``--quantization fp8`` had before it became weight-only with GPTQ's
+    codes: e4m3 weights rounded to nearest, per-token e4m3 activations (the activation and layer hooks
+    were measured on it, and change only it)."""
+
+    def enter(llm: LLM) -> contextlib.ExitStack:
+        stack = contextlib.ExitStack()
+        stack.enter_context(layers(llm, from_file(lambda w: Fp8RowLinear(*fp8_format.quantize_rows(w), None,
+                                                                         torch.float32))))  # fmt: skip
+        stack.enter_context(hook(llm))
+        return stack
+
+    return enter
 
 
 def variants(base: LLM) -> dict:
     """name -> (the package's options it starts from, a context manager factory over that LLM)."""
     none = lambda llm: contextlib.nullcontext()  # noqa: E731
     table = {name: (opts, none) for name, opts in PACKAGE.items()}
+    table.update(_w8a8_variants(base))
+    gptq_variants(base, table)
+    return table
+
+
+def _w8a8_variants(base: LLM) -> dict:
+    none = lambda llm: contextlib.nullcontext()  # noqa: E731
+    table = {}
     fp8, fp8_kv = PACKAGE["fp8"], PACKAGE["fp8+kv"]
     table["fp32-2threads"] = ({"threads": 2}, none)
     table["w-only"] = (fp8, lambda llm: activations(_unquantized))
@@ -268,15 +273,9 @@ def variants(base: LLM) -> dict:
     table["w-only+kv"] = (fp8_kv, lambda llm: activations(_unquantized))
     for proj in ("qkv", "o", "gate_up", "down"):
         table[f"x-{proj}"] = (fp8, lambda llm, proj=proj: activations(_unquantized, inputs_of(llm, proj)))
-        table[f"g128-{proj}"] = (
-            fp8,
-            lambda llm, proj=proj: activations(_per_group(128), inputs_of(llm, proj)),
-        )
-    ends = {
-        "first": lambda i, n: i == 0,
-        "last": lambda i, n: i == n - 1,
-        "ends": lambda i, n: i in (0, n - 1),
-    }
+        table[f"g128-{proj}"] = (fp8, lambda llm, p=proj: activations(_per_group(128), inputs_of(llm, p)))
+    ends = {"first": lambda i, n: i == 0, "last": lambda i, n: i == n - 1,
+            "ends": lambda i, n: i in (0, n - 1)}  # fmt: skip
     for name, which in ends.items():
         table[f"keep-{name}"] = (fp8, lambda llm, which=which: layers(llm, keep_layers(base, which)))
     for proj in ("qkv", "o", "gate_up", "down"):
@@ -289,8 +288,9 @@ def variants(base: LLM) -> dict:
         fp8,
         lambda llm: layers(llm, from_file(lambda w: DenseLinear(w.bfloat16().float(), None))),
     )
-    gptq_variants(base, table)
-    return table
+    table["w8a8"] = (fp8, none)
+    plain = ("fp32-2threads", "block128", "row-g128", "w-bf16")  # they replace every projection themselves
+    return {name: (opts, hook if name in plain else on_w8a8(hook)) for name, (opts, hook) in table.items()}
 
 
 # --- the measurement ---------------------------------------------------------------------------------------

@@ -1,13 +1,12 @@
-"""GPTQ rounding of e4m3 weights for ``scripts/fp8_quality.py``'s ``w-gptq`` / ``gptq`` variants.
-
-``gptq_round`` quantizes a projection's input columns one at a time, each to e4m3 under the row's fixed
-scale (the package's cast, ``fp8_format._cast``), and spreads the column's rounding error onto the columns
-not yet quantized through the inverse Hessian ``H = X^T X`` of calibration inputs X, so that the layer's
-output ``X W^T`` moves as little as it can (Frantar et al., "GPTQ", 2022: the block-wise form with a
-Cholesky factor of the inverse).
+"""GPTQ rounding of e4m3 weights for ``scripts/fp8_quality.py``'s ``w-gptq`` / ``gptq`` variants: the
+package's ``model/weights/gptq.gptq_round`` (what ``--quantization fp8`` runs at load; its damping and fp32
+updates since session 60, the figures before them came from this script's own copy at damp 0.01 in fp64),
+with this script's own calibration and forms. ``order=True`` is GPTQ's act-order (the package's default);
+``group``: scales per row per ``group`` columns (``fp8_format.quantize_blocks(w, 1, group)``'s) instead of
+per row.
 
 Calibration (``hessians``): chat prompts disjoint from the measured ones (other topics, other asks: see
-``calibration_prompts``), each followed by the unquantized model's own greedy answer, run through the
+``calibration``), each followed by the unquantized model's own greedy answer, run through the
 unquantized model in one prefill with every projection's input recorded. ``sequential=True`` records
 layer i's inputs with layers 0..i-1 already GPTQ-rounded (weights e4m3, activations unquantized);
 otherwise every layer's come from the unquantized model (one pass).
@@ -27,51 +26,48 @@ from batchgen.model.kv_cache import cache_dtype
 from batchgen.model.loader import default_model_dir
 from batchgen.model.paged_sequence import sequence_logits
 from batchgen.model.weights.formats import DenseLinear
+from batchgen.model.weights.fp8 import Fp8BlockLinear
+from batchgen.model.weights.gptq import gptq_round
 
 ANSWER_TOKENS = 24  # the unquantized model's greedy answer after each calibration prompt
+# Neither B4's topics or asks (``bench/workloads.py``) nor issue 11's prompts. The first 16 x 4 are the
+# default set (``calibration``'s order); the rest make the 4x set (32 x 8 = 256 prompts).
 _TOPICS = (
     "tigers", "submarines", "origami", "thunderstorms", "pottery", "satellites", "tulips", "penguins",
     "violins", "rainforests", "marathons", "telescopes", "cheese making", "hurricanes", "kites", "fossils",
+    "dinosaurs", "bamboo", "coral reefs", "hot air balloons", "pyramids", "octopuses", "knitting",
+    "skyscrapers", "elephants", "wolves", "volleyball", "typewriters", "caves", "sunflowers", "canals",
+    "jigsaw puzzles",
 )  # fmt: skip
 _ASKS = (
     "Tell me something interesting about {}.",
     "How would you teach a teenager about {}?",
     "Write two sentences about {} for a travel guide.",
     "What mistakes do beginners make with {}?",
+    "Why do so many people find {} fascinating?",
+    "Summarise what experts agree on about {}.",
+    "Ask a question a student might have about {}, then answer it.",
+    "Compare {} with something from everyday life.",
 )
 
 
-def gptq_round(weight: torch.Tensor, scale: torch.Tensor, hessian: torch.Tensor, block: int = 128,
-               damp: float = 0.01) -> torch.Tensor:  # fmt: skip
-    """[N, K] weight, [N] row scales, [K, K] Hessian of the inputs -> e4m3 [N, K] (value ``q * scale``).
-
-    Column j is rounded to nearest under its row's scale; its error, divided by the inverse Hessian's
-    Cholesky diagonal, is subtracted from the later columns along that factor's row j (inside the block
-    at once, onto the later blocks when the block is done). ``damp`` x the mean diagonal is added to H."""
-    w = weight.double().T.contiguous()  # [K, N]: a column of the weight is a row here
-    h = hessian.double().clone()
-    dead = h.diagonal() == 0  # inputs never seen: their columns do not matter, round them as they are
-    h[dead, dead] = 1.0
-    h.diagonal().add_(damp * h.diagonal().mean())
-    u = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
-    rows, cast_scale = scale.double(), scale.float()  # the cast divides in fp32, as the package's does
-    q = torch.empty(w.shape, dtype=fp8_format.FP8)
-    for b0 in range(0, w.shape[0], block):
-        b1 = min(b0 + block, w.shape[0])
-        errors = torch.empty_like(w[b0:b1])
-        for j in range(b0, b1):
-            q[j] = fp8_format._cast(w[j], cast_scale)
-            errors[j - b0] = (w[j] - q[j].double() * rows) / u[j, j]
-            w[j:b1] -= u[j, j:b1, None] * errors[j - b0]
-        w[b1:] -= u[b0:b1, b1:].T @ errors
-    q = q.T.contiguous()
-    return q
+def full_scales(scale: torch.Tensor, cols: int, group: int | None) -> torch.Tensor:
+    """[N] row scales, or [N, cdiv(K, group)] per row per ``group`` columns -> one per weight, [N, K]."""
+    return scale[:, None].expand(-1, cols) if group is None else fp8_format.expand_groups(scale, group, cols)
 
 
-def calibration(llm) -> list[torch.Tensor]:
-    """Token ids of 64 chat questions (16 topics x 4 asks, none among the measured prompts' topics or
-    asks), each with the chat template and followed by ``llm``'s greedy answer of ``ANSWER_TOKENS``."""
-    prompts = [ask.format(topic) for topic in _TOPICS for ask in _ASKS]
+# The forms, by variant suffix: (layer by layer, act-order, calibration's (topics, asks), scales' group)
+FORMS = {"": (False, False, (16, 4), None), "-seq": (True, False, (16, 4), None),
+         "-act": (False, True, (16, 4), None), "-cal4": (False, False, (32, 8), None),
+         "-act-cal4": (False, True, (32, 8), None), "-g128": (False, False, (16, 4), 128),
+         "-act-g128": (False, True, (16, 4), 128)}  # fmt: skip
+
+
+def calibration(llm, topics: int = 16, asks: int = 4) -> list[torch.Tensor]:
+    """Token ids of ``topics`` x ``asks`` chat questions (64 by default; none among the measured prompts'
+    topics or asks), each with the chat template and followed by ``llm``'s greedy answer of
+    ``ANSWER_TOKENS``."""
+    prompts = [ask.format(topic) for topic in _TOPICS[:topics] for ask in _ASKS[:asks]]
     params = SamplingParams(max_new_tokens=ANSWER_TOKENS, ignore_eos=True)
     answers = [o.token_ids for o in llm.generate_samples(prompts, params)]
     return [torch.tensor(llm.encode(p) + a, device=llm.device) for p, a in zip(prompts, answers, strict=True)]
@@ -101,9 +97,10 @@ def _recording(layer: Layer, found: dict[str, torch.Tensor], widths: dict[str, i
     )
 
 
-def _dequantized(layer: Layer, rounded: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> Layer:
-    """``layer`` computing with e4m3 weights ``rounded`` (codes, row scales) in fp32, inputs unquantized."""
-    dense = {name: DenseLinear(q.float() * s[:, None], None) for name, (q, s) in rounded.items()}
+def _dequantized(layer: Layer, rounded: dict[str, tuple], group: int | None) -> Layer:
+    """``layer`` computing with e4m3 weights ``rounded`` (codes, scales) in fp32, inputs unquantized."""
+    dense = {name: DenseLinear(q.float() * full_scales(s, q.shape[1], group), None)
+             for name, (q, s) in rounded.items()}  # fmt: skip
     attn = layer.attn._replace(qkv=dense["qkv"], o_proj=dense["o"])
     return layer._replace(attn=attn, mlp=DenseMLP(dense["gate_up"], dense["down"]))
 
@@ -122,9 +119,11 @@ def file_weights(layers: int) -> list[dict[str, torch.Tensor]]:
     ]  # fmt: skip
 
 
-def quantize(llm, sequences: list[torch.Tensor], sequential: bool) -> list[dict[str, tuple]]:
-    """Every layer's projections as (e4m3 codes, row scales) by ``gptq_round``, calibrated on ``sequences``
-    (token ids) run through the unquantized engine ``llm`` (its layers are restored afterwards)."""
+def quantize(llm, sequences: list[torch.Tensor], sequential: bool, order: bool = False,
+             group: int | None = None) -> list[dict[str, tuple]]:  # fmt: skip
+    """Every layer's projections as (e4m3 codes, scales: per row, or per row per ``group`` columns) by
+    ``gptq_round``, calibrated on ``sequences`` (token ids) run through the unquantized engine ``llm`` (its
+    layers are restored afterwards)."""
     rank = llm._rank
     forward, backend = rank.bundle.forward, rank.runner.backend
     plain = list(forward.layers)
@@ -135,7 +134,7 @@ def quantize(llm, sequences: list[torch.Tensor], sequential: bool) -> list[dict[
     done: list[dict[str, tuple]] = []
 
     def run(upto: int, first: int) -> None:  # layers first..upto-1 record, earlier ones are rounded
-        forward.layers[:] = [_dequantized(plain[i], done[i]) if i < first else
+        forward.layers[:] = [_dequantized(plain[i], done[i], group) if i < first else
                              _recording(plain[i], found[i], widths) for i in range(upto)]  # fmt: skip
         with torch.inference_mode():
             for ids in sequences:
@@ -146,20 +145,69 @@ def quantize(llm, sequences: list[torch.Tensor], sequential: bool) -> list[dict[
         for i in range(len(plain)):
             if sequential or i == 0:
                 run(i + 1 if sequential else len(plain), i)
-            scales = {name: fp8_format.quantize_rows(w)[1] for name, w in weights[i].items()}
-            done.append({name: (gptq_round(w, scales[name], found[i][name]), scales[name])
-                         for name, w in weights[i].items()})  # fmt: skip
+            done.append({name: _rounded(w, found[i][name], order, group) for name, w in weights[i].items()})
     finally:
         forward.layers[:] = plain
     tokens, took = sum(map(len, sequences)), time.perf_counter() - started
-    print(f"GPTQ ({'sequential' if sequential else 'one pass'}, {tokens} tokens): {took:.0f} s", flush=True)
+    form = f"{'sequential' if sequential else 'one pass'}{', act-order' if order else ''}, group {group}"
+    print(f"GPTQ ({form}, {len(sequences)} sequences, {tokens} tokens): {took:.0f} s", flush=True)
     return done
 
 
+def _rounded(weight: torch.Tensor, hessian: torch.Tensor, order: bool, group: int | None) -> tuple:
+    """(e4m3 codes, the package's absmax scales) of one projection: per row, or per row per ``group``."""
+    if group is None:
+        scale = fp8_format.quantize_rows(weight)[1]
+    else:
+        scale = fp8_format.quantize_blocks(weight, 1, group)[1]
+    return gptq_round(weight, full_scales(scale, weight.shape[1], group), hessian, act_order=order), scale
+
+
+def with_projections(layer: Layer, new: dict) -> Layer:
+    """``layer`` with projections ``new`` (qkv, o, gate_up, down); the MLP's producer quantizes gate|up's
+    input as gate|up's ``act_quant`` says."""
+    attn = layer.attn._replace(qkv=new["qkv"], o_proj=new["o"])
+    mlp = DenseMLP(new["gate_up"], new["down"])
+    return layer._replace(attn=attn, mlp=mlp, mlp_quant=new["gate_up"].act_quant)
+
+
+def cached(base, form: str, made: dict) -> list[dict[str, tuple]]:
+    """``form``'s codes (``FORMS``), calibrated on the unquantized ``base``; ``made`` keeps each calibration
+    text and each rounding for the next variant that wants it."""
+    sequential, order, calib, group = FORMS[form]
+    if calib not in made:
+        made[calib] = calibration(base, *calib)
+    if form not in made:
+        made[form] = quantize(base, made[calib], sequential, order, group)
+    return made[form]
+
+
 @contextlib.contextmanager
-def rounded(llm, quantized: list[dict[str, tuple]]):
+def grouped(llm, quantized: list[dict[str, tuple]], group: int):
+    """The FP8 ``llm``'s layers with ``quantized``'s codes and per-row-per-``group`` scales as
+    ``Fp8BlockLinear``s (1-row blocks: ``row-g128``'s arithmetic, activations per token per ``group``
+    columns), restored on exit."""
+    forward = llm._rank.bundle.forward
+    saved = list(forward.layers)
+    forward.layers[:] = [
+        with_projections(layer, {name: Fp8BlockLinear(q, s, 1, group, None, torch.float32)
+                                 for name, (q, s) in codes.items()})
+        for layer, codes in zip(saved, quantized, strict=True)
+    ]  # fmt: skip
+    try:
+        yield
+    finally:
+        forward.layers[:] = saved
+
+
+@contextlib.contextmanager
+def rounded(llm, quantized: list[dict[str, tuple]], group: int | None = None):
     """The FP8 ``llm``'s row-quantized projections given ``quantized``'s codes (their scales are the package's
-    absmax ones: checked), restored on exit."""
+    absmax ones: checked), restored on exit; with ``group``, ``grouped``."""
+    if group is not None:
+        with grouped(llm, quantized, group):
+            yield
+        return
     saved = []
     for layer, codes in zip(llm._rank.bundle.forward.layers, quantized, strict=True):
         attn, mlp = layer.attn, layer.mlp
