@@ -94,7 +94,7 @@ class LLM:
 
     def _start(self, config, files: ModelFiles, tokenizer, generation_config, name: str, dtype=None) -> None:
         self.config, self.tokenizer, self.model_name = config, tokenizer, name
-        if config.quantization == "fp8":  # its rounding calibrates on these chats (model/calibrate.py)
+        if config.quantization == "fp8" and tokenizer is not None:  # its rounding calibrates on these chats
             files = files._replace(calibration=tuple(map(tuple, calibration_ids(tokenizer))))
         self.hf_config, self.generation_config = files.hf_config, generation_config
         self._workers = None

@@ -62,7 +62,8 @@ def assemble(
     calibrate = None
     if calibration and hasattr(fmt, "hessians") and not group.is_parallel:
         kv = KVShape(spec.num_layers, heads.kv.size, spec.head_dim)
-        calibrate = Calibration(forward, calibration, kv, dtype, source.device)
+        sequences = [ids[:max_positions] for ids in calibration]  # a chat longer than the model's window
+        calibrate = Calibration(forward, sequences, kv, dtype, source.device)
         dense = Loader(source, DenseFormat(dtype), group, dtype)
     for i, moe in enumerate(structure.layers):
         if calibrate is not None:  # layer i in 16 bits first: its projections' inputs for GPTQ

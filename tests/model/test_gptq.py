@@ -115,6 +115,12 @@ def test_quantization_fp8_calibrates_every_projection_at_load(tmp_path):
     assert (_logits(gptq, ids) - want).norm() < 0.8 * (_logits(rtn, ids) - want).norm()
 
 
+def test_calibration_longer_than_the_models_window_is_cut_to_it(tmp_path):
+    """A chat longer than the positions the model was built for calibrates on its first ones."""
+    long = (tuple(range(1, 97)) * 4,)  # 384 tokens; the model is built for 256
+    assert isinstance(_forward(_tiny_llama(tmp_path), long).forward.layers[1].mlp.down, Fp8RowLinear)
+
+
 def test_random_weights_round_to_nearest_without_calibrating(tiny_llama, monkeypatch):
     """A benchmark's random weights have no quality to keep: ``--quantization fp8`` skips the calibration
     (its codes change no kernel's speed) and rounds to nearest."""
