@@ -27,7 +27,7 @@ from batchgen.model.loader import default_model_dir
 from batchgen.model.paged_sequence import sequence_logits
 from batchgen.model.weights.formats import DenseLinear
 from batchgen.model.weights.fp8 import Fp8BlockLinear
-from batchgen.model.weights.gptq import gptq_round
+from batchgen.model.weights.gptq import InputRecorder, gptq_round
 
 ANSWER_TOKENS = 24  # the unquantized model's greedy answer after each calibration prompt
 # Neither B4's topics or asks (``bench/workloads.py``) nor issue 11's prompts. The first 16 x 4 are the
@@ -73,23 +73,12 @@ def calibration(llm, topics: int = 16, asks: int = 4) -> list[torch.Tensor]:
     return [torch.tensor(llm.encode(p) + a, device=llm.device) for p, a in zip(prompts, answers, strict=True)]
 
 
-class _Recorder:
-    """A projection that adds its inputs' X^T X (fp64) into ``hessian``, then computes as before."""
+def _recording(layer: Layer, found: dict[str, InputRecorder]) -> Layer:
+    """``layer`` with the package's recorders (X^T X of each projection's inputs) around its projections."""
 
-    def __init__(self, linear, hessian: torch.Tensor) -> None:
-        self.linear, self.hessian = linear, hessian
-        self.act_quant, self.out_features = linear.act_quant, linear.out_features
-
-    def __call__(self, x: torch.Tensor, summed: bool = True) -> torch.Tensor:
-        flat = x.reshape(-1, self.hessian.shape[0]).double()
-        self.hessian += flat.T @ flat
-        return self.linear(x, summed)
-
-
-def _recording(layer: Layer, found: dict[str, torch.Tensor], widths: dict[str, int]) -> Layer:
-    def rec(name: str, linear) -> _Recorder:
-        found[name] = torch.zeros(widths[name], widths[name], dtype=torch.float64)
-        return _Recorder(linear, found[name])
+    def rec(name: str, linear) -> InputRecorder:
+        found[name] = InputRecorder(linear)
+        return found[name]
 
     attn = layer.attn._replace(qkv=rec("qkv", layer.attn.qkv), o_proj=rec("o", layer.attn.o_proj))
     return layer._replace(
@@ -128,14 +117,13 @@ def quantize(llm, sequences: list[torch.Tensor], sequential: bool, order: bool =
     forward, backend = rank.bundle.forward, rank.runner.backend
     plain = list(forward.layers)
     weights = file_weights(len(plain))
-    widths = {name: w.shape[1] for name, w in weights[0].items()}
     dtype = cache_dtype(llm.config.kv_cache_dtype, rank.dtype)
-    found: list[dict[str, torch.Tensor]] = [{} for _ in plain]
+    found: list[dict[str, InputRecorder]] = [{} for _ in plain]
     done: list[dict[str, tuple]] = []
 
     def run(upto: int, first: int) -> None:  # layers first..upto-1 record, earlier ones are rounded
         forward.layers[:] = [_dequantized(plain[i], done[i], group) if i < first else
-                             _recording(plain[i], found[i], widths) for i in range(upto)]  # fmt: skip
+                             _recording(plain[i], found[i]) for i in range(upto)]  # fmt: skip
         with torch.inference_mode():
             for ids in sequences:
                 sequence_logits(forward, ids, [len(ids)], rank.bundle.kv_shape, dtype, backend)
@@ -145,7 +133,8 @@ def quantize(llm, sequences: list[torch.Tensor], sequential: bool, order: bool =
         for i in range(len(plain)):
             if sequential or i == 0:
                 run(i + 1 if sequential else len(plain), i)
-            done.append({name: _rounded(w, found[i][name], order, group) for name, w in weights[i].items()})
+            done.append({name: _rounded(w, found[i][name].hessian, order, group)
+                         for name, w in weights[i].items()})  # fmt: skip
     finally:
         forward.layers[:] = plain
     tokens, took = sum(map(len, sequences)), time.perf_counter() - started
