@@ -122,30 +122,36 @@ def choose_split_k(programs: int, k_tiles: int, sms: int, block_n: int = 32) -> 
 
 
 def triton_fp8_matmul(
-    act: Fp8Act, weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, *,
+    act: Fp8Act | torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, *,
     group: int | None = None, scale_rows: int = 1, split_k: int | None = None, block_n: int | None = None,
     num_stages: int | None = None, tma: bool | None = None, summed: bool = True,
 ) -> torch.Tensor | SplitSums:  # fmt: skip
     """[M, K] x [N, K] -> [M, N]. ``group`` set: block scales (``scale`` [cdiv(N, scale_rows), cdiv(K,
     group)], activation scales per ``group`` columns); else per-token x per-channel (``scale`` [N]).
+    ``act`` a 16-bit tensor instead of an ``Fp8Act``: weight-only (W8A16, per-channel scales), each e4m3
+    weight tile widened to its dtype before a 16-bit MMA (bound by reading the e4m3 weights at decode
+    sizes, as the FP8 product is; 64-deep K tiles above them: 16-bit operands take twice the bytes).
     ``split_k``: K splits (default: ``choose_split_k`` at decode sizes). ``tma``: the TMA kernel
     (default: where ``tma_supported`` and ``tma_shape`` picks it, with its tile width and splits; True
     also runs it under the interpreter, for the tests). ``summed`` False: a K-split product comes back
     as its partials (``SplitSums``), for a consumer that adds them."""
-    m, k = act.data.shape
+    a16 = isinstance(act, torch.Tensor)
+    data = (act if act.stride(-1) == 1 else act.contiguous()) if a16 else act.data
+    act_scale = scale if a16 else act.scale  # unread by a weight-only product
+    m, k = data.shape
     n = weight.shape[0]
     if m == 0:
-        return torch.empty((m, n), dtype=dtype, device=act.data.device)
-    sms = num_sms(act.data.device)
-    chosen = group is not None or split_k is not None or block_n is not None
+        return torch.empty((m, n), dtype=dtype, device=data.device)
+    sms = num_sms(data.device)
+    chosen = group is not None or split_k is not None or block_n is not None or a16
     shape = tma_shape(n, k, sms) if tma is None and not chosen else None
-    if shape is not None and tma_supported(act.data, weight):
+    if shape is not None and tma_supported(data, weight):
         tma, (block_n, split_k) = True, shape
     if tma:
         return _split_result(
             tma_product(act, weight, scale, dtype, split_k, block_n, num_stages), dtype, summed
         )
-    block_k = group or (256 if m <= SMALL_M else 128)  # block scales: one K tile per scale group
+    block_k = group or (256 if m <= SMALL_M else 64 if a16 else 128)  # block scales: a K tile per group
     cfg = _config(m, n, sms)
     cfg.update({key: v for key, v in (("BLOCK_N", block_n), ("num_stages", num_stages)) if v})
     if block_k > 128 and cfg["BLOCK_M"] > 64:
@@ -154,41 +160,12 @@ def triton_fp8_matmul(
     k_tiles = triton.cdiv(k, block_k)
     if split_k is None:
         split_k = choose_split_k(grid[0] * grid[1], k_tiles, sms, cfg["BLOCK_N"]) if m <= SMALL_M else 1
-    dest, per_split, splits = split_destination(m, n, k_tiles, split_k, dtype, act.data.device)
+    dest, per_split, splits = split_destination(m, n, k_tiles, split_k, dtype, data.device)
     _fp8_matmul_kernel[(*grid, splits)](
-        act.data, weight, dest, act.scale, scale, m, n, k,
-        act.data.stride(0), weight.stride(0), n, act.scale.stride(0),
-        scale.stride(0) if group else 0, m * n, per_split, BLOCKWISE=group is not None,
-        SCALE_ROWS=scale_rows, BLOCK_K=block_k, **cfg, **pdl_options(act.data)
-    )  # fmt: skip
-    return _split_result(dest, dtype, summed)
-
-
-def weight_only_matmul(
-    x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, *,
-    split_k: int | None = None, summed: bool = True,
-) -> torch.Tensor | SplitSums:  # fmt: skip
-    """W8A16: [M, K] in the model dtype x [N, K] e4m3 (``scale`` [N]) -> [M, N]. Each weight tile is
-    widened to the input's dtype before a 16-bit MMA; at decode sizes the product is bound by reading the
-    e4m3 weights (half a 16-bit model's bytes), as the FP8 one is. ``split_k`` and ``summed`` as in
-    ``triton_fp8_matmul`` (same tiles at decode sizes, 64-deep K tiles above: 16-bit operands)."""
-    x = x if x.stride(-1) == 1 else x.contiguous()
-    m, k = x.shape
-    n = weight.shape[0]
-    if m == 0:
-        return torch.empty((m, n), dtype=dtype, device=x.device)
-    sms = num_sms(x.device)
-    cfg = _config(m, n, sms)
-    block_k = 256 if m <= SMALL_M else 64
-    grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n, cfg["BLOCK_N"]))
-    k_tiles = triton.cdiv(k, block_k)
-    if split_k is None:
-        split_k = choose_split_k(grid[0] * grid[1], k_tiles, sms, cfg["BLOCK_N"]) if m <= SMALL_M else 1
-    dest, per_split, splits = split_destination(m, n, k_tiles, split_k, dtype, x.device)
-    _fp8_matmul_kernel[(*grid, splits)](
-        x, weight, dest, scale, scale, m, n, k, x.stride(0), weight.stride(0), n, 0, 0, m * n, per_split,
-        BLOCKWISE=False, SCALE_ROWS=1, BLOCK_K=block_k, A16=True, DOT_F32=needs_f32_dot(x), **cfg,
-        **pdl_options(x),
+        data, weight, dest, act_scale, scale, m, n, k, data.stride(0), weight.stride(0), n,
+        act_scale.stride(0), scale.stride(0) if group else 0, m * n, per_split, BLOCKWISE=group is not None,
+        SCALE_ROWS=scale_rows, BLOCK_K=block_k, A16=a16, DOT_F32=a16 and needs_f32_dot(data), **cfg,
+        **pdl_options(data),
     )  # fmt: skip
     return _split_result(dest, dtype, summed)
 

@@ -70,10 +70,10 @@ class Fp8RowLinear:
 
     def _weight_only(self, x: torch.Tensor, summed: bool) -> torch.Tensor | SplitSums:  # [T, K] -> [T, N]
         if self.weight.is_cuda:
-            from batchgen.kernels.gemm.fp8_gemm import weight_only_matmul
+            from batchgen.kernels.gemm.fp8_gemm import triton_fp8_matmul
 
             summed = summed or self.bias is not None
-            y = weight_only_matmul(x, self.weight, self.scale, self.dtype, summed=summed)
+            y = triton_fp8_matmul(x, self.weight, self.scale, self.dtype, summed=summed)
         else:
             y = ref.linear_weight_only(x, self.weight, self.scale, self.dtype)
         return y if self.bias is None else y + self.bias
