@@ -21,7 +21,7 @@ DAMP = 0.1  # x the mean of H's diagonal, added to it: the calibration text says
 
 
 class InputRecorder:
-    """A projection that adds its inputs' X^T X into ``hessian`` (fp32, [K, K]: sums of a few thousand
+    """A projection that adds its inputs' X^T X into ``hessian`` (fp32, [K, K], summed over the calibration
     tokens; None until an input came), then computes as before: put in place of a layer's projection while
     calibration text runs through it."""
 
