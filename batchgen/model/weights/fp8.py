@@ -56,27 +56,23 @@ class Fp8RowLinear:
         self.act_quant = None if weight_only else ActQuant(None, static)
 
     def __call__(self, x: torch.Tensor | Fp8Act, summed: bool = True) -> torch.Tensor | SplitSums:
-        if self.act_quant is None:
-            return self._weight_only(x, summed)
-        act = quantize_input(x, self.act_quant)  # [T, K] -> [T, N]
+        summed = summed or self.bias is not None  # a bias is added to the summed product
+        y = self._product(x, summed)
+        return y if self.bias is None else y + self.bias
+
+    def _product(self, x: torch.Tensor | Fp8Act, summed: bool) -> torch.Tensor | SplitSums:  # [T, N]
+        if self.act_quant is None:  # weight-only
+            if self.weight.is_cuda:
+                from batchgen.kernels.gemm.fp8_gemm import triton_fp8_matmul
+
+                return triton_fp8_matmul(x, self.weight, self.scale, self.dtype, summed=summed)
+            return ref.linear_weight_only(x, self.weight, self.scale, self.dtype)
+        act = quantize_input(x, self.act_quant)
         if self.weight.is_cuda:
             from batchgen.kernels.gemm.fp8_gemm import rowwise_matmul
 
-            summed = summed or self.bias is not None  # a bias is added to the summed product
-            y = rowwise_matmul(act, self.weight, self.scale, self.dtype, summed=summed)
-        else:
-            y = ref.linear_rows(act, self.weight, self.scale, self.dtype)
-        return y if self.bias is None else y + self.bias
-
-    def _weight_only(self, x: torch.Tensor, summed: bool) -> torch.Tensor | SplitSums:  # [T, K] -> [T, N]
-        if self.weight.is_cuda:
-            from batchgen.kernels.gemm.fp8_gemm import triton_fp8_matmul
-
-            summed = summed or self.bias is not None
-            y = triton_fp8_matmul(x, self.weight, self.scale, self.dtype, summed=summed)
-        else:
-            y = ref.linear_weight_only(x, self.weight, self.scale, self.dtype)
-        return y if self.bias is None else y + self.bias
+            return rowwise_matmul(act, self.weight, self.scale, self.dtype, summed=summed)
+        return ref.linear_rows(act, self.weight, self.scale, self.dtype)
 
     def silu_mul(self, x: torch.Tensor | Fp8Act, quant: ActQuant | None) -> Fp8Act | None:
         """silu(gate) * up of this gate|up projection ([T, 2I] -> [T, I]), quantized per row as ``quant``
