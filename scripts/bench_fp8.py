@@ -1,8 +1,9 @@
 """FP8 building blocks on the GPU, for the choices in ``kernels/gemm/fp8_gemm.py`` and the fused quantization:
 
 - matmuls at Llama-3-8B's projection shapes and decode / prefill row counts: bf16 ``F.linear`` vs FP8
-  ``torch._scaled_mm`` (rowwise) vs the Triton kernel (rowwise; 128 x 128 blocks), with the weight-read
-  rate at small M (a decode step is bound by it);
+  ``torch._scaled_mm`` (rowwise) vs the Triton kernel (rowwise; 128 x 128 blocks; weight-only) vs a
+  weight dequantized to bf16 then ``F.linear``, with the weight-read rate at small M (a decode step is
+  bound by it);
 - activation quantization: RMSNorm then a separate quantization launch vs RMSNorm writing FP8 itself, and
   the same for SiLU-and-multiply.
 
@@ -24,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from batchgen.kernels import fp8_format as ref  # noqa: E402
 from batchgen.kernels.fp8_format import ActQuant  # noqa: E402
 from batchgen.kernels.gemm.fp8_gemm import triton_fp8_matmul  # noqa: E402
+from batchgen.kernels.gemm.fp8_gemm_tma import SMALL_M  # noqa: E402
 from batchgen.kernels.gemm.fp8_quant import quantize_act  # noqa: E402
 from batchgen.kernels.layer_ops.activation import silu_mul  # noqa: E402
 from batchgen.kernels.layer_ops.norm import rms_norm  # noqa: E402
@@ -50,7 +52,18 @@ def _matmul_cases(x: torch.Tensor, w: torch.Tensor) -> dict:
         ),
         "triton_rowwise": lambda: triton_fp8_matmul(act, wq, ws, bf16),
         "triton_block": lambda: triton_fp8_matmul(gact, bq, bs, bf16, group=128, scale_rows=128),
-    }
+        # weight-only (--quantization fp8): e4m3 tiles widened in the kernel, or the whole weight
+        # dequantized to bf16 for cuBLAS on every call
+        "triton_w8a16": lambda: triton_fp8_matmul(x, wq, ws, bf16),
+        "dequant_bf16": lambda: F.linear(x, (wq.to(bf16) * ws.view(-1, 1)).to(bf16)),
+    } | (
+        {  # decode sizes: the TMA kernel on the 16-bit input, 128-wide whole-K tiles or 64-wide x 4 splits
+            "tma_w8a16": lambda: triton_fp8_matmul(x, wq, ws, bf16, tma=True),
+            "tma_w8a16_64x4": lambda: triton_fp8_matmul(x, wq, ws, bf16, tma=True, block_n=64, split_k=4),
+        }
+        if x.shape[0] <= SMALL_M
+        else {}
+    )
 
 
 def matmuls(rows: list[int]) -> list[dict]:

@@ -14,11 +14,14 @@ tiles, fp32 sums).
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
 
 from batchgen.kernels.fp8_format import Fp8Act
+from batchgen.kernels.gemm.dequant import dequantized_linear
 from batchgen.kernels.gemm.fp8_gemm_tma import (
     SMALL_M,
     scale_rowwise,
@@ -26,6 +29,7 @@ from batchgen.kernels.gemm.fp8_gemm_tma import (
     tma_product,
     tma_shape,
     tma_supported,
+    weight_only_tma,
 )
 from batchgen.kernels.gemm.split_sums import SplitSums
 from batchgen.kernels.gemm.split_sums_triton import sum_splits
@@ -143,7 +147,8 @@ def triton_fp8_matmul(
     if m == 0:
         return torch.empty((m, n), dtype=dtype, device=data.device)
     sms = num_sms(data.device)
-    chosen = group is not None or split_k is not None or block_n is not None or a16
+    explicit = group is not None or split_k is not None or block_n is not None
+    chosen = explicit or (a16 and not weight_only_tma())
     shape = tma_shape(n, k, sms) if tma is None and not chosen else None
     if shape is not None and tma_supported(data, weight):
         tma, (block_n, split_k) = True, shape
@@ -151,6 +156,8 @@ def triton_fp8_matmul(
         return _split_result(
             tma_product(act, weight, scale, dtype, split_k, block_n, num_stages), dtype, summed
         )
+    if a16 and m > SMALL_M and not explicit and dequantized_prompts() and data.dtype == dtype:
+        return dequantized_linear(data, weight, scale)
     block_k = group or (256 if m <= SMALL_M else 64 if a16 else 128)  # block scales: a K tile per group
     cfg = _config(m, n, sms)
     cfg.update({key: v for key, v in (("BLOCK_N", block_n), ("num_stages", num_stages)) if v})
@@ -168,6 +175,13 @@ def triton_fp8_matmul(
         **pdl_options(data),
     )  # fmt: skip
     return _split_result(dest, dtype, summed)
+
+
+def dequantized_prompts() -> bool:
+    """Whether weight-only products above decode sizes widen the weight for cuBLAS (``dequant.py``)
+    instead of the pointer kernel's 16-bit tiles: ``BATCHGEN_A16_PREFILL=dequant``, an A/B switch until
+    timed in a step."""
+    return os.environ.get("BATCHGEN_A16_PREFILL", "") == "dequant"
 
 
 def _split_result(dest: torch.Tensor, dtype: torch.dtype, summed: bool) -> torch.Tensor | SplitSums:

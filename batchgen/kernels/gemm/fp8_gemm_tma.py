@@ -7,6 +7,8 @@ between them and the pointer kernel; gate|up with SiLU-and-multiply in its epilo
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -17,6 +19,7 @@ except ImportError:  # a Triton without host tensor descriptors: the pointer ker
     TensorDescriptor = None
 
 from batchgen.kernels.fp8_format import Fp8Act
+from batchgen.kernels.launch.device import needs_f32_dot
 from batchgen.kernels.launch.tma import supported as device_has_tma
 
 # Row counts up to this are decode sizes: narrow tiles with K split (pointer kernel) or TMA; above it,
@@ -63,6 +66,8 @@ def _fp8_matmul_tma_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     STAGES: tl.constexpr,
+    A16: tl.constexpr = False,  # a in 16 bits (W8A16): no token scales, each weight tile widened to it
+    DOT_F32: tl.constexpr = False,  # interpreter only: bf16 dot operands upcast (``needs_f32_dot``)
 ):
     """Per-token x per-channel product of one row of tiles over its split of K (decode sizes: BLOCK_M >=
     M), its operand tiles copied by TMA into a STAGES-deep ring (Triton's pipeliner)."""
@@ -74,12 +79,20 @@ def _fp8_matmul_tma_kernel(
     for kb in tl.range(k_first, k_end, num_stages=STAGES):
         a = a_desc.load([0, kb * BLOCK_K])
         b = b_desc.load([pid_n * BLOCK_N, kb * BLOCK_K])
+        if A16:
+            b = b.to(a.dtype)
+        if DOT_F32:
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
         acc = tl.dot(a, b.T, acc)
     rm = tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_ok = rm < M
     n_ok = rn < N
-    acc = scale_rowwise(acc, as_ptr, bs_ptr, rm, rn, m_ok, n_ok, stride_as)
+    if A16:
+        acc = acc * tl.load(bs_ptr + rn, mask=n_ok, other=0.0)[None, :]
+    else:
+        acc = scale_rowwise(acc, as_ptr, bs_ptr, rm, rn, m_ok, n_ok, stride_as)
     c_ptrs = c_ptr + split * stride_split + rm.to(tl.int64)[:, None] * stride_cm + rn[None, :]
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
@@ -87,9 +100,17 @@ def _fp8_matmul_tma_kernel(
 # The TMA kernel's tiles: the fastest for a wide decode product (Llama-3-8B's gate_up at M = 32, graph
 # replays over weight copies), ahead of the pointer kernel's best (32-wide, 4 stages).
 TMA_BLOCK_N, TMA_BLOCK_K, TMA_STAGES = 128, 256, 3
+# Weight-only: each e4m3 tile is widened in shared memory, so half as deep a K tile for the same bytes.
+A16_BLOCK_K = 128
 # Narrower products (fewer 128-wide tiles than SMs: Llama-3-8B's qkv, o_proj, down_proj) stay with the
 # pointer kernel: alone, 64-wide TMA tiles in 4 K splits read them faster (docs/kernels.md), but a whole
 # decode step was no faster with them (docs/results.md).
+
+
+def weight_only_tma() -> bool:
+    """Whether weight-only products at decode sizes take the TMA kernels where ``tma_shape`` picks them
+    (gate|up, with SiLU in the epilogue): ``BATCHGEN_A16_TMA=1``, an A/B switch until timed in a step."""
+    return os.environ.get("BATCHGEN_A16_TMA", "0") == "1"
 
 
 def tma_supported(a: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -118,29 +139,34 @@ def tma_shape(n: int, k: int, sms: int) -> tuple[int, int] | None:
     return None
 
 
-def act_descriptor(data: torch.Tensor) -> tuple[TensorDescriptor, int]:
+def act_descriptor(data: torch.Tensor, block_k: int = TMA_BLOCK_K) -> tuple[TensorDescriptor, int]:
     """The TMA kernels' activation operand: one box of all M rows (padded to a power of two >= 16) by
-    ``TMA_BLOCK_K`` columns, and that row count (their BLOCK_M)."""
+    ``block_k`` columns, and that row count (their BLOCK_M)."""
     block_m = max(16, triton.next_power_of_2(data.shape[0]))
-    return TensorDescriptor.from_tensor(data, [block_m, TMA_BLOCK_K]), block_m
+    return TensorDescriptor.from_tensor(data, [block_m, block_k]), block_m
 
 
 def tma_product(
-    act: Fp8Act, weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype,
+    act: Fp8Act | torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype,
     split_k: int | None = None, block_n: int | None = None, stages: int | None = None,
+    block_k: int | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """Per-token x per-channel product by ``_fp8_matmul_tma_kernel``: one program per ``block_n`` columns
-    (default 128) and K split; [M, N] in ``dtype``, or [splits, M, N] fp32 partials with 2+ splits. The
-    descriptors are encoded at each launch (a CUDA graph keeps the launch's)."""
-    m, k = act.data.shape
+    (default 128) and K split; [M, N] in ``dtype``, or [splits, M, N] fp32 partials with 2+ splits. ``act``
+    a 16-bit tensor: weight-only, as ``fp8_gemm.triton_fp8_matmul``'s. The descriptors are encoded at each
+    launch (a CUDA graph keeps the launch's)."""
+    a16 = isinstance(act, torch.Tensor)
+    data, act_scale = (act, scale) if a16 else act  # a weight-only product reads no token scales
+    m, k = data.shape
     n = weight.shape[0]
-    block_n = block_n or TMA_BLOCK_N
-    k_tiles = triton.cdiv(k, TMA_BLOCK_K)
-    dest, per_split, splits = split_destination(m, n, k_tiles, split_k or 1, dtype, act.data.device)
-    a_desc, block_m = act_descriptor(act.data)
-    b_desc = TensorDescriptor.from_tensor(weight, [block_n, TMA_BLOCK_K])
+    block_n, block_k = block_n or TMA_BLOCK_N, block_k or (A16_BLOCK_K if a16 else TMA_BLOCK_K)
+    k_tiles = triton.cdiv(k, block_k)
+    dest, per_split, splits = split_destination(m, n, k_tiles, split_k or 1, dtype, data.device)
+    a_desc, block_m = act_descriptor(data, block_k)
+    b_desc = TensorDescriptor.from_tensor(weight, [block_n, block_k])
     _fp8_matmul_tma_kernel[(triton.cdiv(n, block_n), splits)](
-        a_desc, b_desc, dest, act.scale, scale, m, n, k, act.scale.stride(0), n, m * n, per_split,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=TMA_BLOCK_K, STAGES=stages or TMA_STAGES, num_warps=4,
+        a_desc, b_desc, dest, act_scale, scale, m, n, k, act_scale.stride(0), n, m * n, per_split,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages or TMA_STAGES, A16=a16,
+        DOT_F32=a16 and needs_f32_dot(data), num_warps=4,
     )  # fmt: skip
     return dest

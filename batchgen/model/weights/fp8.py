@@ -74,15 +74,22 @@ class Fp8RowLinear:
             return rowwise_matmul(act, self.weight, self.scale, self.dtype, summed=summed)
         return ref.linear_rows(act, self.weight, self.scale, self.dtype)
 
-    def silu_mul(self, x: torch.Tensor | Fp8Act, quant: ActQuant | None) -> Fp8Act | None:
+    def silu_mul(self, x: torch.Tensor | Fp8Act, quant: ActQuant | None) -> Fp8Act | torch.Tensor | None:
         """silu(gate) * up of this gate|up projection ([T, 2I] -> [T, I]), quantized per row as ``quant``
-        asks, where the product's kernel applies SiLU itself (CUDA, decode sizes: ``gate_up_silu.
-        silu_mul_product``); else None, and the caller runs the product, then SiLU-and-multiply."""
-        dynamic_rows = quant is not None and quant.group is None and quant.static_scale is None
-        if not (self.weight.is_cuda and self.bias is None and dynamic_rows):
+        asks (weight-only: left in the model dtype), where the product's kernel applies SiLU itself (CUDA,
+        decode sizes: ``gate_up_silu.silu_mul_product``); else None, and the caller runs the product,
+        then SiLU-and-multiply."""
+        if not (self.weight.is_cuda and self.bias is None):
             return None
+        from batchgen.kernels.gemm.fp8_gemm_tma import weight_only_tma
         from batchgen.kernels.layer_ops.gate_up_silu import silu_mul_product
 
+        if self.act_quant is None:  # weight-only: h stays 16-bit for a weight-only down_proj
+            if quant is None and weight_only_tma() and isinstance(x, torch.Tensor):
+                return silu_mul_product(x, self.weight, self.scale, self.dtype)
+            return None
+        if quant is None or quant.group is not None or quant.static_scale is not None:
+            return None
         return silu_mul_product(quantize_input(x, self.act_quant), self.weight, self.scale, self.dtype)
 
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from batchgen.kernels import fp8_format as ref
+from batchgen.kernels.gemm.dequant import dequantize
 from batchgen.kernels.gemm.fp8_gemm import triton_fp8_matmul
 from batchgen.kernels.gemm.split_sums import SplitSums, summed
 from tests.kernels.cases import rel_error
@@ -59,3 +60,52 @@ def test_gpu_triton_fp8_matmul_matches_reference(m, n, k):
     want = ref.linear_weight_only(x, weight, scale, torch.float32)
     for dtype in (torch.bfloat16, torch.float16):
         assert rel_error(triton_fp8_matmul(x.to(dtype), weight, scale, dtype), want, m) < 5e-3
+
+
+@pytest.mark.parametrize("split_k", [None, 3])
+@pytest.mark.parametrize(("m", "n", "k"), [(32, 256, 512), (5, 200, 784), (64, 130, 1024)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_tma_weight_only_product_matches_reference(m, n, k, split_k, dtype):
+    """The TMA kernel given a 16-bit input: rows past M, a partial last column tile and K past the last
+    full tile read as zeros; K split into partials summed or left to the consumer."""
+    x, weight, scale = _operands(m, n, k, dtype, 9)
+    got = triton_fp8_matmul(x, weight, scale, torch.float32, tma=True, split_k=split_k, block_n=64)
+    torch.testing.assert_close(got, ref.linear_weight_only(x, weight, scale, torch.float32), rtol=1e-5,
+                               atol=1e-4)  # fmt: skip
+    parts = triton_fp8_matmul(x, weight, scale, torch.float32, tma=True, split_k=split_k, summed=False)
+    assert isinstance(parts, SplitSums) == (split_k is not None)
+    torch.testing.assert_close(summed(parts), got, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dequantized_weight_is_each_code_times_its_row_scale_rounded_once(dtype):
+    _, weight, scale = _operands(1, 70, 300, dtype, 7)  # partial tiles both ways
+    want = (weight.float() * scale.view(-1, 1)).to(dtype)
+    got = dequantize(weight, scale, dtype)
+    if dtype == torch.float32 or DEVICE == "cuda":
+        assert torch.equal(got, want)
+    else:  # Triton's interpreter casts fp32 to bf16 toward zero, not to nearest: within one bf16 step
+        torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=0)
+
+
+def test_prompt_sized_products_may_go_through_the_dequantized_weight(monkeypatch):
+    """``BATCHGEN_A16_PREFILL=dequant``: above decode sizes the product is the widened weight's
+    ``F.linear``; decode sizes keep the kernel (the same values either way, to rounding)."""
+    x, weight, scale = _operands(70, 80, 300, torch.float32, 8)
+    want = ref.linear_weight_only(x, weight, scale, torch.float32)
+    monkeypatch.setenv("BATCHGEN_A16_PREFILL", "dequant")
+    got = triton_fp8_matmul(x, weight, scale, torch.float32)
+    assert torch.equal(got, torch.nn.functional.linear(x, dequantize(weight, scale, torch.float32)))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_dequantized_prompt_products(monkeypatch):
+    x, weight, scale = _operands(4096, 6144, 4096, torch.bfloat16, 9)
+    assert torch.equal(
+        dequantize(weight, scale, torch.bfloat16), (weight.float() * scale.view(-1, 1)).to(torch.bfloat16)
+    )
+    monkeypatch.setenv("BATCHGEN_A16_PREFILL", "dequant")
+    got = triton_fp8_matmul(x, weight, scale, torch.bfloat16)
+    assert rel_error(got, ref.linear_weight_only(x, weight, scale, torch.float32), 4096) < 5e-3

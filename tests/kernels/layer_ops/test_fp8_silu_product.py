@@ -53,3 +53,29 @@ def test_gpu_gate_up_silu_product_equals_product_then_silu(m):
     act.scale.copy_(fresh.scale)
     graph.replay()
     same_fp8(captured, silu_mul(triton_fp8_matmul(fresh, wq, ws, torch.bfloat16), ActQuant()))
+
+
+@pytest.mark.parametrize(("m", "inter", "k"), [(32, 128, 512), (5, 100, 784)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_weight_only_gate_up_product_with_silu_equals_product_then_silu(m, inter, k, dtype):
+    """Weight-only (a 16-bit input): the epilogue's h, in the model dtype, is the TMA product stored,
+    then ``silu_mul``, bit for bit."""
+    torch.manual_seed(11)
+    x = torch.randn(m, k, device=DEVICE).to(dtype)
+    weight, scale = ref.quantize_rows(torch.randn(2 * inter, k, device=DEVICE))
+    got = gate_up_silu.silu_mul_product(x, weight, scale, dtype, force=True)
+    assert got.dtype == dtype and got.shape == (m, inter)
+    want = silu_mul(triton_fp8_matmul(x, weight, scale, dtype, tma=True))
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("m", [1, 32, 64])
+def test_gpu_weight_only_gate_up_silu_product_equals_product_then_silu(m):
+    torch.manual_seed(4)
+    x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
+    wq, ws = ref.quantize_rows(torch.randn(2 * 14336, 4096, device="cuda", dtype=torch.bfloat16) * 0.02)
+    got = gate_up_silu.silu_mul_product(x, wq, ws, torch.bfloat16, force=True)
+    want = silu_mul(triton_fp8_matmul(x, wq, ws, torch.bfloat16, tma=True))
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
