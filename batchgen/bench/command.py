@@ -40,6 +40,8 @@ import click
 )
 @click.option("--max-num-seqs", type=click.IntRange(min=1),
               help="batchgen's runs: rows decoded together [the engine's choice].")  # fmt: skip
+@click.option("--max-batch-tokens", type=click.IntRange(min=1),
+              help="batchgen's runs: tokens a step [the engine's default].")  # fmt: skip
 @click.option(
     "--sampling", type=json.loads, help="batchgen's requests: more SamplingParams, '{\"min_p\": 0.1}'."
 )
@@ -69,6 +71,7 @@ def bench_command(workloads, modes, out_dir, quick, compare_hf, device, **kw) ->
         opts,
         kw["sampling"],
         kw["max_num_seqs"],
+        kw["max_batch_tokens"],
     )
     sys.exit(1 if any(failed(r) for r in records) else 0)
 

@@ -368,13 +368,15 @@ def run_bench(
     opts: CommandOptions | None = None,
     sampling: dict | None = None,
     max_num_seqs: int | None = None,
+    max_batch_tokens: int | None = None,
 ) -> list[dict]:
     """Run each workload in each mode (plus the transformers baselines), print and write the tables.
     ``quantization`` / ``kv_cache_dtype``: FP8 for batchgen's runs (the baselines run the model as built);
     ``sampling``: more SamplingParams fields for batchgen's requests (the baselines sample greedily);
-    ``max_num_seqs``: batchgen's batch width [the engine's choice]."""
+    ``max_num_seqs`` / ``max_batch_tokens``: batchgen's batch width and tokens a step [the engine's]."""
+    sizes = dict(max_num_seqs=max_num_seqs, max_batch_tokens=max_batch_tokens)
     specs = [
-        get_workload(name, device, tensor_parallel, quantization, kv_cache_dtype, sampling, max_num_seqs)
+        get_workload(name, device, tensor_parallel, quantization, kv_cache_dtype, sampling, **sizes)
         for name in workloads
     ]
     records: list[dict] = []

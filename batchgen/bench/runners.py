@@ -110,6 +110,7 @@ def run_batchgen(
         record["gpu_idle"] = llm.stats.gpu_idle
     record.update({f"graph_mib_{k}": round(v / 2**20, 1) for k, v in llm.graph_memory.items()})
     record["max_num_seqs"] = llm.config.max_num_seqs  # the width the engine chose: the roofline's waves
+    record["max_batch_tokens"] = llm.config.max_batch_tokens
     return finish(record, tokens)
 
 

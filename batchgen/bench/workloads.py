@@ -125,11 +125,13 @@ class Workload:
     quantization: str | None = None  # batchgen's runs: "fp8" quantizes the projections at load
     kv_cache_dtype: str = "auto"  # batchgen's runs: "fp8" for an e4m3 KV cache (the baselines stay 16-bit)
     max_num_seqs: int | None = None  # batchgen's runs: the batch width; None: the engine's choice
+    max_batch_tokens: int | None = None  # batchgen's runs: tokens a step; None: the engine's default
 
     @property
     def engine_options(self) -> dict:
-        width = {} if self.max_num_seqs is None else {"max_num_seqs": self.max_num_seqs}
-        return dict(quantization=self.quantization, kv_cache_dtype=self.kv_cache_dtype, **width)
+        sizes = {"max_num_seqs": self.max_num_seqs, "max_batch_tokens": self.max_batch_tokens}
+        given = {key: value for key, value in sizes.items() if value is not None}
+        return dict(quantization=self.quantization, kv_cache_dtype=self.kv_cache_dtype, **given)
 
     @property
     def precision(self) -> str:
@@ -284,13 +286,14 @@ def quick(w: Workload) -> Workload:
 def get_workload(
     name: str, device: str | None = None, tensor_parallel: int | None = None,
     quantization: str | None = None, kv_cache_dtype: str = "auto", sampling: dict | None = None,
-    max_num_seqs: int | None = None,
+    max_num_seqs: int | None = None, max_batch_tokens: int | None = None,
 ) -> Workload:  # fmt: skip
     try:
         w = WORKLOADS[name]
     except KeyError:
         raise ValueError(f"unknown workload {name!r}; choose from {', '.join(WORKLOADS)}") from None
     w = replace(w, quantization=quantization, kv_cache_dtype=kv_cache_dtype, max_num_seqs=max_num_seqs)
+    w = replace(w, max_batch_tokens=max_batch_tokens)
     w = replace(w, sampling=tuple(sorted((sampling or {}).items())))
     w = replace(w, device=device) if device else w
     return replace(w, tensor_parallel=tensor_parallel) if tensor_parallel else w

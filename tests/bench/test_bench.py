@@ -70,6 +70,17 @@ def test_engine_modes_emit_every_token(tiny_records):
         _check_engine_record(r, "tiny", "cpu")
 
 
+def test_a_token_budget_reaches_the_engine(tiny_llama):
+    """``--max-batch-tokens``: at 16 tokens a step the four 8-token prompts (32 tokens) no longer prefill in
+    one step, so the run takes more than its NEW steps (``_check_engine_record``: one prefill step)."""
+    w = Workload(
+        "tiny", tiny_llama, REQUESTS, PROMPT, NEW, device="cpu", dtype="float32", max_batch_tokens=16
+    )
+    [r] = run_workload(w, ["sync"], compare_hf=False)
+    assert r["max_batch_tokens"] == 16 and r["steps"] > NEW
+    assert r["output_tokens"] == REQUESTS * NEW
+
+
 def test_tables_render(tiny_records):
     text = report.render(tiny_records)
     rows = [line for line in text.splitlines() if line.startswith("| tiny")]
