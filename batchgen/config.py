@@ -280,7 +280,9 @@ class EngineConfig:
     model_impl: str = "auto"  # "auto" | "batchgen" | "transformers"
     trust_remote_code: bool = False
     tensor_parallel: int = 1  # processes (GPUs) one model is split over
-    load_format: str = "auto"  # "auto": the checkpoint's weights; "random": random weights of its shapes
+    # "auto": the checkpoint's weights; "random": random weights of its shapes (``LLM.from_model``: the
+    # model's own weights, taken as random, so --quantization fp8 does not calibrate them)
+    load_format: str = "auto"
     quantization: str | None = None  # "fp8": quantize a bf16/fp16 checkpoint's projections at load
     kv_cache_dtype: str = "auto"  # "auto" (the model dtype) | "fp8"
     threads: int | None = None  # torch intra-op threads; None: on the CPU, the free cores (threads.py)

@@ -40,6 +40,7 @@ from batchgen.bench import metrics  # noqa: E402
 from batchgen.bench.workloads import ARCHS, build_random_model  # noqa: E402
 from batchgen.engine.batch import StepInputs  # noqa: E402
 from batchgen.engine.cuda_slots import SAMPLE_FIELDS, TOKEN_FIELDS  # noqa: E402
+from batchgen.engine.step_sampling import SamplingFeatures  # noqa: E402
 from batchgen.llm import LLM  # noqa: E402
 from batchgen.model.loader import tokenizer_path  # noqa: E402
 from batchgen.model.moe_layer import MoEMLP  # noqa: E402
@@ -66,14 +67,10 @@ def decode_inputs(
     tables = blocks[: batch * per_seq].reshape(batch, per_seq)
     last = context - 1
     slots = tables[:, last // block_size].astype(np.int64) * block_size + last % block_size
-    zeros = np.zeros(batch, np.int64)
     tokens = 100 + np.arange(batch, dtype=np.int64)  # distinct tokens: a MoE routes them apart
-    return StepInputs(
-        step_id, tokens, zeros - 1, zeros + last, slots, np.arange(batch + 1, dtype=np.int32),
-        np.full(batch, context, np.int32), tables, np.arange(batch, dtype=np.int64),
-        np.zeros(batch, np.float32), np.ones(batch, np.float32), zeros, zeros, zeros,
-        False, False, 1, context,
-    )  # fmt: skip
+    positions = np.full(batch, last, np.int64)
+    cu = np.arange(batch + 1, dtype=np.int32)
+    return greedy_step(step_id, tokens, positions, slots, cu, tables, np.arange(batch, dtype=np.int64))
 
 
 def prefill_inputs(step_id: int, seqs: int, length: int, block_size: int) -> StepInputs:
@@ -86,11 +83,24 @@ def prefill_inputs(step_id: int, seqs: int, length: int, block_size: int) -> Ste
     slots = tables[rows, positions // block_size].astype(np.int64) * block_size + positions % block_size
     cu = np.arange(seqs + 1, dtype=np.int32) * length
     tokens = 100 + (np.arange(seqs * length, dtype=np.int64) * 7919) % 30000
-    zeros = np.zeros(seqs, np.int64)
+    return greedy_step(step_id, tokens, positions, slots, cu, tables, (cu[1:] - 1).astype(np.int64))
+
+
+def greedy_step(
+    step_id: int, tokens: np.ndarray, positions: np.ndarray, slots: np.ndarray, cu: np.ndarray,
+    tables: np.ndarray, logits_indices: np.ndarray,
+) -> StepInputs:  # fmt: skip
+    """A step of these tokens (none carried over), its sequences ending at their last position, each
+    sampled row greedy with no penalty or statistics (the sampler's plainest graph key)."""
+    s = len(logits_indices)
+    ints, floats, ones = np.zeros(s, np.int64), np.zeros(s, np.float32), np.ones(s, np.float32)
+    seq_lens = (positions[cu[1:] - 1] + 1).astype(np.int32)
     return StepInputs(
-        step_id, tokens, np.full(seqs * length, -1, np.int64), positions, slots, cu,
-        np.full(seqs, length, np.int32), tables, (cu[1:] - 1).astype(np.int64), np.zeros(seqs, np.float32),
-        np.ones(seqs, np.float32), zeros, zeros, zeros, False, False, length, length,
+        step_id, tokens, np.full(len(tokens), -1, np.int64), positions, slots, cu, seq_lens, tables,
+        logits_indices, temperature=floats, top_p=ones, top_k=ints, min_p=floats, rng_keys=ints,
+        rng_steps=ints, repetition_penalty=ones, presence_penalty=floats, frequency_penalty=floats,
+        min_tokens=ints, state_rows=np.full(s, -1, np.int64), features=SamplingFeatures(),
+        max_q_len=int(np.diff(cu).max()), max_seq_len=int(seq_lens.max()),
     )  # fmt: skip
 
 
@@ -360,7 +370,7 @@ def main() -> int:
             with RouteRecorder() as recorder:
                 llm = LLM.from_model(
                     model, tokenizer, max_num_seqs=rows, max_model_len=longest, kv_cache_bytes=kv_bytes,
-                    model_impl=impl, extra={"progress": False}, **fp8,
+                    model_impl=impl, load_format="random", extra={"progress": False}, **fp8,
                 )  # fmt: skip
                 r = time_steps(llm, batch, context, args.steps, args.scatter_blocks)
             if moe_layers and recorder.ids:

@@ -83,7 +83,8 @@ def _llm_factory(model, tokenizer, fallback: Callable[..., Any]) -> Callable[...
     from batchgen.llm import LLM
 
     if hasattr(LLM, "from_model"):
-        return lambda **opts: LLM.from_model(model, tokenizer, **opts)
+        # random weights: no quality to keep, so --quantization fp8 rounds them without calibrating
+        return lambda **opts: LLM.from_model(model, tokenizer, load_format="random", **opts)
     return fallback
 
 

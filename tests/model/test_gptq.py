@@ -137,3 +137,24 @@ def test_random_weights_round_to_nearest_without_calibrating(tiny_llama, monkeyp
     with pytest.raises(AssertionError, match="calibrated"):  # the same load of real weights calibrates
         monkeypatch.setattr(assemble, "Calibration", no_calibration)
         LLM(tiny_llama, quantization="fp8", device="cpu", extra={"progress": False})
+
+
+def test_a_model_in_memory_taken_as_random_is_not_calibrated(tiny_llama, monkeypatch):
+    """The benchmarks build random models in memory (``LLM.from_model``): ``load_format="random"`` says so,
+    and their FP8 codes round to nearest without the calibration (an 8B model's takes minutes)."""
+    from transformers import AutoModelForCausalLM
+
+    import batchgen.model.assemble as assemble
+    from batchgen import LLM
+    from batchgen.bench.workloads import load_tokenizer
+
+    def no_calibration(*args, **kwargs):
+        raise AssertionError("random weights were calibrated")
+
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(tiny_llama), load_tokenizer()
+    monkeypatch.setattr(assemble, "Calibration", no_calibration)
+    options = dict(quantization="fp8", device="cpu", extra={"progress": False})
+    llm = LLM.from_model(model, tokenizer, load_format="random", **options)
+    assert isinstance(llm._rank.bundle.forward.layers[0].attn.qkv, Fp8RowLinear)
+    with pytest.raises(AssertionError, match="calibrated"):  # without it, the model's weights calibrate
+        LLM.from_model(model, tokenizer, **options)
