@@ -33,6 +33,8 @@ hook of this script, to find which part of the quantization costs the agreement:
   (``gptq.FORMS``): ``-seq`` calibrated layer by layer, ``-act`` columns by decreasing Hessian diagonal
   (act-order), ``-cal4`` 4x the calibration text, ``-g128``
   (``gptq-`` only) rounded under ``row-g128``'s scales, with its activations per token per 128 columns;
+- ``gptq-smooth5`` / ``-smooth65`` / ``-smooth8``: SmoothQuant before act-order GPTQ (``gptq.SMOOTH``: alpha
+  0.5 / 0.65 / 0.8), with per-token e4m3 activations of the smoothed inputs;
 - ``w-bf16``: no FP8 at all, the projections' weights rounded to bf16 (fp32 arithmetic): what any rounding
   of the weights costs on this measure, a floor for the others.
 
@@ -235,6 +237,18 @@ def gptq_variants(base: LLM, table: dict) -> None:
         if group is None:
             table[f"w-gptq{form}"] = (PACKAGE["fp8"], hook(form, False))
         table[f"gptq{form}"] = (PACKAGE["fp8"], hook(form, True))
+
+    def smooth(form: str):
+        def replace(i: int, layer: Layer) -> Layer:
+            return gptq.with_projections(layer, {
+                name: gptq.Smoothed(Fp8RowLinear(q, scale, None, torch.float32), inv_s)
+                for name, (q, scale, inv_s) in gptq.cached_smooth(base, form, made)[i].items()
+            })  # fmt: skip
+
+        return lambda llm: layers(llm, replace)
+
+    for form in gptq.SMOOTH:
+        table[f"gptq{form}"] = (PACKAGE["fp8"], smooth(form))
 
 
 def on_w8a8(hook):

@@ -3,7 +3,7 @@ package's ``model/weights/gptq.gptq_round`` (what ``--quantization fp8`` runs at
 updates since session 60, the figures before them came from this script's own copy at damp 0.01 in fp64),
 with this script's own calibration and forms. ``order=True`` is GPTQ's act-order (the package's default);
 ``group``: scales per row per ``group`` columns (``fp8_format.quantize_blocks(w, 1, group)``'s) instead of
-per row.
+per row. ``smooth``: SmoothQuant's column factors first (``SMOOTH``, ``Smoothed``).
 
 Calibration (``hessians``): chat prompts disjoint from the measured ones (other topics, other asks: see
 ``calibration``), each followed by the unquantized model's own greedy answer, run through the
@@ -73,11 +73,21 @@ def calibration(llm, topics: int = 16, asks: int = 4) -> list[torch.Tensor]:
     return [torch.tensor(llm.encode(p) + a, device=llm.device) for p, a in zip(prompts, answers, strict=True)]
 
 
+class AmaxRecorder(InputRecorder):
+    """The package's recorder, also keeping each input column's largest |x| (``amax``, [K])."""
+
+    def __call__(self, x: torch.Tensor, summed: bool = True) -> torch.Tensor:
+        top = x.reshape(-1, x.shape[-1]).abs().amax(0).float()
+        self.amax = top if getattr(self, "amax", None) is None else torch.maximum(self.amax, top)
+        return super().__call__(x, summed)
+
+
 def _recording(layer: Layer, found: dict[str, InputRecorder]) -> Layer:
-    """``layer`` with the package's recorders (X^T X of each projection's inputs) around its projections."""
+    """``layer`` with recorders (X^T X of each projection's inputs, and their columns' maxima) around its
+    projections."""
 
     def rec(name: str, linear) -> InputRecorder:
-        found[name] = InputRecorder(linear)
+        found[name] = AmaxRecorder(linear)
         return found[name]
 
     attn = layer.attn._replace(qkv=rec("qkv", layer.attn.qkv), o_proj=rec("o", layer.attn.o_proj))
@@ -109,7 +119,7 @@ def file_weights(layers: int) -> list[dict[str, torch.Tensor]]:
 
 
 def quantize(llm, sequences: list[torch.Tensor], sequential: bool, order: bool = False,
-             group: int | None = None) -> list[dict[str, tuple]]:  # fmt: skip
+             group: int | None = None, smooth: float | None = None) -> list[dict[str, tuple]]:  # fmt: skip
     """Every layer's projections as (e4m3 codes, scales: per row, or per row per ``group`` columns) by
     ``gptq_round``, calibrated on ``sequences`` (token ids) run through the unquantized engine ``llm`` (its
     layers are restored afterwards)."""
@@ -133,8 +143,12 @@ def quantize(llm, sequences: list[torch.Tensor], sequential: bool, order: bool =
         for i in range(len(plain)):
             if sequential or i == 0:
                 run(i + 1 if sequential else len(plain), i)
-            done.append({name: _rounded(w, found[i][name].hessian, order, group)
-                         for name, w in weights[i].items()})  # fmt: skip
+            if smooth is None:
+                done.append({name: _rounded(w, found[i][name].hessian, order, group)
+                             for name, w in weights[i].items()})  # fmt: skip
+            else:
+                done.append({name: _smoothed(w, found[i][name], smooth, order)
+                             for name, w in weights[i].items()})  # fmt: skip
     finally:
         forward.layers[:] = plain
     tokens, took = sum(map(len, sequences)), time.perf_counter() - started
@@ -150,6 +164,42 @@ def _rounded(weight: torch.Tensor, hessian: torch.Tensor, order: bool, group: in
     else:
         scale = fp8_format.quantize_blocks(weight, 1, group)[1]
     return gptq_round(weight, full_scales(scale, weight.shape[1], group), hessian, act_order=order), scale
+
+
+def _smoothed(weight: torch.Tensor, rec: AmaxRecorder, alpha: float, order: bool) -> tuple:
+    """SmoothQuant (Xiao et al., 2022) before GPTQ: input column j divided by s_j = amax_j^alpha /
+    max|W[:, j]|^(1 - alpha) and weight column j multiplied by it (the product unchanged), so the
+    per-token activation scale is set less by a few outlier columns. (e4m3 codes of W * s, their absmax
+    row scales, 1 / s [K])."""
+    w_max = weight.abs().amax(0).clamp(min=1e-5)
+    s = (rec.amax.clamp(min=1e-5).pow(alpha) / w_max.pow(1 - alpha)).clamp(min=1e-5)
+    smoothed = weight * s
+    hessian = rec.hessian / s[:, None] / s[None, :]
+    scale = fp8_format.quantize_rows(smoothed)[1]
+    return gptq_round(smoothed, scale, hessian, act_order=order), scale, 1 / s
+
+
+SMOOTH = {"-smooth5": 0.5, "-smooth65": 0.65, "-smooth8": 0.8}  # form -> alpha (act-order, one pass)
+
+
+def cached_smooth(base, form: str, made: dict) -> list[dict[str, tuple]]:
+    if (16, 4) not in made:
+        made[(16, 4)] = calibration(base, 16, 4)
+    if form not in made:
+        made[form] = quantize(base, made[(16, 4)], False, True, None, SMOOTH[form])
+    return made[form]
+
+
+class Smoothed:
+    """An FP8 projection whose input is divided by the smoothing factors first (what folding 1/s into the
+    producer, an RMSNorm's weight, v_proj's or up_proj's rows, would give); the producer leaves the
+    input unquantized (``act_quant`` None) and the inner projection quantizes it per token."""
+
+    def __init__(self, inner, inv_s: torch.Tensor) -> None:
+        self.inner, self.inv_s, self.act_quant, self.out_features = inner, inv_s, None, inner.out_features
+
+    def __call__(self, x: torch.Tensor, summed: bool = True) -> torch.Tensor:
+        return self.inner(x.float() * self.inv_s, summed)
 
 
 def with_projections(layer: Layer, new: dict) -> Layer:

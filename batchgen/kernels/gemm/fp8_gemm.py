@@ -14,8 +14,6 @@ tiles, fp32 sums).
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -102,6 +100,12 @@ def _fp8_matmul_kernel(
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
+# Weight-only products of this many rows or more widen the weight for cuBLAS (``dequant.py``): widening
+# costs the same whatever the rows, and cuBLAS's 16-bit products outrun the pointer kernel's widened
+# tiles by enough to repay it from about here (the measured break-even: docs/results.md).
+DEQUANT_ROWS = 2048
+
+
 def _config(m: int, n: int, sms: int) -> dict:
     """Small M (decode): narrow tiles, so that N alone spreads the weight read over the SMs, long K tiles
     and 4 stages for the bytes in flight; where 32-wide tiles are still fewer than the SMs, 64-wide ones
@@ -156,7 +160,7 @@ def triton_fp8_matmul(
         return _split_result(
             tma_product(act, weight, scale, dtype, split_k, block_n, num_stages), dtype, summed
         )
-    if a16 and m > SMALL_M and not explicit and dequantized_prompts() and data.dtype == dtype:
+    if a16 and m >= DEQUANT_ROWS and not explicit and data.dtype == dtype:
         return dequantized_linear(data, weight, scale)
     block_k = group or (256 if m <= SMALL_M else 64 if a16 else 128)  # block scales: a K tile per group
     cfg = _config(m, n, sms)
@@ -175,13 +179,6 @@ def triton_fp8_matmul(
         **pdl_options(data),
     )  # fmt: skip
     return _split_result(dest, dtype, summed)
-
-
-def dequantized_prompts() -> bool:
-    """Whether weight-only products above decode sizes widen the weight for cuBLAS (``dequant.py``)
-    instead of the pointer kernel's 16-bit tiles: ``BATCHGEN_A16_PREFILL=dequant``, an A/B switch until
-    timed in a step."""
-    return os.environ.get("BATCHGEN_A16_PREFILL", "") == "dequant"
 
 
 def _split_result(dest: torch.Tensor, dtype: torch.dtype, summed: bool) -> torch.Tensor | SplitSums:

@@ -9,7 +9,7 @@ import torch
 
 from batchgen.kernels import fp8_format as ref
 from batchgen.kernels.gemm.dequant import dequantize
-from batchgen.kernels.gemm.fp8_gemm import triton_fp8_matmul
+from batchgen.kernels.gemm.fp8_gemm import DEQUANT_ROWS, triton_fp8_matmul
 from batchgen.kernels.gemm.split_sums import SplitSums, summed
 from tests.kernels.cases import rel_error
 
@@ -88,24 +88,24 @@ def test_dequantized_weight_is_each_code_times_its_row_scale_rounded_once(dtype)
         torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=0)
 
 
-def test_prompt_sized_products_may_go_through_the_dequantized_weight(monkeypatch):
-    """``BATCHGEN_A16_PREFILL=dequant``: above decode sizes the product is the widened weight's
-    ``F.linear``; decode sizes keep the kernel (the same values either way, to rounding)."""
-    x, weight, scale = _operands(70, 80, 300, torch.float32, 8)
+def test_prompt_sized_products_go_through_the_dequantized_weight():
+    """From ``DEQUANT_ROWS`` rows the product is the widened weight's ``F.linear``; below, the kernel's
+    (the same values either way, to rounding)."""
+    x, weight, scale = _operands(DEQUANT_ROWS, 24, 40, torch.float32, 8)
+    widened = torch.nn.functional.linear(x, dequantize(weight, scale, torch.float32))
+    assert torch.equal(triton_fp8_matmul(x, weight, scale, torch.float32), widened)
     want = ref.linear_weight_only(x, weight, scale, torch.float32)
-    monkeypatch.setenv("BATCHGEN_A16_PREFILL", "dequant")
-    got = triton_fp8_matmul(x, weight, scale, torch.float32)
-    assert torch.equal(got, torch.nn.functional.linear(x, dequantize(weight, scale, torch.float32)))
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(widened, want, rtol=1e-5, atol=1e-4)
+    below = triton_fp8_matmul(x[:70], weight, scale, torch.float32)  # the kernel's 70-row tiles
+    torch.testing.assert_close(below, want[:70], rtol=1e-5, atol=1e-4)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_gpu_dequantized_prompt_products(monkeypatch):
+def test_gpu_dequantized_prompt_products():
     x, weight, scale = _operands(4096, 6144, 4096, torch.bfloat16, 9)
     assert torch.equal(
         dequantize(weight, scale, torch.bfloat16), (weight.float() * scale.view(-1, 1)).to(torch.bfloat16)
     )
-    monkeypatch.setenv("BATCHGEN_A16_PREFILL", "dequant")
     got = triton_fp8_matmul(x, weight, scale, torch.bfloat16)
     assert rel_error(got, ref.linear_weight_only(x, weight, scale, torch.float32), 4096) < 5e-3
