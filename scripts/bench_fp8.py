@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from batchgen.kernels import fp8_format as ref  # noqa: E402
 from batchgen.kernels.fp8_format import ActQuant  # noqa: E402
+from batchgen.kernels.gemm.dequant import dequantized_linear  # noqa: E402
 from batchgen.kernels.gemm.fp8_gemm import triton_fp8_matmul  # noqa: E402
 from batchgen.kernels.gemm.fp8_gemm_tma import SMALL_M  # noqa: E402
 from batchgen.kernels.gemm.fp8_quant import quantize_act  # noqa: E402
@@ -55,7 +56,9 @@ def _matmul_cases(x: torch.Tensor, w: torch.Tensor) -> dict:
         # weight-only (--quantization fp8): e4m3 tiles widened in the kernel, or the whole weight
         # dequantized to bf16 for cuBLAS on every call
         "triton_w8a16": lambda: triton_fp8_matmul(x, wq, ws, bf16),
-        "dequant_bf16": lambda: F.linear(x, (wq.to(bf16) * ws.view(-1, 1)).to(bf16)),
+        "dequant_bf16": lambda: dequantized_linear(x, wq, ws),  # the package's widening kernel
+        # the same by torch ops (session 61's "dequant_bf16": three passes, ~15 bytes a weight)
+        "dequant_torch": lambda: F.linear(x, (wq.to(bf16) * ws.view(-1, 1)).to(bf16)),
     } | (
         {  # decode sizes: the TMA kernel on the 16-bit input, 128-wide whole-K tiles or 64-wide x 4 splits
             "tma_w8a16": lambda: triton_fp8_matmul(x, wq, ws, bf16, tma=True),
