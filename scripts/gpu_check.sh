@@ -6,7 +6,8 @@
 # The mixture-of-experts stage (minutes long) runs only when asked: STAGES="moe" (its GPU tests, the
 # B6 decode step against its roofline, one B6 MoE layer's parts against theirs with a tile sweep, B6 async
 # beside transformers' forward); STAGES="fp8" the FP8 ones
-# (fp8-tests, fp8-quality, fp8-bench; fp8-b1 runs B1 alone); STAGES="startup startup-newest startup-8b" the start-up A/Bs;
+# (fp8-tests, fp8-quality, fp8-bench; fp8-b1 runs B1 alone; fp8-a16 the weight-only TMA switch's steps);
+# STAGES="startup startup-newest startup-8b" the start-up A/Bs;
 # STAGES=b7-idle where B7's GPU waits (B7_IDLE_OLD=DIR: against another checkout, interleaved;
 # B7_IDLE_ARGS="--staggered": B7s).
 #   bash scripts/gpu_check.sh OUTDIR        (or: make gpu-check OUT=OUTDIR)
@@ -134,7 +135,8 @@ moe bench && stage moe-bench 420 "$RUN/moe-bench.log" "$PY" -m batchgen.bench --
 # decodes), B1s and B2; fp8-b1 runs B1 alone: about 7 minutes).
 fp8() { has fp8 || has "fp8-$1"; }
 fp8 tests && stage fp8-tests 200 "$RUN/fp8-tests.log" "$PY" -m pytest -q -m gpu tests/kernels/gemm/test_fp8_kernels.py \
-    tests/kernels/gemm/test_weight_only.py tests/kernels/attention/test_fp8_decode_cuda.py tests/engine/test_fp8_engine.py \
+    tests/kernels/gemm/test_weight_only.py tests/kernels/layer_ops/test_fp8_silu_product.py \
+    tests/kernels/attention/test_fp8_decode_cuda.py tests/engine/test_fp8_engine.py \
     -p no:cacheprovider -o faulthandler_timeout=150
 fp8 tests && stage fp8-kernels 120 "$RUN/fp8-kernels.log" "$PY" scripts/bench_fp8.py --out "$RUN/fp8.json"
 # fp8-quality: greedy agreement and text log-probs of --quantization fp8, + an FP8 KV cache, and the cache
@@ -143,15 +145,22 @@ fp8 tests && stage fp8-kernels 120 "$RUN/fp8-kernels.log" "$PY" scripts/bench_fp
 fp8 quality && stage fp8-quality 300 "$RUN/fp8-quality.log" "$PY" scripts/fp8_quality.py --device cuda --extra 130 \
     --out "$RUN/fp8-quality.json"
 FP8="--quantization fp8 --kv-cache-dtype fp8"
+fp8_step() { fp8 bench || has fp8-step; }  # the steps alone: STAGES=fp8-step
 # shellcheck disable=SC2086
-fp8 bench && stage fp8-step 200 "$RUN/fp8-step.log" "$PY" scripts/bench_step.py --preset B1 --preset B2 \
+fp8_step && stage fp8-step 200 "$RUN/fp8-step.log" "$PY" scripts/bench_step.py --preset B1 --preset B2 \
     --impl batchgen $FP8 --prefill 16x497+240x768 --prefill 16x512 --out "$RUN/fp8-step.json"
-# FP8_OLD=DIR (another commit's batchgen/ and scripts/, e.g. from `git archive`): the same steps from it,
-# after this tree's, on the same GPU.
+# FP8_OLD=DIR (another commit's batchgen/, e.g. from `git archive`): the same steps from it, after this
+# tree's, on the same GPU. This tree's bench_step.py is copied in (an older one may build older steps).
 # shellcheck disable=SC2086
-[ -n "${FP8_OLD:-}" ] && fp8 bench && PYTHONPATH="$FP8_OLD:$PYTHONPATH" stage fp8-step-old 200 "$RUN/fp8-step-old.log" \
+[ -n "${FP8_OLD:-}" ] && fp8_step && mkdir -p "$FP8_OLD/scripts" && cp scripts/bench_step.py "$FP8_OLD/scripts/" \
+    && PYTHONPATH="$FP8_OLD:$PYTHONPATH" stage fp8-step-old 200 "$RUN/fp8-step-old.log" \
     "$PY" "$FP8_OLD/scripts/bench_step.py" --preset B1 --preset B2 --impl batchgen $FP8 --prefill 16x497+240x768 \
     --prefill 16x512 --out "$RUN/fp8-step-old.json"
+# fp8-a16: the weight-only products' decode-size choice, the TMA kernels (BATCHGEN_A16_TMA=1), against the
+# default (fp8-step's run), same steps.
+# shellcheck disable=SC2086
+has fp8-a16 && BATCHGEN_A16_TMA=1 stage fp8-a16 200 "$RUN/fp8-a16.log" "$PY" scripts/bench_step.py --preset B1 \
+    --preset B2 --impl batchgen $FP8 --prefill 16x497+240x768 --prefill 16x512 --out "$RUN/fp8-a16.json"
 # shellcheck disable=SC2086
 fp8 bench && stage fp8-bench 300 "$RUN/fp8-bench.log" "$PY" -m batchgen.bench --workload B1s --workload B2 \
     --mode async --no-compare-hf $FP8 --out "$RUN/fp8"
