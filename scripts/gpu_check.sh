@@ -135,7 +135,7 @@ moe bench && stage moe-bench 420 "$RUN/moe-bench.log" "$PY" -m batchgen.bench --
 # decodes), B1s and B2; fp8-b1 runs B1 alone: about 7 minutes).
 fp8() { has fp8 || has "fp8-$1"; }
 fp8 tests && stage fp8-tests 200 "$RUN/fp8-tests.log" "$PY" -m pytest -q -m gpu tests/kernels/gemm/test_fp8_kernels.py \
-    tests/kernels/gemm/test_weight_only.py tests/kernels/layer_ops/test_fp8_silu_product.py \
+    tests/kernels/gemm/test_weight_only.py tests/kernels/gemm/test_gptq_block.py tests/kernels/layer_ops/test_fp8_silu_product.py \
     tests/kernels/attention/test_fp8_decode_cuda.py tests/engine/test_fp8_engine.py \
     -p no:cacheprovider -o faulthandler_timeout=150
 fp8 tests && stage fp8-kernels 120 "$RUN/fp8-kernels.log" "$PY" scripts/bench_fp8.py --out "$RUN/fp8.json"

@@ -47,26 +47,43 @@ def _inverse_factor(hessian: torch.Tensor) -> torch.Tensor:
 
 
 def gptq_round(
-    weight: torch.Tensor, scale: torch.Tensor, hessian: torch.Tensor, act_order: bool = True
+    weight: torch.Tensor, scale: torch.Tensor, hessian: torch.Tensor, act_order: bool = True,
+    kernel: bool | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """[N, K] weight, its scales ([N] per row, or [N, K] one per weight, as per-row-per-group layouts
     expand; a code's value is ``q * scale``), [K, K] Hessian -> e4m3 codes [N, K]. A diagonal Hessian
-    (uncorrelated inputs) gives round to nearest's codes. ``act_order`` False: columns in their order."""
+    (uncorrelated inputs) gives round to nearest's codes. ``act_order`` False: columns in their order.
+    ``kernel``: each block rounded by one Triton launch (``kernels/gemm/gptq_block.py``: the same codes;
+    default on CUDA, where the torch loop's launches would take minutes for an 8B model)."""
     k = weight.shape[1]
     order = torch.argsort(hessian.diagonal(), descending=True, stable=True) if act_order else torch.arange(k)
     w = weight.float().T[order].contiguous()  # [K, N]: a column of the weight is a row here
-    scales = (scale.float().expand(k, -1) if scale.dim() == 1 else scale.float().T)[order]  # [K, N]
+    scales = (scale.float().expand(k, -1) if scale.dim() == 1 else scale.float().T)[order].contiguous()
     u = _inverse_factor(hessian.double()[order][:, order]).float()  # factored in fp64, applied in fp32
     codes = torch.empty(w.shape, dtype=fp8_format.FP8, device=w.device)
+    round_block = _block_kernel if (w.is_cuda if kernel is None else kernel) else _block_loop
     for b0 in range(0, k, BLOCK):
         b1 = min(b0 + BLOCK, k)
-        errors = torch.empty_like(w[b0:b1])
-        for j in range(b0, b1):
-            codes[j] = fp8_format.cast(w[j], scales[j])
-            errors[j - b0] = (w[j] - codes[j].float() * scales[j]) / u[j, j]
-            w[j + 1 : b1] -= u[j, j + 1 : b1, None] * errors[j - b0]
+        errors = round_block(w[b0:b1], scales[b0:b1], u[b0:b1, b0:b1], codes[b0:b1])
         w[b1:] -= u[b0:b1, b1:].T @ errors
     return codes[torch.argsort(order)].T.contiguous()
+
+
+def _block_loop(w: torch.Tensor, scales: torch.Tensor, u: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
+    """One block's columns rounded in order, each error spread over the block's later columns; the
+    errors [cols, N] for the later blocks. (``w`` is updated in place.)"""
+    errors = torch.empty_like(w)
+    for j in range(w.shape[0]):
+        codes[j] = fp8_format.cast(w[j], scales[j])
+        errors[j] = (w[j] - codes[j].float() * scales[j]) / u[j, j]
+        w[j + 1 :] -= u[j, j + 1 :, None] * errors[j]
+    return errors
+
+
+def _block_kernel(w, scales, u, codes) -> torch.Tensor:  # as ``_block_loop``, in one launch
+    from batchgen.kernels.gemm.gptq_block import round_block
+
+    return round_block(w, scales, u, codes)
 
 
 def quantize_rows(weight: torch.Tensor, hessian: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
