@@ -67,17 +67,14 @@ def decode_inputs(
     tables = blocks[: batch * per_seq].reshape(batch, per_seq)
     last = context - 1
     slots = tables[:, last // block_size].astype(np.int64) * block_size + last % block_size
-    tokens = 100 + np.arange(batch, dtype=np.int64)  # distinct tokens: a MoE routes them apart
-    positions = np.full(batch, last, np.int64)
-    cu = np.arange(batch + 1, dtype=np.int32)
-    return greedy_step(step_id, tokens, positions, slots, cu, tables, np.arange(batch, dtype=np.int64))
+    r = np.arange(batch + 1)  # row r's token: 100 + r (distinct tokens: a MoE routes them apart)
+    return greedy_step(step_id, 100 + r[:-1], np.full(batch, last), slots, r.astype(np.int32), tables, r[:-1])
 
 
 def prefill_inputs(step_id: int, seqs: int, length: int, block_size: int) -> StepInputs:
     """``seqs`` prompts of ``length`` tokens, each prefilled whole into its own run of blocks (B2's
     steps: 16 x 512 = the 8192-token budget); the last token of each is sampled (greedy)."""
-    per_seq = -(-length // block_size)
-    tables = np.arange(seqs * per_seq, dtype=np.int32).reshape(seqs, per_seq)
+    tables = np.arange(seqs * -(-length // block_size), dtype=np.int32).reshape(seqs, -1)
     positions = np.tile(np.arange(length, dtype=np.int64), seqs)
     rows = np.repeat(np.arange(seqs), length)
     slots = tables[rows, positions // block_size].astype(np.int64) * block_size + positions % block_size
@@ -86,20 +83,15 @@ def prefill_inputs(step_id: int, seqs: int, length: int, block_size: int) -> Ste
     return greedy_step(step_id, tokens, positions, slots, cu, tables, (cu[1:] - 1).astype(np.int64))
 
 
-def greedy_step(
-    step_id: int, tokens: np.ndarray, positions: np.ndarray, slots: np.ndarray, cu: np.ndarray,
-    tables: np.ndarray, logits_indices: np.ndarray,
-) -> StepInputs:  # fmt: skip
-    """A step of these tokens (none carried over), its sequences ending at their last position, each
-    sampled row greedy with no penalty or statistics (the sampler's plainest graph key)."""
-    s = len(logits_indices)
+def greedy_step(step_id: int, tokens, positions, slots, cu, tables, logits_indices) -> StepInputs:
+    """A step of these tokens (none carried over), each sampled row greedy, no penalty or statistics."""
+    s, seq_lens = len(logits_indices), (positions[cu[1:] - 1] + 1).astype(np.int32)
     ints, floats, ones = np.zeros(s, np.int64), np.zeros(s, np.float32), np.ones(s, np.float32)
-    seq_lens = (positions[cu[1:] - 1] + 1).astype(np.int32)
     return StepInputs(
-        step_id, tokens, np.full(len(tokens), -1, np.int64), positions, slots, cu, seq_lens, tables,
-        logits_indices, temperature=floats, top_p=ones, top_k=ints, min_p=floats, rng_keys=ints,
-        rng_steps=ints, repetition_penalty=ones, presence_penalty=floats, frequency_penalty=floats,
-        min_tokens=ints, state_rows=np.full(s, -1, np.int64), features=SamplingFeatures(),
+        step_id, tokens, np.full(len(tokens), -1, np.int64), positions.astype(np.int64), slots, cu, seq_lens,
+        tables, logits_indices.astype(np.int64), temperature=floats, top_p=ones, top_k=ints, min_p=floats,
+        rng_keys=ints, rng_steps=ints, repetition_penalty=ones, presence_penalty=floats,
+        frequency_penalty=floats, min_tokens=ints, state_rows=ints - 1, features=SamplingFeatures(),
         max_q_len=int(np.diff(cu).max()), max_seq_len=int(seq_lens.max()),
     )  # fmt: skip
 
@@ -323,9 +315,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--context", type=int, help="each preset's decode context instead of its own")
     ap.add_argument("--quantization", choices=["fp8"], help="batchgen's forward only")
-    ap.add_argument(
-        "--kv-cache-dtype", choices=["auto", "fp8"], default="auto", help="batchgen's forward only"
-    )
+    ap.add_argument("--kv-cache-dtype", choices=["auto", "fp8"], default="auto", help="batchgen's only")
     ap.add_argument("--out", help="write the results as JSON to this file")
     ap.add_argument("--json", action="store_true", help="also print the results as JSON")
     ap.add_argument("--dump-after", type=float, default=280, help="print every thread's stack after S s")

@@ -33,8 +33,7 @@ hook of this script, to find which part of the quantization costs the agreement:
   (``gptq.FORMS``): ``-seq`` calibrated layer by layer, ``-act`` columns by decreasing Hessian diagonal
   (act-order), ``-cal4`` 4x the calibration text, ``-g128``
   (``gptq-`` only) rounded under ``row-g128``'s scales, with its activations per token per 128 columns;
-- ``gptq-smooth5`` / ``-smooth65`` / ``-smooth8``: SmoothQuant before act-order GPTQ (``gptq.SMOOTH``: alpha
-  0.5 / 0.65 / 0.8), with per-token e4m3 activations of the smoothed inputs;
+- ``gptq-smooth5`` / ``-smooth65`` / ``-smooth8``: SmoothQuant (alpha 0.5 / 0.65 / 0.8) before ``gptq-act``;
 - ``w-bf16``: no FP8 at all, the projections' weights rounded to bf16 (fp32 arithmetic): what any rounding
   of the weights costs on this measure, a floor for the others.
 
@@ -237,18 +236,8 @@ def gptq_variants(base: LLM, table: dict) -> None:
         if group is None:
             table[f"w-gptq{form}"] = (PACKAGE["fp8"], hook(form, False))
         table[f"gptq{form}"] = (PACKAGE["fp8"], hook(form, True))
-
-    def smooth(form: str):
-        def replace(i: int, layer: Layer) -> Layer:
-            return gptq.with_projections(layer, {
-                name: gptq.Smoothed(Fp8RowLinear(q, scale, None, torch.float32), inv_s)
-                for name, (q, scale, inv_s) in gptq.cached_smooth(base, form, made)[i].items()
-            })  # fmt: skip
-
-        return lambda llm: layers(llm, replace)
-
     for form in gptq.SMOOTH:
-        table[f"gptq{form}"] = (PACKAGE["fp8"], smooth(form))
+        table[f"gptq{form}"] = (PACKAGE["fp8"], lambda llm, f=form: layers(llm, gptq.smoothed(base, f, made)))
 
 
 def on_w8a8(hook):
@@ -318,18 +307,16 @@ def greedy(llm: LLM, prompts: list[str], tokens: int) -> list[list[int]]:
 def scores(llm: LLM, ids: torch.Tensor, start: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """(log p(ids[t] | ids[:t]), the most likely token after ids[:t]) for t >= ``start``, teacher-forced in
     one prefill chunk (attention reads the cache)."""
-    rank = llm._rank
-    dtype = cache_dtype(llm.config.kv_cache_dtype, rank.dtype)
-    backend = rank.runner.backend
+    rank, dtype = llm._rank, cache_dtype(llm.config.kv_cache_dtype, llm._rank.dtype)
+    bundle, backend = rank.bundle, rank.runner.backend
     with torch.inference_mode():
-        logits = sequence_logits(rank.bundle.forward, ids, [len(ids)], rank.bundle.kv_shape, dtype, backend)
+        logits = sequence_logits(bundle.forward, ids, [len(ids)], bundle.kv_shape, dtype, backend)
     logp = torch.log_softmax(logits.float(), dim=-1)[start - 1 : -1]
     return logp.gather(1, ids[start:, None]).squeeze(1), logp.argmax(-1)
 
 
 def forced(llm: LLM, runs: list[tuple[torch.Tensor, int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """``scores`` of each prompt followed by the unquantized model's greedy tokens, concatenated: every
-    position judged on the same context, so one early flip does not decide the rest."""
+    """``scores`` of each prompt + the unquantized model's greedy tokens: each judged on the same context."""
     parts = [scores(llm, ids, start) for ids, start in runs]
     return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 

@@ -26,7 +26,7 @@ from batchgen.model.kv_cache import cache_dtype
 from batchgen.model.loader import default_model_dir
 from batchgen.model.paged_sequence import sequence_logits
 from batchgen.model.weights.formats import DenseLinear
-from batchgen.model.weights.fp8 import Fp8BlockLinear
+from batchgen.model.weights.fp8 import Fp8BlockLinear, Fp8RowLinear
 from batchgen.model.weights.gptq import InputRecorder, gptq_round
 
 ANSWER_TOKENS = 24  # the unquantized model's greedy answer after each calibration prompt
@@ -188,6 +188,19 @@ def cached_smooth(base, form: str, made: dict) -> list[dict[str, tuple]]:
     if form not in made:
         made[form] = quantize(base, made[(16, 4)], False, True, None, SMOOTH[form])
     return made[form]
+
+
+def smoothed(base, form: str, made: dict):
+    """A layer replacement (``fp8_quality.layers``): every projection smoothed as ``form`` says, its codes
+    by GPTQ, its input quantized per token."""
+
+    def replace(i: int, layer: Layer) -> Layer:
+        return with_projections(layer, {
+            name: Smoothed(Fp8RowLinear(q, scale, None, torch.float32), inv_s)
+            for name, (q, scale, inv_s) in cached_smooth(base, form, made)[i].items()
+        })  # fmt: skip
+
+    return replace
 
 
 class Smoothed:

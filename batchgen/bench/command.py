@@ -70,8 +70,8 @@ def bench_command(workloads, modes, out_dir, quick, compare_hf, device, **kw) ->
         kw["kv_cache_dtype"],
         opts,
         kw["sampling"],
-        kw["max_num_seqs"],
-        kw["max_batch_tokens"],
+        max_num_seqs=kw["max_num_seqs"],
+        max_batch_tokens=kw["max_batch_tokens"],
     )
     sys.exit(1 if any(failed(r) for r in records) else 0)
 

@@ -83,8 +83,7 @@ def _llm_factory(model, tokenizer, fallback: Callable[..., Any]) -> Callable[...
     from batchgen.llm import LLM
 
     if hasattr(LLM, "from_model"):
-        # random weights: no quality to keep, so --quantization fp8 rounds them without calibrating
-        return lambda **opts: LLM.from_model(model, tokenizer, load_format="random", **opts)
+        return lambda **opts: LLM.from_model(model, tokenizer, load_format="random", **opts)  # uncalibrated
     return fallback
 
 
@@ -368,14 +367,12 @@ def run_bench(
     kv_cache_dtype: str = "auto",
     opts: CommandOptions | None = None,
     sampling: dict | None = None,
-    max_num_seqs: int | None = None,
-    max_batch_tokens: int | None = None,
+    **sizes: int | None,
 ) -> list[dict]:
     """Run each workload in each mode (plus the transformers baselines), print and write the tables.
     ``quantization`` / ``kv_cache_dtype``: FP8 for batchgen's runs (the baselines run the model as built);
     ``sampling``: more SamplingParams fields for batchgen's requests (the baselines sample greedily);
-    ``max_num_seqs`` / ``max_batch_tokens``: batchgen's batch width and tokens a step [the engine's]."""
-    sizes = dict(max_num_seqs=max_num_seqs, max_batch_tokens=max_batch_tokens)
+    ``sizes``: ``max_num_seqs`` / ``max_batch_tokens``, batchgen's width and tokens a step [the engine's]."""
     specs = [
         get_workload(name, device, tensor_parallel, quantization, kv_cache_dtype, sampling, **sizes)
         for name in workloads
