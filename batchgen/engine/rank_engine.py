@@ -86,7 +86,9 @@ def build_rank(
     cache_dtype = kv_cache.cache_dtype(options.kv_cache_dtype, dtype)
     vocab = files.hf_config.get_text_config().vocab_size  # the logits' width
     draft_bytes = 0 if draft is None else draft.bundle.kv_shape.bytes_per_block(1, dtype)
-    blocks, rows = _num_blocks(options, bundle.kv_shape, device, cache_dtype, limit, vocab, draft_bytes)
+    blocks, rows = _num_blocks(
+        options, bundle.kv_shape, device, cache_dtype, limit, vocab, draft_bytes, bundle.workspace_bytes
+    )
     num_blocks = group.min_int(blocks, device)
     caches = kv_cache.allocate(bundle.kv_shape, num_blocks, options.block_size, cache_dtype, device)
     draft_model = None if draft is None else _draft_model(draft, num_blocks, options, device, dtype, governor)
@@ -175,16 +177,18 @@ class _Clock:
 
 def _num_blocks(
     options: EngineConfig, shape: kv_cache.KVShape, device, dtype, limit: int, vocab: int,
-    draft_bytes: int = 0,
+    draft_bytes: int = 0, workspace_bytes: int = 0,
 ) -> tuple[int, int]:  # fmt: skip
     """The pool's blocks, and the most rows the memory beside it was left for (their logits).
-    ``draft_bytes``: a draft model's KV bytes a token, whose pool gets as many blocks from the same budget."""
+    ``draft_bytes``: a draft model's KV bytes a token, whose pool gets as many blocks from the same budget.
+    ``workspace_bytes``: what a step takes beside the activation reserve (``ModelBundle``'s)."""
     rows = pool_width(options.max_num_seqs, options.max_num_seqs_cap, device.type == "cuda")
     token_bytes = shape.bytes_per_block(1, dtype)
     if options.kv_cache_bytes is not None:
         budget = options.kv_cache_bytes
     elif device.type == "cuda":
-        budget = kv_cache.cuda_budget(device, options.gpu_memory_utilization, ACTIVATION_RESERVE)
+        reserve = ACTIVATION_RESERVE + workspace_bytes
+        budget = kv_cache.cuda_budget(device, options.gpu_memory_utilization, reserve)
         logit_row = vocab * LOGIT_BYTES
         if options.max_num_seqs is None:  # each row takes a row's KV and its logits' room
             rows = rows_in_budget(budget, ROW_TOKENS * (token_bytes + draft_bytes), logit_row, rows)

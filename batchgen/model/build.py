@@ -41,6 +41,9 @@ class ModelBundle(NamedTuple):
     # The rank's range of a vocabulary split over ranks, and the whole vocabulary's size (None: every
     # rank's logits cover the whole vocabulary); the engine picks its sampler from it.
     split_vocab: tuple[Span, int] | None = None
+    # Bytes a prompt step takes beside its activations: the largest weight-only FP8 projection widened
+    # to the model dtype (``kernels/gemm/dequant.py``), which the KV pool must leave room for.
+    workspace_bytes: int = 0
 
 
 class ModelFiles(NamedTuple):
@@ -135,7 +138,25 @@ def build_model(
     spec = built.spec
     split_vocab = (built.vocab, spec.vocab) if group.is_parallel else None
     shape = kv_cache.KVShape(spec.num_layers, built.heads.kv.size, spec.head_dim)
-    return ModelBundle(built.forward, shape, files.module, split_vocab)
+    return ModelBundle(built.forward, shape, files.module, split_vocab, widened_bytes(built.forward, dtype))
+
+
+def widened_bytes(forward, dtype: torch.dtype) -> int:
+    """The largest weight-only FP8 projection of ``forward``'s layers in ``dtype`` (0: none)."""
+    from batchgen.model.weights.fp8 import Fp8RowLinear
+
+    sizes = [
+        linear.weight.numel()
+        for layer in getattr(forward, "layers", ())
+        for linear in (
+            layer.attn.qkv,
+            layer.attn.o_proj,
+            getattr(layer.mlp, "gate_up", None),
+            getattr(layer.mlp, "down", None),
+        )  # fmt: skip
+        if isinstance(linear, Fp8RowLinear) and linear.act_quant is None
+    ]
+    return max(sizes, default=0) * dtype.itemsize
 
 
 def _transformers_bundle(options, files: ModelFiles, group, device, dtype) -> ModelBundle:
