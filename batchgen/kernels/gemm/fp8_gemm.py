@@ -22,6 +22,7 @@ from batchgen.kernels.fp8_format import Fp8Act
 from batchgen.kernels.gemm.dequant import dequantized_linear
 from batchgen.kernels.gemm.fp8_gemm_tma import (
     SMALL_M,
+    input_operand,
     scale_rowwise,
     split_destination,
     tma_product,
@@ -143,9 +144,8 @@ def triton_fp8_matmul(
     (default: where ``tma_supported`` and ``tma_shape`` picks it, with its tile width and splits; True
     also runs it under the interpreter, for the tests). ``summed`` False: a K-split product comes back
     as its partials (``SplitSums``), for a consumer that adds them."""
-    a16 = isinstance(act, torch.Tensor)
-    data = (act if act.stride(-1) == 1 else act.contiguous()) if a16 else act.data
-    act_scale = scale if a16 else act.scale  # unread by a weight-only product
+    data, act_scale, a16 = input_operand(act, scale)
+    data = data if data.stride(-1) == 1 else data.contiguous()
     m, k = data.shape
     n = weight.shape[0]
     if m == 0:

@@ -107,6 +107,14 @@ A16_BLOCK_K = 128
 # decode step was no faster with them (docs/results.md).
 
 
+def input_operand(act: Fp8Act | torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """(a product's input data, its token scales, whether it is 16-bit). A 16-bit input (weight-only) has
+    no token scales: the weight's ``scale`` stands in for the kernels' argument, never read."""
+    if isinstance(act, torch.Tensor):
+        return act, scale, True
+    return act.data, act.scale, False
+
+
 def weight_only_tma() -> bool:
     """Whether weight-only products at decode sizes take the TMA kernels where ``tma_shape`` picks them
     (gate|up, with SiLU in the epilogue): ``BATCHGEN_A16_TMA=1``, an A/B switch until timed in a step."""
@@ -155,8 +163,7 @@ def tma_product(
     (default 128) and K split; [M, N] in ``dtype``, or [splits, M, N] fp32 partials with 2+ splits. ``act``
     a 16-bit tensor: weight-only, as ``fp8_gemm.triton_fp8_matmul``'s. The descriptors are encoded at each
     launch (a CUDA graph keeps the launch's)."""
-    a16 = isinstance(act, torch.Tensor)
-    data, act_scale = (act, scale) if a16 else act  # a weight-only product reads no token scales
+    data, act_scale, a16 = input_operand(act, scale)
     m, k = data.shape
     n = weight.shape[0]
     block_n, block_k = block_n or TMA_BLOCK_N, block_k or (A16_BLOCK_K if a16 else TMA_BLOCK_K)

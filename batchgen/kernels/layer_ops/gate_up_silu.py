@@ -17,6 +17,7 @@ from batchgen.kernels.gemm.fp8_gemm_tma import (
     TMA_STAGES,
     TensorDescriptor,
     act_descriptor,
+    input_operand,
     scale_rowwise,
     tma_applies,
 )
@@ -94,8 +95,7 @@ def silu_mul_product(
     a 16-bit tensor: weight-only, h [M, I] in ``dtype`` as it is (down_proj's input is 16-bit too). None
     where the TMA kernel does not apply (``tma_applies``): the caller runs the plain path. ``force``: run
     it anyway (the tests, under the interpreter)."""
-    a16 = isinstance(act, torch.Tensor)
-    data, act_scale = (act, scale) if a16 else act  # a weight-only product reads no token scales
+    data, act_scale, a16 = input_operand(act, scale)
     m, k = data.shape
     inter = weight.shape[0] // 2
     applies = force or tma_applies(data, weight, num_sms(data.device))
